@@ -1,0 +1,1 @@
+"""dra_node_agent."""
