@@ -1,0 +1,97 @@
+"""Unix socket files for the plugin servers: paths, directories, stale files, permissions, removal."""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_REGISTRY_DIR: Final = Path("/var/lib/kubelet/plugins_registry")
+DEFAULT_PLUGINS_DIR: Final = Path("/var/lib/kubelet/plugins")
+
+DIRECTORY_MODE: Final = 0o750
+SOCKET_MODE: Final = 0o600
+# sun_path holds 108 bytes including the terminating NUL.
+MAX_SOCKET_PATH_BYTES: Final = 107
+
+
+@dataclass(frozen=True)
+class PluginPaths:
+    """Where one driver's sockets live; ``plugin_dir`` is the driver's own folder."""
+
+    registration_socket: Path
+    plugin_dir: Path
+    dra_socket: Path
+
+
+def plugin_paths(
+    *, driver: str, registry_dir: Path, plugins_dir: Path, instance: str | None = None
+) -> PluginPaths:
+    """Conventional socket paths; ``instance`` (a pod UID) gives per-instance names for rolling updates."""
+    if not driver:
+        raise ValueError("plugin driver name is empty")
+    if "/" in driver or driver.startswith("."):
+        raise ValueError(f"plugin driver name {driver!r} cannot name a socket (no '/', no leading '.')")
+    suffix = f"-{instance}" if instance else ""
+    plugin_dir = Path(os.path.abspath(plugins_dir / driver))
+    return PluginPaths(
+        registration_socket=Path(os.path.abspath(registry_dir / f"{driver}{suffix}-reg.sock")),
+        plugin_dir=plugin_dir,
+        dra_socket=plugin_dir / f"dra{suffix}.sock",
+    )
+
+
+def make_directory(path: Path, *, force_mode: bool) -> None:
+    """Create ``path`` and its missing parents with mode 0750; with ``force_mode`` also fix an existing one.
+
+    Only the driver's own folder is forced: the registry folder belongs to kubelet and is shared.
+    """
+    if not path.exists():
+        missing = [path, *(parent for parent in path.parents if not parent.exists())]
+        for folder in reversed(missing):
+            folder.mkdir(mode=DIRECTORY_MODE, exist_ok=True)
+            os.chmod(folder, DIRECTORY_MODE)  # mkdir's mode is filtered by the umask
+    elif not path.is_dir():
+        raise ValueError(f"plugin socket directory {path} exists and is not a directory")
+    elif force_mode:
+        os.chmod(path, DIRECTORY_MODE)
+
+
+def clear_socket_path(path: Path) -> None:
+    """Check the path fits a unix socket and remove a stale file left by an earlier run."""
+    size = len(os.fsencode(path))
+    if size > MAX_SOCKET_PATH_BYTES:
+        raise ValueError(
+            f"plugin socket path {path} is {size} bytes, more than the {MAX_SOCKET_PATH_BYTES} allowed"
+        )
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(mode):
+        raise ValueError(f"plugin socket path {path} is a directory")
+    path.unlink()
+    logger.info("removed stale file at plugin socket path %s", path)
+
+
+def secure_socket(path: Path) -> int:
+    """Restrict a freshly bound socket to its owner; return its inode to recognise it at removal."""
+    os.chmod(path, SOCKET_MODE)
+    return path.lstat().st_ino
+
+
+def remove_socket(path: Path, *, inode: int | None) -> None:
+    """Remove our socket, unless another instance has since bound a new one at the same path."""
+    try:
+        current = path.lstat().st_ino
+    except FileNotFoundError:
+        return
+    if inode is not None and current != inode:
+        logger.info("left plugin socket %s in place: it now belongs to another instance", path)
+        return
+    path.unlink(missing_ok=True)
