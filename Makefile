@@ -1,0 +1,22 @@
+# The two commands of the README. Everything else is plain tox or the console scripts.
+PYTHON ?= python3
+VENV := .venv
+
+.PHONY: demo test venv clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --upgrade pip
+	$(VENV)/bin/pip install --quiet -e '.[dev]' 'tox>=4.20'
+	touch $@
+
+venv: $(VENV)/.installed
+
+demo: venv
+	$(VENV)/bin/dra-local-cluster up $(DEMO_ARGS)
+
+test: venv
+	$(VENV)/bin/tox run -e lint,types,tests
+
+clean:
+	rm -rf $(VENV) .tox .mypy_cache .ruff_cache

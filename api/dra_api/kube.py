@@ -1,0 +1,58 @@
+"""Kubernetes client construction and discovery of the served resource.k8s.io version.
+
+Both components talk to the API with ``kubernetes_asyncio``. Which ``resource.k8s.io`` version a
+server serves is discovered at start-up, never assumed (``v1`` on 1.34+, ``v1beta2``/``v1beta1``
+on older or specially configured servers).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from kubernetes_asyncio import client, config
+
+from dra_api.names import RESOURCE_GROUP, RESOURCE_VERSIONS
+
+log = logging.getLogger(__name__)
+
+
+class UnsupportedServer(RuntimeError):
+    """The API server serves none of the resource.k8s.io versions this project speaks."""
+
+
+async def make_api_client(
+    *, kubeconfig: str | Path | None = None, context: str | None = None
+) -> client.ApiClient:
+    """An ApiClient from a kubeconfig file, or from the in-cluster ServiceAccount when none is given."""
+    configuration = client.Configuration()
+    if kubeconfig is not None:
+        await config.load_kube_config(
+            config_file=str(kubeconfig), context=context, client_configuration=configuration
+        )
+    else:
+        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    return client.ApiClient(configuration=configuration)
+
+
+async def served_resource_versions(api: client.ApiClient) -> list[str]:
+    """The versions of resource.k8s.io the server serves, in server order."""
+    groups: Any = await client.ApisApi(api).get_api_versions()
+    for group in groups.groups or []:
+        if group.name == RESOURCE_GROUP:
+            return [v.version for v in group.versions]
+    return []
+
+
+async def preferred_resource_version(api: client.ApiClient) -> str:
+    """The newest resource.k8s.io version both the server and this project speak."""
+    served = await served_resource_versions(api)
+    for version in RESOURCE_VERSIONS:
+        if version in served:
+            log.info("server serves %s/%s (all served: %s)", RESOURCE_GROUP, version, ", ".join(served))
+            return version
+    raise UnsupportedServer(
+        f"the API server serves {RESOURCE_GROUP} versions {served or 'none'}; this driver needs one of "
+        f"{', '.join(RESOURCE_VERSIONS)} (Kubernetes 1.34+ serves v1 by default)"
+    )

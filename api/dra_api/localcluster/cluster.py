@@ -1,0 +1,524 @@
+"""A real Kubernetes control plane on loopback: etcd, kube-apiserver, controller-manager, scheduler.
+
+Used by the tests and by the demo. Nodes are plain Node objects marked Ready (no kubelet), so the
+real scheduler binds pods to them; the kubelet's side of the plugin protocol is played elsewhere
+(``dra_api.localcluster.kubelet``).
+
+The API is synchronous on purpose: it manages child processes and is called from pytest fixtures
+and CLIs, never from inside an event loop.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import yaml
+
+from dra_api.localcluster.binaries import Binaries, ensure_binaries
+from dra_api.localcluster.pki import CertPair, ClusterPKI, generate_pki
+
+log = logging.getLogger(__name__)
+
+SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
+
+# DRA feature gates that are beta in Kubernetes 1.36, all switched on (DRADeviceTaintRules is
+# beta but off by default upstream). GA gates are locked on and may not be named.
+BETA_DRA_FEATURE_GATES: Mapping[str, bool] = {
+    "DRAConsumableCapacity": True,
+    "DRADeviceBindingConditions": True,
+    "DRADeviceTaints": True,
+    "DRADeviceTaintRules": True,
+    "DRAExtendedResource": True,
+    "DRAPartitionableDevices": True,
+    "DRAResourceClaimDeviceStatus": True,
+    "DRASchedulerFilterTimeout": True,
+    "DRAResourceClaimGranularStatusAuthorization": True,
+}
+
+# The controller-manager runs its defaults minus what needs kubelets or a cloud. The node-lifecycle
+# controller would taint and evict on the Node objects because no kubelet heartbeats them.
+_DISABLED_CONTROLLERS = (
+    "node-lifecycle-controller",
+    "node-ipam-controller",
+    "cloud-node-lifecycle-controller",
+    "persistentvolume-attach-detach-controller",
+    "service-lb-controller",
+    "node-route-controller",
+)
+
+_DEFAULT_NODE_CAPACITY: Mapping[str, str] = {"cpu": "64", "memory": "512Gi", "pods": "110"}
+
+
+class ControlPlaneError(RuntimeError):
+    """A component failed to start or become ready; the message carries its log tail."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _kubeconfig(*, server: str, ca: Path, user: str, cert: CertPair | None, token: str | None) -> str:
+    user_entry: dict[str, str] = {}
+    if cert is not None:
+        user_entry = {"client-certificate": str(cert.cert), "client-key": str(cert.key)}
+    if token is not None:
+        user_entry = {"token": token}
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "local", "cluster": {"server": server, "certificate-authority": str(ca)}}],
+        "users": [{"name": user, "user": user_entry}],
+        "contexts": [{"name": user, "context": {"cluster": "local", "user": user}}],
+        "current-context": user,
+    }
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+@dataclass
+class _Component:
+    name: str
+    argv: list[str]
+    log_path: Path
+    health_url: str
+    process: subprocess.Popen[bytes] | None = None
+    started_at: float = 0.0
+    ready_after: float = 0.0
+
+
+@dataclass
+class LocalCluster:
+    """One control plane. Use as a context manager, or call :meth:`start` and :meth:`stop`."""
+
+    workdir: Path
+    binaries: Binaries | None = None
+    feature_gates: Mapping[str, bool] = field(default_factory=lambda: dict(BETA_DRA_FEATURE_GATES))
+    _components: list[_Component] = field(default_factory=list, init=False)
+    _pki: ClusterPKI | None = field(default=None, init=False)
+    _apiserver_port: int = field(default=0, init=False)
+    timings: dict[str, float] = field(default_factory=dict, init=False)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def __enter__(self) -> LocalCluster:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self._apiserver_port}"
+
+    @property
+    def ca_file(self) -> Path:
+        return self.workdir / "pki" / "ca.crt"
+
+    @property
+    def kubeconfig(self) -> Path:
+        """Admin kubeconfig (client certificate in group system:masters)."""
+        return self.workdir / "admin.kubeconfig"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.workdir / "logs"
+
+    def start(self, *, timeout: float = 180.0) -> None:
+        began = time.monotonic()
+        if self.binaries is None:
+            self.binaries = ensure_binaries()
+        self.timings["binaries_s"] = time.monotonic() - began
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.logs_dir.mkdir(exist_ok=True)
+        started = time.monotonic()
+        self._pki = generate_pki(self.workdir / "pki")
+        atexit.register(self.stop)
+        try:
+            self._start_components(timeout=timeout)
+        except BaseException:
+            self.stop()
+            raise
+        self.timings["start_s"] = time.monotonic() - started
+        log.info(
+            "control plane ready at %s in %.1f s (logs in %s)",
+            self.server,
+            self.timings["start_s"],
+            self.logs_dir,
+        )
+
+    def stop(self) -> None:
+        """Stop every component this cluster started (reverse order), SIGKILL after a grace period."""
+        for component in reversed(self._components):
+            proc = component.process
+            if proc is None or proc.poll() is not None:
+                continue
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        for component in reversed(self._components):
+            proc = component.process
+            if proc is None:
+                continue
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+        self._components.clear()
+        with contextlib.suppress(Exception):
+            atexit.unregister(self.stop)
+
+    def pids(self) -> list[int]:
+        return [c.process.pid for c in self._components if c.process is not None]
+
+    # -- components ----------------------------------------------------------------------------
+
+    def _gates_flag(self) -> str:
+        return "--feature-gates=" + ",".join(f"{k}={str(v).lower()}" for k, v in self.feature_gates.items())
+
+    def _start_components(self, *, timeout: float) -> None:
+        assert self.binaries is not None
+        assert self._pki is not None
+        pki = self._pki
+        etcd_client, etcd_peer = free_port(), free_port()
+        self._apiserver_port = free_port()
+        cm_port, sched_port = free_port(), free_port()
+
+        self.kubeconfig.write_text(
+            _kubeconfig(server=self.server, ca=pki.ca.cert, user="admin", cert=pki.admin, token=None)
+        )
+        cm_kubeconfig = self.workdir / "controller-manager.kubeconfig"
+        cm_kubeconfig.write_text(
+            _kubeconfig(
+                server=self.server, ca=pki.ca.cert, user="cm", cert=pki.controller_manager, token=None
+            )
+        )
+        sched_kubeconfig = self.workdir / "scheduler.kubeconfig"
+        sched_kubeconfig.write_text(
+            _kubeconfig(server=self.server, ca=pki.ca.cert, user="scheduler", cert=pki.scheduler, token=None)
+        )
+
+        etcd = _Component(
+            name="etcd",
+            argv=[
+                str(self.binaries.etcd),
+                "--name=local",
+                f"--data-dir={self.workdir / 'etcd'}",
+                f"--listen-client-urls=http://127.0.0.1:{etcd_client}",
+                f"--advertise-client-urls=http://127.0.0.1:{etcd_client}",
+                f"--listen-peer-urls=http://127.0.0.1:{etcd_peer}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}",
+                f"--initial-cluster=local=http://127.0.0.1:{etcd_peer}",
+                "--listen-metrics-urls=",
+                # Throwaway data: skipping fsync keeps tests fast and does not change API semantics.
+                "--unsafe-no-fsync=true",
+                "--log-level=warn",
+            ],
+            log_path=self.logs_dir / "etcd.log",
+            health_url=f"http://127.0.0.1:{etcd_client}/health",
+        )
+        apiserver = _Component(
+            name="kube-apiserver",
+            argv=[
+                str(self.binaries.kube_apiserver),
+                f"--etcd-servers=http://127.0.0.1:{etcd_client}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={self._apiserver_port}",
+                f"--tls-cert-file={pki.apiserver.cert}",
+                f"--tls-private-key-file={pki.apiserver.key}",
+                f"--client-ca-file={pki.ca.cert}",
+                f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
+                f"--service-account-key-file={pki.sa_public_key}",
+                f"--service-account-signing-key-file={pki.sa_private_key}",
+                f"--api-audiences={SERVICE_ACCOUNT_ISSUER}",
+                "--authorization-mode=Node,RBAC",
+                "--enable-admission-plugins=NodeRestriction",
+                "--runtime-config=resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true",
+                "--service-cluster-ip-range=10.0.0.0/24",
+                "--allow-privileged=true",
+                "--profiling=false",
+                self._gates_flag(),
+            ],
+            log_path=self.logs_dir / "kube-apiserver.log",
+            health_url=f"{self.server}/readyz",
+        )
+        controller_manager = _Component(
+            name="kube-controller-manager",
+            argv=[
+                str(self.binaries.kube_controller_manager),
+                f"--kubeconfig={cm_kubeconfig}",
+                f"--authentication-kubeconfig={cm_kubeconfig}",
+                f"--authorization-kubeconfig={cm_kubeconfig}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={cm_port}",
+                "--leader-elect=false",
+                "--use-service-account-credentials=true",
+                f"--service-account-private-key-file={pki.sa_private_key}",
+                f"--root-ca-file={pki.ca.cert}",
+                "--controllers=*," + ",".join(f"-{c}" for c in _DISABLED_CONTROLLERS),
+                self._gates_flag(),
+            ],
+            log_path=self.logs_dir / "kube-controller-manager.log",
+            health_url=f"https://127.0.0.1:{cm_port}/healthz",
+        )
+        scheduler = _Component(
+            name="kube-scheduler",
+            argv=[
+                str(self.binaries.kube_scheduler),
+                f"--kubeconfig={sched_kubeconfig}",
+                f"--authentication-kubeconfig={sched_kubeconfig}",
+                f"--authorization-kubeconfig={sched_kubeconfig}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={sched_port}",
+                "--leader-elect=false",
+                self._gates_flag(),
+            ],
+            log_path=self.logs_dir / "kube-scheduler.log",
+            health_url=f"https://127.0.0.1:{sched_port}/healthz",
+        )
+        deadline = time.monotonic() + timeout
+        self._launch(etcd)
+        self._wait_ready(etcd, deadline=deadline)
+        self._launch(apiserver)
+        self._wait_ready(apiserver, deadline=deadline)
+        # The two controllers start in parallel; both need only the apiserver.
+        self._launch(controller_manager)
+        self._launch(scheduler)
+        self._wait_ready(controller_manager, deadline=deadline)
+        self._wait_ready(scheduler, deadline=deadline)
+        self._wait_for_default_service_account("default", deadline=deadline)
+
+    def _launch(self, component: _Component) -> None:
+        handle = component.log_path.open("ab")
+        component.process = subprocess.Popen(
+            component.argv,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=self.workdir,
+            # Own process group, so stop() can signal the component and anything it spawned.
+            start_new_session=True,
+        )
+        handle.close()
+        component.started_at = time.monotonic()
+        self._components.append(component)
+
+    def _ssl_context(self, *, verify: bool) -> ssl.SSLContext:
+        assert self._pki is not None
+        if verify:
+            ctx = ssl.create_default_context(cafile=str(self._pki.ca.cert))
+            ctx.load_cert_chain(str(self._pki.admin.cert), str(self._pki.admin.key))
+            return ctx
+        # Controller-manager and scheduler serve /healthz with self-signed certs of their own.
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        return ctx
+
+    def _wait_ready(self, component: _Component, *, deadline: float) -> None:
+        ctx = None
+        if component.health_url.startswith("https://"):
+            ctx = self._ssl_context(verify=component.name == "kube-apiserver")
+        last_error = ""
+        while time.monotonic() < deadline:
+            assert component.process is not None
+            if component.process.poll() is not None:
+                raise ControlPlaneError(
+                    f"{component.name} exited with code {component.process.returncode} during start-up; "
+                    f"last log lines:\n{self.log_tail(component.name)}"
+                )
+            try:
+                with urllib.request.urlopen(component.health_url, context=ctx, timeout=2) as resp:
+                    if resp.status == 200:
+                        component.ready_after = time.monotonic() - component.started_at
+                        self.timings[f"{component.name}_ready_s"] = component.ready_after
+                        return
+            except (urllib.error.URLError, OSError) as err:
+                last_error = str(err)
+            time.sleep(0.2)
+        raise ControlPlaneError(
+            f"{component.name} did not become ready ({component.health_url}): {last_error}; "
+            f"last log lines:\n{self.log_tail(component.name)}"
+        )
+
+    def _wait_for_default_service_account(self, namespace: str, *, deadline: float) -> None:
+        while time.monotonic() < deadline:
+            if self.kubectl("get", "serviceaccount", "default", "-n", namespace, check=False).returncode == 0:
+                return
+            time.sleep(0.2)
+        raise ControlPlaneError(
+            f"the ServiceAccount controller never created {namespace}/default; controller-manager log:\n"
+            f"{self.log_tail('kube-controller-manager')}"
+        )
+
+    # -- using the cluster ---------------------------------------------------------------------
+
+    def log_tail(self, name: str, *, lines: int = 40) -> str:
+        path = self.logs_dir / f"{name}.log"
+        if not path.exists():
+            return "(no log)"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+    def log_files(self) -> list[Path]:
+        return sorted(self.logs_dir.glob("*.log"))
+
+    def kubectl(
+        self,
+        *args: str,
+        input: str | None = None,
+        check: bool = True,
+        timeout: float = 120,
+        kubeconfig: Path | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run the cluster's kubectl; raises with stderr when ``check`` and it fails."""
+        assert self.binaries is not None
+        argv = [str(self.binaries.kubectl), f"--kubeconfig={kubeconfig or self.kubeconfig}", *args]
+        result = subprocess.run(
+            argv, input=input, capture_output=True, text=True, timeout=timeout, check=False
+        )
+        if check and result.returncode != 0:
+            raise subprocess.CalledProcessError(result.returncode, argv, result.stdout, result.stderr)
+        return result
+
+    def apply(self, manifest: str | Sequence[Mapping[str, Any]], *, server_side: bool = False) -> None:
+        """``kubectl apply`` YAML text or a list of objects."""
+        text = manifest if isinstance(manifest, str) else yaml.safe_dump_all(list(manifest))
+        args = ["apply", "-f", "-"] + (["--server-side"] if server_side else [])
+        self.kubectl(*args, input=text)
+
+    def get_json(self, *args: str) -> Any:
+        return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
+
+    def create_namespace(
+        self, name: str, *, labels: Mapping[str, str] | None = None, timeout: float = 30
+    ) -> None:
+        """Create a namespace and wait for its default ServiceAccount (pods need it)."""
+        self.apply(
+            [
+                {
+                    "apiVersion": "v1",
+                    "kind": "Namespace",
+                    "metadata": {"name": name, "labels": dict(labels or {})},
+                }
+            ]
+        )
+        self._wait_for_default_service_account(name, deadline=time.monotonic() + timeout)
+
+    def add_node(
+        self,
+        name: str,
+        *,
+        labels: Mapping[str, str] | None = None,
+        capacity: Mapping[str, str] | None = None,
+        taints: Sequence[Mapping[str, str]] = (),
+    ) -> None:
+        """Create a Node object marked Ready, so kube-scheduler binds pods to it."""
+        all_labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", **dict(labels or {})}
+        self.apply(
+            [
+                {
+                    "apiVersion": "v1",
+                    "kind": "Node",
+                    "metadata": {"name": name, "labels": all_labels},
+                    "spec": {"taints": [dict(t) for t in taints]},
+                }
+            ]
+        )
+        cap = dict(capacity or _DEFAULT_NODE_CAPACITY)
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        status = {
+            "status": {
+                "capacity": cap,
+                "allocatable": cap,
+                "conditions": [
+                    {
+                        "type": "Ready",
+                        "status": "True",
+                        "reason": "KubeletReady",
+                        "message": "local cluster node (no kubelet)",
+                        "lastHeartbeatTime": now,
+                        "lastTransitionTime": now,
+                    }
+                ],
+                "nodeInfo": {
+                    "kubeletVersion": "v1.36.3",
+                    "operatingSystem": "linux",
+                    "architecture": "amd64",
+                    "machineID": name,
+                    "systemUUID": name,
+                    "bootID": name,
+                    "kernelVersion": "",
+                    "osImage": "",
+                    "containerRuntimeVersion": "",
+                    "kubeProxyVersion": "",
+                },
+            }
+        }
+        self.kubectl("patch", "node", name, "--subresource=status", "--type=merge", "-p", json.dumps(status))
+
+    def delete_node(self, name: str) -> None:
+        self.kubectl("delete", "node", name, "--wait=true")
+
+    def kubeconfig_for_token(self, token: str, *, name: str) -> Path:
+        """Write a kubeconfig that authenticates with a bearer token (e.g. from TokenRequest)."""
+        assert self._pki is not None
+        path = self.workdir / f"{name}.kubeconfig"
+        path.write_text(
+            _kubeconfig(server=self.server, ca=self._pki.ca.cert, user=name, cert=None, token=token)
+        )
+        path.chmod(0o600)
+        return path
+
+    def wait_for(
+        self, predicate: Any, *, timeout: float = 60, interval: float = 0.3, what: str = "condition"
+    ) -> Any:
+        """Poll ``predicate()`` until it returns a truthy value; raise TimeoutError naming ``what``."""
+        deadline = time.monotonic() + timeout
+        last: Any = None
+        while time.monotonic() < deadline:
+            last = predicate()
+            if last:
+                return last
+            time.sleep(interval)
+        raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
+
+
+@contextlib.contextmanager
+def temporary_cluster(*, keep: bool = False, **kwargs: Any) -> Any:
+    """A cluster in a fresh temporary directory, removed afterwards unless ``keep``."""
+    workdir = Path(tempfile.mkdtemp(prefix="accel-dra-cluster-"))
+    cluster = LocalCluster(workdir=workdir, **kwargs)
+    try:
+        with cluster:
+            yield cluster
+    finally:
+        if not keep:
+            shutil.rmtree(workdir, ignore_errors=True)

@@ -1,0 +1,42 @@
+"""Fixtures shared by all test suites.
+
+``local_cluster`` starts one real control plane per test session (built or found binaries; see
+``dra_api.localcluster``). It never skips: if the binaries cannot be provided, the tests that need
+it fail with the reason. When a test that used it fails, the tails of the components' logs are
+attached to the test report and the full logs stay in the session's temporary directory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Iterator
+
+import pytest
+
+from dra_api.localcluster import LocalCluster
+
+_CLUSTER_KEY = pytest.StashKey[LocalCluster]()
+
+
+@pytest.fixture(scope="session")
+def local_cluster(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalCluster]:
+    cluster = LocalCluster(workdir=tmp_path_factory.mktemp("cluster"))
+    cluster.start()
+    request.config.stash[_CLUSTER_KEY] = cluster
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    cluster = item.config.stash.get(_CLUSTER_KEY, None)
+    if cluster is not None and report.failed and "local_cluster" in getattr(item, "fixturenames", ()):
+        for path in cluster.log_files():
+            report.sections.append((f"{path.stem} log (tail; full log: {path})", cluster.log_tail(path.stem)))
+    return report
