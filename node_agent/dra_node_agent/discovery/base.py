@@ -1,0 +1,313 @@
+"""The discovery interface: what every backend returns, and how a device renders into a ResourceSlice.
+
+A backend (NVML, TPU sysfs, or the simulated one that runs those two over fake hardware) returns a
+`DiscoveredInventory` for one driver. Each `DiscoveredDevice` renders itself as a
+`resource.k8s.io/v1` device dict for the slice publisher and carries what prepare needs later: the
+UUID, PCI bus ID and the per-device CDI container edits.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+AttributeKind = Literal["string", "int", "bool", "version"]
+
+# Limits from resource.k8s.io/v1 validation (dra-api.md 1.2, 1.3).
+MAX_ATTRIBUTES_AND_CAPACITIES = 32
+MAX_STRING_ATTRIBUTE_LENGTH = 64
+MAX_IDENTIFIER_LENGTH = 32
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_C_IDENTIFIER = re.compile(r"^[_a-zA-Z][_a-zA-Z0-9]*$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_SEMVER = re.compile(
+    r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
+    r"(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
+    r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$"
+)
+
+
+@dataclass(frozen=True)
+class Attribute:
+    """One typed device attribute; renders as the v1 JSON union (`{"string": ...}` and so on)."""
+
+    kind: AttributeKind
+    value: str | int | bool
+
+    def to_json(self) -> dict[str, str | int | bool]:
+        return {self.kind: self.value}
+
+
+def string_attr(value: str) -> Attribute:
+    return Attribute("string", value)
+
+
+def int_attr(value: int) -> Attribute:
+    return Attribute("int", value)
+
+
+def bool_attr(value: bool) -> Attribute:
+    return Attribute("bool", value)
+
+
+def version_attr(value: str) -> Attribute:
+    """A version attribute; `value` is normalised to semver (see `to_semver`)."""
+    return Attribute("version", to_semver(value))
+
+
+def to_semver(raw: str) -> str:
+    """Turn vendor version strings ("580.65.06", "12.4", "9.0") into semver 2.0.0.
+
+    The apiserver rejects leading zeros and missing components, which NVIDIA's driver versions have.
+    """
+    parts = [p for p in raw.strip().split(".") if p != ""]
+    if not parts or len(parts) > 3 or not all(p.isdigit() for p in parts):
+        raise ValueError(f"version {raw!r}: expected up to three numeric components")
+    numbers = [str(int(p)) for p in parts] + ["0"] * (3 - len(parts))
+    return ".".join(numbers)
+
+
+_BINARY_SUFFIXES = (("Ti", 1 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10))
+
+
+def format_quantity(value: int) -> str:
+    """Render a non-negative integer (bytes or a count) as a canonical Kubernetes quantity string."""
+    if value < 0:
+        raise ValueError(f"quantity {value}: must not be negative")
+    if value == 0:
+        return "0"
+    for suffix, factor in _BINARY_SUFFIXES:
+        if value % factor == 0:
+            return f"{value // factor}{suffix}"
+    return str(value)
+
+
+@dataclass(frozen=True)
+class DeviceNode:
+    """A device node for a CDI spec: `path` inside the container, `host_path` on the node."""
+
+    path: str
+    host_path: str | None = None
+    permissions: str | None = None
+
+    def to_cdi(self) -> dict[str, str]:
+        out = {"path": self.path}
+        if self.host_path is not None and self.host_path != self.path:
+            out["hostPath"] = self.host_path
+        if self.permissions is not None:
+            out["permissions"] = self.permissions
+        return out
+
+
+@dataclass(frozen=True)
+class ContainerEdits:
+    """The subset of CDI containerEdits this driver uses: device nodes and environment ("K=V")."""
+
+    device_nodes: tuple[DeviceNode, ...] = ()
+    env: tuple[str, ...] = ()
+
+    def is_empty(self) -> bool:
+        return not self.device_nodes and not self.env
+
+    def merged(self, other: ContainerEdits) -> ContainerEdits:
+        """Union with `other`, keeping first occurrences (paths and env names are not duplicated)."""
+        nodes = list(self.device_nodes)
+        seen_paths = {n.path for n in nodes}
+        for node in other.device_nodes:
+            if node.path not in seen_paths:
+                nodes.append(node)
+                seen_paths.add(node.path)
+        env = list(self.env)
+        seen_names = {e.split("=", 1)[0] for e in env}
+        for entry in other.env:
+            name = entry.split("=", 1)[0]
+            if name not in seen_names:
+                env.append(entry)
+                seen_names.add(name)
+        return ContainerEdits(device_nodes=tuple(nodes), env=tuple(env))
+
+    def to_cdi(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.env:
+            out["env"] = list(self.env)
+        if self.device_nodes:
+            out["deviceNodes"] = [n.to_cdi() for n in self.device_nodes]
+        return out
+
+
+DeviceKind = Literal["gpu", "mig", "tpu"]
+
+
+@dataclass(frozen=True)
+class DiscoveredDevice:
+    """One allocatable device as discovered on this node.
+
+    `name` is the ResourceSlice device name (a DNS label, stable across restarts). `capacity` holds
+    integers in base units (bytes, counts). `edits` are the per-device CDI container edits.
+    """
+
+    name: str
+    kind: DeviceKind
+    uuid: str
+    attributes: Mapping[str, Attribute]
+    capacity: Mapping[str, int] = field(default_factory=dict)
+    pci_bus_id: str | None = None
+    parent_uuid: str | None = None
+    # Vendor-local identifier used in device paths and env names: GPU minor, "accel0" or a VFIO group.
+    local_id: str = ""
+    edits: ContainerEdits = field(default_factory=ContainerEdits)
+
+    def to_slice_device(self) -> dict[str, Any]:
+        """The device as a `resource.k8s.io/v1` ResourceSlice `spec.devices[]` entry."""
+        out: dict[str, Any] = {
+            "name": self.name,
+            "attributes": {k: self.attributes[k].to_json() for k in sorted(self.attributes)},
+        }
+        if self.capacity:
+            out["capacity"] = {k: {"value": format_quantity(self.capacity[k])} for k in sorted(self.capacity)}
+        return out
+
+
+@dataclass(frozen=True)
+class TpuHostInfo:
+    """What a TPU host knows about its slice; CDI uses it to write the TPU_* environment."""
+
+    generation: str  # tpuGen, e.g. "v6e", "v5litepod", "v5p", "v4"
+    accelerator: str  # GKE accelerator label value, e.g. "tpu-v6e-slice"
+    cores_per_chip: int
+    chips_on_host: int
+    topology: str  # slice topology, "2x4" or "4x4x4"
+    chips_per_host_bounds: tuple[int, int, int]
+    worker_id: int | None = None
+    worker_hostnames: tuple[str, ...] = ()
+
+    @property
+    def dims(self) -> tuple[int, ...]:
+        return tuple(int(d) for d in self.topology.split("x"))
+
+    @property
+    def slice_chips(self) -> int:
+        total = 1
+        for d in self.dims:
+            total *= d
+        return total
+
+    @property
+    def single_host(self) -> bool:
+        return self.slice_chips == self.chips_on_host
+
+
+@dataclass(frozen=True)
+class DiscoveredInventory:
+    """Everything one backend found for one driver.
+
+    `available` is False when the backend could not look at all (NVML not loadable); `errors` lists
+    per-device problems that were skipped. `common_edits` apply to every claim of this driver.
+    """
+
+    driver: str
+    devices: tuple[DiscoveredDevice, ...] = ()
+    common_edits: ContainerEdits = field(default_factory=ContainerEdits)
+    tpu_host: TpuHostInfo | None = None
+    available: bool = True
+    errors: tuple[str, ...] = ()
+    simulated: bool = False
+
+    def slice_devices(self) -> list[dict[str, Any]]:
+        return [d.to_slice_device() for d in self.devices]
+
+    def by_name(self) -> dict[str, DiscoveredDevice]:
+        return {d.name: d for d in self.devices}
+
+
+class DiscoveryBackend(Protocol):
+    """A source of devices for one driver. `discover` never blocks the event loop."""
+
+    @property
+    def driver(self) -> str: ...
+
+    async def discover(self) -> DiscoveredInventory: ...
+
+
+def dns_label(raw: str) -> str:
+    """Lower-case `raw` and drop characters a DNS label cannot hold ("1g.10gb+me" -> "1g10gb-me")."""
+    lowered = raw.lower().replace("+", "-").replace("_", "-")
+    cleaned = re.sub(r"[^a-z0-9-]", "", lowered)
+    return re.sub(r"-+", "-", cleaned).strip("-")
+
+
+def validate_slice_device(device: Mapping[str, Any], *, driver: str) -> list[str]:
+    """Check a rendered device against the v1 validation rules; returns one message per problem."""
+    problems: list[str] = []
+    name = device.get("name", "")
+    where = f"device {name!r}"
+    if not isinstance(name, str) or len(name) > 63 or not _DNS_LABEL.match(name):
+        problems.append(f"{where}: name is not a DNS label")
+    attributes = device.get("attributes", {})
+    capacity = device.get("capacity", {})
+    if len(attributes) + len(capacity) > MAX_ATTRIBUTES_AND_CAPACITIES:
+        problems.append(
+            f"{where}: {len(attributes) + len(capacity)} attributes+capacities, "
+            f"limit {MAX_ATTRIBUTES_AND_CAPACITIES}"
+        )
+    for key in [*attributes, *capacity]:
+        problem = _qualified_name_problem(key, driver=driver)
+        if problem:
+            problems.append(f"{where}: key {key!r}: {problem}")
+    for key, value in attributes.items():
+        if not isinstance(value, dict) or len(value) != 1:
+            problems.append(f"{where}: attribute {key!r} must set exactly one of string/int/bool/version")
+            continue
+        ((kind, v),) = value.items()
+        if kind == "string":
+            if not isinstance(v, str) or len(v) > MAX_STRING_ATTRIBUTE_LENGTH:
+                problems.append(f"{where}: attribute {key!r}: string longer than 64 characters")
+        elif kind == "version":
+            if not isinstance(v, str) or len(v) > MAX_STRING_ATTRIBUTE_LENGTH or not _SEMVER.match(v):
+                problems.append(f"{where}: attribute {key!r}: {v!r} is not semver 2.0.0")
+        elif kind == "int":
+            if not isinstance(v, int) or isinstance(v, bool):
+                problems.append(f"{where}: attribute {key!r}: int value is not an integer")
+        elif kind == "bool":
+            if not isinstance(v, bool):
+                problems.append(f"{where}: attribute {key!r}: bool value is not a boolean")
+        else:
+            problems.append(f"{where}: attribute {key!r}: unknown type {kind!r}")
+    for key, value in capacity.items():
+        if not isinstance(value, dict) or not isinstance(value.get("value"), str):
+            problems.append(f"{where}: capacity {key!r} must be {{'value': <quantity>}}")
+    return problems
+
+
+def _qualified_name_problem(key: str, *, driver: str) -> str | None:
+    domain, _, ident = key.rpartition("/")
+    if domain and (len(domain) > 63 or not _DNS_SUBDOMAIN.match(domain)):
+        return "domain is not a DNS subdomain of at most 63 characters"
+    if len(ident) > MAX_IDENTIFIER_LENGTH or not _C_IDENTIFIER.match(ident):
+        return "identifier is not a C identifier of at most 32 characters"
+    del driver  # unqualified names belong to the driver's own domain; nothing more to check
+    return None
+
+
+def check_inventory(inventory: DiscoveredInventory) -> list[str]:
+    """Validate every rendered device and that names are unique within the pool."""
+    problems: list[str] = []
+    seen: set[str] = set()
+    for device in inventory.devices:
+        if device.name in seen:
+            problems.append(f"device {device.name!r}: duplicate name in pool")
+        seen.add(device.name)
+        problems.extend(validate_slice_device(device.to_slice_device(), driver=inventory.driver))
+    return problems
+
+
+def sorted_devices(devices: Sequence[DiscoveredDevice]) -> tuple[DiscoveredDevice, ...]:
+    """Devices in a stable order (natural sort on the name: gpu-2 before gpu-10)."""
+
+    def key(d: DiscoveredDevice) -> list[int | str]:
+        return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", d.name)]
+
+    return tuple(sorted(devices, key=key))
