@@ -1,0 +1,48 @@
+# syntax=docker/dockerfile:1
+# One image for both components; the manifests choose the program with `command:`
+# (dra-operator for the Deployment, dra-node-agent for the DaemonSet).
+#
+#   docker build -t accel-dra:0.1.0 .
+#
+# Reproducible inputs: the base image is pinned by digest, the runtime dependencies are installed
+# from requirements.lock (exact versions, no resolution), the build tools are pinned below, and the
+# project itself goes in as a wheel built from this tree.
+
+# python:3.11.13-slim-bookworm (multi-arch index digest).
+ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm@sha256:86adf8dbadc3d6e82ee5dd2c74bec2e1c2467cdad47886280501df722372d2e1
+
+FROM ${PYTHON_IMAGE} AS build
+ARG SETUPTOOLS_VERSION=84.2.1
+ARG WHEEL_VERSION=0.48.0
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+RUN pip install "setuptools==${SETUPTOOLS_VERSION}" "wheel==${WHEEL_VERSION}"
+COPY pyproject.toml README.md ./
+COPY api ./api
+COPY operator ./operator
+COPY node_agent ./node_agent
+# --no-build-isolation: build with the pinned tools above instead of whatever is newest.
+RUN pip wheel --no-deps --no-build-isolation --wheel-dir /wheels .
+
+FROM ${PYTHON_IMAGE}
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+COPY requirements.lock /tmp/requirements.lock
+# --no-deps: the lock is the complete closure; nothing may be resolved at build time.
+RUN pip install --no-deps -r /tmp/requirements.lock \
+    && rm /tmp/requirements.lock
+COPY --from=build /wheels /tmp/wheels
+RUN pip install --no-deps /tmp/wheels/*.whl \
+    && rm -rf /tmp/wheels \
+    && pip check \
+    && groupadd --gid 65532 nonroot \
+    && useradd --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent \
+       --shell /usr/sbin/nologin nonroot
+# Non-root by default. The node agent's DaemonSet overrides this with runAsUser: 0 because it
+# writes into root-owned kubelet directories on the host (see manifests/base/node-agent-daemonset.yaml).
+USER 65532:65532
+EXPOSE 8080 8081
+CMD ["dra-operator", "run"]
