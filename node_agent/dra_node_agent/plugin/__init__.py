@@ -6,7 +6,6 @@ which work on the plain dataclasses re-exported here.
 """
 
 from dra_api.kubeletapi.model import ClaimRef, DeviceHealth, HealthStatus, PreparedDevice, PrepareResult
-
 from dra_node_agent.plugin.handler import DRAHandler, HealthSource
 from dra_node_agent.plugin.server import DEFAULT_GRACE_PERIOD, RunningPlugin, serve_plugin, supported_versions
 from dra_node_agent.plugin.sockets import DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR, PluginPaths, plugin_paths

@@ -14,9 +14,9 @@ import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 
 import grpc
+
 from dra_api.kubeletapi import convert, dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
 from dra_api.kubeletapi.model import ClaimRef, PreparedDevice, PrepareResult
-
 from dra_node_agent.plugin.handler import DRAHandler
 
 logger = logging.getLogger(__name__)

@@ -7,9 +7,9 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 
 import grpc
+
 from dra_api.kubeletapi import convert, health_v1alpha1_pb2, health_v1alpha1_pb2_grpc
 from dra_api.kubeletapi.model import DeviceHealth
-
 from dra_node_agent.plugin.handler import HealthSource
 
 logger = logging.getLogger(__name__)

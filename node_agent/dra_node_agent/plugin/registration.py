@@ -6,6 +6,7 @@ import asyncio
 import logging
 
 import grpc
+
 from dra_api.kubeletapi import convert, pluginregistration_v1_pb2, pluginregistration_v1_pb2_grpc
 from dra_api.kubeletapi.model import PluginInfo
 

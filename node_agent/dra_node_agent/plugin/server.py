@@ -8,6 +8,7 @@ from pathlib import Path
 from types import TracebackType
 
 import grpc
+
 from dra_api.kubeletapi import (
     dra_v1_pb2_grpc,
     dra_v1beta1_pb2_grpc,
@@ -21,7 +22,6 @@ from dra_api.kubeletapi.model import (
     HEALTH_V1ALPHA1_SERVICE,
     PluginInfo,
 )
-
 from dra_node_agent.plugin import sockets
 from dra_node_agent.plugin.dra_service import ClaimService, DRAPluginV1beta1Servicer, DRAPluginV1Servicer
 from dra_node_agent.plugin.handler import DRAHandler, HealthSource
@@ -116,11 +116,16 @@ class RunningPlugin:
 
 
 async def _listen(*, server: grpc.aio.Server, path: Path) -> int:
-    """Bind ``server`` to a fresh unix socket at ``path``, start it, and lock the socket down."""
-    await asyncio.to_thread(sockets.clear_socket_path, path)
-    server.add_insecure_port(f"unix://{path}")
+    """Start ``server`` on a unix socket, published at ``path`` once it is locked down; return its inode."""
+    staging = await asyncio.to_thread(sockets.staging_path, path)
+    server.add_insecure_port(f"unix://{staging}")
     await server.start()
-    return await asyncio.to_thread(sockets.secure_socket, path)
+    try:
+        return await asyncio.to_thread(sockets.publish_socket, staging=staging, path=path)
+    except BaseException:
+        await server.stop(None)
+        await asyncio.to_thread(sockets.remove_socket, staging, inode=None)
+        raise
 
 
 async def serve_plugin(

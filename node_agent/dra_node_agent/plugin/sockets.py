@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-import stat
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -62,26 +62,37 @@ def make_directory(path: Path, *, force_mode: bool) -> None:
         os.chmod(path, DIRECTORY_MODE)
 
 
-def clear_socket_path(path: Path) -> None:
-    """Check the path fits a unix socket and remove a stale file left by an earlier run."""
+def _check_length(path: Path) -> None:
     size = len(os.fsencode(path))
     if size > MAX_SOCKET_PATH_BYTES:
         raise ValueError(
             f"plugin socket path {path} is {size} bytes, more than the {MAX_SOCKET_PATH_BYTES} allowed"
         )
-    try:
-        mode = path.lstat().st_mode
-    except FileNotFoundError:
-        return
-    if stat.S_ISDIR(mode):
+
+
+def staging_path(path: Path) -> Path:
+    """Where to bind before moving the socket into place; hidden, so kubelet ignores it meanwhile."""
+    staging = path.with_name(f".{secrets.token_hex(4)}.sock")
+    _check_length(path)
+    _check_length(staging)
+    if path.is_dir():
         raise ValueError(f"plugin socket path {path} is a directory")
-    path.unlink()
-    logger.info("removed stale file at plugin socket path %s", path)
+    return staging
 
 
-def secure_socket(path: Path) -> int:
-    """Restrict a freshly bound socket to its owner; return its inode to recognise it at removal."""
-    os.chmod(path, SOCKET_MODE)
+def publish_socket(*, staging: Path, path: Path) -> int:
+    """Lock the freshly bound socket down and move it to ``path``, replacing any stale file there.
+
+    Binding elsewhere and renaming means the socket never shows up with loose permissions, the path
+    never goes missing while a stale file is replaced, and the new socket's inode differs from any
+    socket an older instance still owns (so that instance's ``remove_socket`` leaves it alone).
+    Returns the inode.
+    """
+    os.chmod(staging, SOCKET_MODE)
+    replaced = path.exists() or path.is_symlink()
+    os.replace(staging, path)
+    if replaced:
+        logger.info("replaced a stale file at plugin socket path %s", path)
     return path.lstat().st_ino
 
 
