@@ -1,0 +1,67 @@
+"""The examples reference what the driver installs and are internally consistent."""
+
+from __future__ import annotations
+
+import pytest
+
+from dra_api import names
+from tests.unit.deploy.render import EXAMPLES_DIR, Obj, load_file, of_kind, one, pod_specs
+
+EXAMPLE_FILES = sorted(p.name for p in EXAMPLES_DIR.glob("*.yaml"))
+
+
+def _requests(template: Obj) -> list[Obj]:
+    requests: list[Obj] = template["spec"]["spec"]["devices"]["requests"]
+    return requests
+
+
+def test_there_are_three_examples() -> None:
+    assert EXAMPLE_FILES == ["gke-gpu-deployment.yaml", "nvidia-single-gpu.yaml", "tpu-all-chips.yaml"]
+
+
+@pytest.mark.parametrize("filename", EXAMPLE_FILES)
+def test_pods_use_the_claims_their_templates_define(filename: str) -> None:
+    objs = load_file(EXAMPLES_DIR / filename)
+    (namespace,) = of_kind(objs, "Namespace")
+    templates = {o["metadata"]["name"] for o in of_kind(objs, "ResourceClaimTemplate")}
+    workloads = list(pod_specs(objs))
+    assert workloads
+    for obj in objs:
+        if obj["kind"] != "Namespace":
+            assert obj["metadata"]["namespace"] == namespace["metadata"]["name"], obj["metadata"]["name"]
+    for _, spec in workloads:
+        claims = {c["name"]: c for c in spec["resourceClaims"]}
+        assert {c["resourceClaimTemplateName"] for c in claims.values()} <= templates
+        used = {ref["name"] for ctr in spec["containers"] for ref in ctr["resources"].get("claims", [])}
+        assert used == set(claims)
+
+
+def test_gke_style_template_asks_for_one_gpu_in_v1beta1() -> None:
+    objs = load_file(EXAMPLES_DIR / "gke-gpu-deployment.yaml")
+    template = one(objs, "ResourceClaimTemplate", "gpu-claim-template")
+    assert template["apiVersion"] == "resource.k8s.io/v1beta1"
+    (request,) = _requests(template)
+    assert request["deviceClassName"] == names.GPU_CLASS
+    assert request["allocationMode"] == "ExactCount"
+    assert request["count"] == 1
+    (deployment,) = of_kind(objs, "Deployment")
+    tolerations = deployment["spec"]["template"]["spec"]["tolerations"]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in tolerations
+
+
+def test_tpu_template_takes_all_chips() -> None:
+    objs = load_file(EXAMPLES_DIR / "tpu-all-chips.yaml")
+    (template,) = of_kind(objs, "ResourceClaimTemplate")
+    assert template["apiVersion"] == "resource.k8s.io/v1"
+    (request,) = _requests(template)
+    assert request["exactly"] == {"deviceClassName": names.TPU_CLASS, "allocationMode": "All"}
+    assert len(of_kind(objs, "Pod")) == 1
+
+
+def test_nvidia_install_check_uses_the_v1_exactly_form() -> None:
+    objs = load_file(EXAMPLES_DIR / "nvidia-single-gpu.yaml")
+    (template,) = of_kind(objs, "ResourceClaimTemplate")
+    assert template["apiVersion"] == "resource.k8s.io/v1"
+    (request,) = _requests(template)
+    assert request == {"name": "gpu", "exactly": {"deviceClassName": names.GPU_CLASS}}
+    assert len(of_kind(objs, "Pod")) == 1

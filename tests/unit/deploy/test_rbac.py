@@ -1,0 +1,94 @@
+"""Least-privilege RBAC: exactly the permissions each component needs, no wildcards."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.unit.deploy.render import (
+    AGENT_SA,
+    NAMESPACE,
+    OPERATOR_SA,
+    OVERLAYS,
+    PEERING_NAME,
+    Obj,
+    of_kind,
+    pod_specs,
+    rbac_grants,
+)
+
+RES = "resource.k8s.io"
+
+
+def _verbs(group: str, resource: str, verbs: str, name: str = "") -> set[tuple[str, ...]]:
+    return {(group, resource, verb, name) for verb in verbs.split()}
+
+
+OPERATOR_GRANTS = (
+    _verbs(RES, "deviceclasses", "get list watch create")
+    | {
+        (RES, "deviceclasses", verb, name)
+        for verb in ("update", "patch")
+        for name in ("gpu.nvidia.com", "mig.nvidia.com", "tpu.google.com")
+    }
+    | _verbs(RES, "resourceclaims", "get list watch update patch")
+    | _verbs(RES, "resourceclaims/status", "update patch")
+    | _verbs(RES, "resourceclaims/binding", "update patch")
+    | _verbs(RES, "resourceslices", "get list watch delete")
+    | _verbs("", "nodes", "get list watch")
+    | _verbs("", "pods", "get list watch")
+    | _verbs("", "events", "create patch")
+    | _verbs("events.k8s.io", "events", "create patch")
+    | _verbs("kopf.dev", "clusterkopfpeerings", "list watch")
+    | _verbs("kopf.dev", "clusterkopfpeerings", "get patch", PEERING_NAME)
+    | _verbs("apiextensions.k8s.io", "customresourcedefinitions", "list watch")
+)
+
+AGENT_GRANTS = (
+    _verbs(RES, "resourceslices", "get list watch create update delete")
+    | _verbs(RES, "resourceclaims", "get")
+    | _verbs("", "nodes", "get")
+    | _verbs("", "events", "create patch")
+    | _verbs("events.k8s.io", "events", "create patch")
+)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_operator_has_exactly_its_permissions(rendered: dict[str, list[Obj]], overlay: str) -> None:
+    grants = rbac_grants(rendered[overlay], service_account=OPERATOR_SA)
+    assert sorted(grants - OPERATOR_GRANTS) == [], "operator has permissions it does not need"
+    assert sorted(OPERATOR_GRANTS - grants) == [], "operator lacks permissions it needs"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_node_agent_has_exactly_its_permissions(rendered: dict[str, list[Obj]], overlay: str) -> None:
+    grants = rbac_grants(rendered[overlay], service_account=AGENT_SA)
+    assert sorted(grants - AGENT_GRANTS) == [], "node agent has permissions it does not need"
+    assert sorted(AGENT_GRANTS - grants) == [], "node agent lacks permissions it needs"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_no_wildcards_or_escalation_in_any_role(rendered: dict[str, list[Obj]], overlay: str) -> None:
+    roles = of_kind(rendered[overlay], "ClusterRole") + of_kind(rendered[overlay], "Role")
+    assert roles, "no roles rendered"
+    for role in roles:
+        assert "aggregationRule" not in role, f"{role['metadata']['name']}: aggregated roles grow silently"
+        for rule in role["rules"]:
+            where = f"{role['kind']} {role['metadata']['name']} rule {rule}"
+            for key in ("apiGroups", "resources", "verbs", "resourceNames", "nonResourceURLs"):
+                assert not any("*" in value for value in rule.get(key, [])), f"wildcard in {where}"
+            assert not {"escalate", "bind", "impersonate", "deletecollection"} & set(rule["verbs"]), where
+            assert not {"secrets", "configmaps", "serviceaccounts/token"} & set(rule.get("resources", [])), (
+                where
+            )
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_each_component_runs_as_its_own_service_account(rendered: dict[str, list[Obj]], overlay: str) -> None:
+    accounts = {o["metadata"]["name"] for o in of_kind(rendered[overlay], "ServiceAccount")}
+    assert accounts == {OPERATOR_SA, AGENT_SA}
+    used = {
+        workload["kind"]: spec.get("serviceAccountName") for workload, spec in pod_specs(rendered[overlay])
+    }
+    assert used == {"Deployment": OPERATOR_SA, "DaemonSet": AGENT_SA}
+    for workload, _ in pod_specs(rendered[overlay]):
+        assert workload["metadata"]["namespace"] == NAMESPACE
