@@ -119,8 +119,9 @@ class NvmlBackend:
     `nvml` is the module-like object whose `nvml*` functions are called; it defaults to `pynvml`
     (tests monkeypatch that module; the simulated backend passes a fake built from a profile).
     `driver_root` is where the driver's libraries live (a containerised driver: /run/nvidia/driver);
-    `dev_root` is the host directory holding the `nvidia*` device nodes; `sysfs_root` and `proc_root`
-    are read for PCIe roots and MIG capability minors.
+    `sysfs_root` and `proc_root` are read for PCIe roots and MIG capability minors. CDI specs name
+    device nodes under `host_dev_dir`, the host's /dev as the container runtime sees it (the agent
+    may see it elsewhere, at `dev_root`).
     """
 
     def __init__(
@@ -129,17 +130,17 @@ class NvmlBackend:
         driver: str = GPU_DRIVER,
         nvml: Any = None,
         driver_root: str | Path = "/",
-        dev_root: str | Path = "/dev",
         sysfs_root: str | Path = "/sys",
         proc_root: str | Path = "/proc",
+        host_dev_dir: str = "/dev",
         simulated: bool = False,
     ) -> None:
         self._driver = driver
         self._nvml = nvml
         self._driver_root = Path(driver_root)
-        self._dev_root = Path(dev_root)
         self._sysfs_root = Path(sysfs_root)
         self._proc_root = Path(proc_root)
+        self._host_dev_dir = host_dev_dir.rstrip("/")
         self._simulated = simulated
         self._reported_absent = False
 
@@ -237,7 +238,7 @@ class NvmlBackend:
         )
 
     def _node(self, relative: str) -> DeviceNode:
-        return DeviceNode(path=f"/dev/{relative}", host_path=str(self._dev_root / relative))
+        return DeviceNode(path=f"/dev/{relative}", host_path=f"{self._host_dev_dir}/{relative}")
 
     def _gpu(self, nvml: Any, *, index: int, system: dict[str, Attribute], state: _Pass) -> None:
         handle = nvml.nvmlDeviceGetHandleByIndex(index)

@@ -431,7 +431,6 @@ class SimulatedBackend:
             backend: NvmlBackend | TpuBackend = NvmlBackend(
                 driver=driver,
                 nvml=nvml,
-                dev_root=root / "dev",
                 sysfs_root=root / "sys",
                 proc_root=root / "proc",
                 simulated=True,

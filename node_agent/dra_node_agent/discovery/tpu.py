@@ -139,8 +139,9 @@ class _Chip:
 class TpuBackend:
     """Discovers the TPU chips of this host.
 
-    `sysfs_root` and `dev_root` point at the real /sys and /dev or at fake trees. The slice topology
-    comes from `topology`, else `TOPOLOGY` in the `tpu_env_path` file, else this host alone.
+    `sysfs_root` and `dev_root` point at the real /sys and /dev or at fake trees (as the agent sees
+    them); CDI specs name nodes under `host_dev_dir`, the host's /dev as the runtime sees it. The
+    slice topology comes from `topology`, else `TOPOLOGY` in the `tpu_env_path` file, else this host alone.
     `node_name` seeds the chip UUIDs so different nodes publish different ones.
     """
 
@@ -155,12 +156,14 @@ class TpuBackend:
         tpu_env_path: str | Path | None = "/etc/tpu/tpu-env",
         worker_id: int | None = None,
         worker_hostnames: tuple[str, ...] = (),
+        host_dev_dir: str = "/dev",
         simulated: bool = False,
     ) -> None:
         self._node_name = node_name
         self._driver = driver
         self._sysfs_root = Path(sysfs_root)
         self._dev_root = Path(dev_root)
+        self._host_dev_dir = host_dev_dir.rstrip("/")
         self._topology = validate_topology(topology) if topology else None
         self._tpu_env_path = Path(tpu_env_path) if tpu_env_path else None
         self._worker_id = worker_id
@@ -194,7 +197,7 @@ class TpuBackend:
         common = ContainerEdits()
         if gen.vfio:
             common = ContainerEdits(
-                device_nodes=(DeviceNode(path="/dev/vfio/vfio", host_path=str(self._dev_root / "vfio/vfio")),)
+                device_nodes=(DeviceNode(path="/dev/vfio/vfio", host_path=f"{self._host_dev_dir}/vfio/vfio"),)
             )
         return DiscoveredInventory(
             driver=self._driver,
@@ -253,10 +256,10 @@ class TpuBackend:
         accel_names = sorted(p.name for p in accel_dir.glob("accel*")) if accel_dir.is_dir() else []
         for name in accel_names:
             if (self._dev_root / name).exists():
-                return name, DeviceNode(path=f"/dev/{name}", host_path=str(self._dev_root / name))
+                return name, DeviceNode(path=f"/dev/{name}", host_path=f"{self._host_dev_dir}/{name}")
         group = link_basename(entry / "iommu_group")
         if group is not None and (self._dev_root / "vfio" / group).exists():
-            host_path = str(self._dev_root / "vfio" / group)
+            host_path = f"{self._host_dev_dir}/vfio/{group}"
             return group, DeviceNode(path=f"/dev/vfio/{group}", host_path=host_path)
         return None
 

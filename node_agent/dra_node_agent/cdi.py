@@ -1,0 +1,265 @@
+"""Per-claim CDI spec files (Container Device Interface) for prepared claims.
+
+One JSON spec per claim, kind `k8s.<driver>/claim` (e.g. `k8s.gpu.nvidia.com/claim`), file name
+`<vendor>-claim_<claimUID>.json` like the CDI helpers' transient specs, one CDI device per allocated
+device named `<claimUID>-<device>` so a name is never reused across claims. Spec-level edits carry
+what every container of the claim needs (control device nodes, NVIDIA_VISIBLE_DEVICES or the TPU_*
+environment); device-level edits carry each device's own nodes.
+
+`CdiWriter`'s methods do blocking file I/O: async callers run them with `asyncio.to_thread`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .checkpoint import atomic_write_file, fsync_directory, remove_temp_files
+from .discovery.base import ContainerEdits, DiscoveredDevice, DiscoveredInventory, TpuHostInfo
+from .discovery.tpu import GENERATIONS, chips_per_host_bounds, host_topology
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CDI_DIR = Path("/var/run/cdi")
+CLAIM_CLASS = "claim"
+TPU_RUNTIME_METRICS_FIRST_PORT = 8431
+
+_UID = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_ENV_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_]")
+
+
+def cdi_vendor(driver: str) -> str:
+    return f"k8s.{driver}"
+
+
+def cdi_kind(driver: str) -> str:
+    return f"{cdi_vendor(driver)}/{CLAIM_CLASS}"
+
+
+def cdi_device_name(*, claim_uid: str, device_name: str) -> str:
+    return f"{claim_uid}-{device_name}"
+
+
+def qualified_device_id(*, driver: str, claim_uid: str, device_name: str) -> str:
+    """The fully-qualified CDI device ID the kubelet passes to the runtime."""
+    return f"{cdi_kind(driver)}={cdi_device_name(claim_uid=claim_uid, device_name=device_name)}"
+
+
+def spec_file_name(*, driver: str, claim_uid: str) -> str:
+    return f"{cdi_vendor(driver)}-{CLAIM_CLASS}_{claim_uid}.json"
+
+
+def minimum_cdi_version(spec: dict[str, Any]) -> str:
+    """The lowest cdiVersion that accepts `spec`, so older runtimes can load it.
+
+    0.5.0 added `hostPath` on device nodes and device names starting with a digit; 0.6.0 added
+    annotations. Nothing this writer emits needs more.
+    """
+    version = "0.3.0"
+    edits = [spec.get("containerEdits", {})] + [d.get("containerEdits", {}) for d in spec["devices"]]
+    uses_host_path = any("hostPath" in n for e in edits for n in e.get("deviceNodes", []))
+    digit_names = any(d["name"][:1].isdigit() for d in spec["devices"])
+    if uses_host_path or digit_names:
+        version = "0.5.0"
+    if "annotations" in spec or any("annotations" in d for d in spec["devices"]):
+        version = "0.6.0"
+    return version
+
+
+def gpu_claim_edits(devices: Sequence[DiscoveredDevice]) -> ContainerEdits:
+    """Spec-level env for an NVIDIA claim: the UUIDs of its GPUs and MIG devices, for the NVIDIA runtime."""
+    uuids = ",".join(d.uuid for d in devices)
+    return ContainerEdits(env=(f"NVIDIA_VISIBLE_DEVICES={uuids}",))
+
+
+def _bounds(values: Sequence[int]) -> str:
+    return ",".join(str(v) for v in values)
+
+
+def tpu_topology_wrap(*, generation: str, dims: Sequence[int]) -> str:
+    """TPU_TOPOLOGY_WRAP: 3D generations wrap every dim iff all are >= 4; 2D ones wrap dims of 16."""
+    gen = GENERATIONS.get(generation)
+    padded = [*dims, 1, 1][:3]
+    if gen is not None and gen.dims == 3:
+        wrap = all(d >= 4 for d in padded)
+        return ",".join(["true" if wrap else "false"] * 3)
+    return ",".join("true" if d == 16 else "false" for d in padded)
+
+
+def tpu_claim_env(*, host: TpuHostInfo, chips: int, driver: str, node_name: str | None) -> tuple[str, ...]:
+    """The TPU_* environment a container needs for `chips` chips of this host.
+
+    With every chip of the host the slice is the host's slice (possibly multi-host). With fewer, the
+    container gets a single-host sub-slice of its own. TPU_VISIBLE_CHIPS counts from 0 because a
+    container only sees its own chips and libtpu numbers those from 0.
+    """
+    gen = GENERATIONS.get(host.generation)
+    dims_count = gen.dims if gen is not None else len(host.dims)
+    if chips == host.chips_on_host:
+        topology = host.topology
+        per_host = host.chips_per_host_bounds
+        dims = host.dims
+        padded = [*dims, 1, 1][:3]
+        host_bounds = [max(1, d // b) for d, b in zip(padded, per_host, strict=True)]
+        slice_chips = host.slice_chips
+        single_host = host.single_host
+    else:
+        topology = host_topology(chips, dims=dims_count)
+        per_host = chips_per_host_bounds(chips)
+        dims = tuple(int(d) for d in topology.split("x"))
+        host_bounds = [1, 1, 1]
+        slice_chips = chips
+        single_host = True
+    env = [
+        "TPU_SKIP_MDS_QUERY=true",
+        f"TPU_ACCELERATOR_TYPE={host.generation}-{slice_chips * host.cores_per_chip}",
+        f"TPU_TOPOLOGY={topology}",
+        f"TPU_TOPOLOGY_WRAP={tpu_topology_wrap(generation=host.generation, dims=dims)}",
+        "TPU_TOPOLOGY_ALT=false",
+        f"TPU_CHIPS_PER_HOST_BOUNDS={_bounds(per_host)}",
+        f"TPU_HOST_BOUNDS={_bounds(host_bounds)}",
+        f"TPU_VISIBLE_CHIPS={','.join(str(i) for i in range(chips))}",
+        "TPU_RUNTIME_METRICS_PORTS="
+        + ",".join(str(TPU_RUNTIME_METRICS_FIRST_PORT + i) for i in range(chips)),
+        # Unprefixed twins, as GKE's device plugin and the TPU DRA driver also set them.
+        f"CHIPS_PER_HOST_BOUNDS={_bounds(per_host)}",
+        f"HOST_BOUNDS={_bounds(host_bounds)}",
+        f"WRAP={tpu_topology_wrap(generation=host.generation, dims=dims)}",
+        "ALT=false",
+        f"DRA_RESOURCE_DRIVER_NAME={driver}",
+    ]
+    if single_host:
+        env += ["TPU_WORKER_ID=0", "TPU_WORKER_HOSTNAMES=localhost"]
+    elif host.worker_id is not None:
+        # Multi-host identity normally comes from the workload controller; set it only when known.
+        env.append(f"TPU_WORKER_ID={host.worker_id}")
+        if host.worker_hostnames:
+            env.append(f"TPU_WORKER_HOSTNAMES={','.join(host.worker_hostnames)}")
+    if node_name:
+        env.append(f"KUBERNETES_NODE_NAME={node_name}")
+    return tuple(env)
+
+
+def tpu_device_env(*, device: DiscoveredDevice, claim_uid: str) -> str:
+    """TPU_DEVICE_<id>_RESOURCE_CLAIM=<claim UID>, <id> being `accel0` or the VFIO group."""
+    local = _ENV_NAME_UNSAFE.sub("_", device.local_id or device.name)
+    return f"TPU_DEVICE_{local}_RESOURCE_CLAIM={claim_uid}"
+
+
+def build_claim_spec(
+    *,
+    claim_uid: str,
+    devices: Sequence[DiscoveredDevice],
+    inventory: DiscoveredInventory,
+    node_name: str | None = None,
+) -> dict[str, Any]:
+    """The CDI spec for one claim's devices of `inventory.driver` (pure; no I/O).
+
+    Simulated inventories describe device nodes that do not exist on the host, so their specs
+    carry environment only (a runtime fails to create a container whose device node is missing).
+    """
+    if not _UID.match(claim_uid):
+        raise ValueError(f"claim UID {claim_uid!r}: not a lower-case RFC 4122 UID")
+    if not devices:
+        raise ValueError(
+            f"claim {claim_uid}: no devices of driver {inventory.driver} to write a CDI spec for"
+        )
+    driver = inventory.driver
+    is_tpu = inventory.tpu_host is not None
+    cdi_devices = []
+    for device in devices:
+        edits = device.edits
+        if is_tpu:
+            edits = edits.merged(ContainerEdits(env=(tpu_device_env(device=device, claim_uid=claim_uid),)))
+        if inventory.simulated:
+            edits = ContainerEdits(env=(*edits.env, _simulated_device_env(device)))
+        cdi_devices.append(
+            {
+                "name": cdi_device_name(claim_uid=claim_uid, device_name=device.name),
+                "containerEdits": edits.to_cdi(),
+            }
+        )
+    if inventory.tpu_host is not None:
+        claim_edits = ContainerEdits(
+            env=tpu_claim_env(host=inventory.tpu_host, chips=len(devices), driver=driver, node_name=node_name)
+        )
+    else:
+        claim_edits = gpu_claim_edits(devices)
+    common = inventory.common_edits.merged(claim_edits)
+    if inventory.simulated:
+        common = ContainerEdits(env=common.env)
+    spec: dict[str, Any] = {"cdiVersion": "", "kind": cdi_kind(driver), "devices": cdi_devices}
+    if not common.is_empty():
+        spec["containerEdits"] = common.to_cdi()
+    spec["cdiVersion"] = minimum_cdi_version(spec)
+    return spec
+
+
+def _simulated_device_env(device: DiscoveredDevice) -> str:
+    return f"DRA_SIMULATED_DEVICE_{_ENV_NAME_UNSAFE.sub('_', device.name).upper()}={device.uuid}"
+
+
+class CdiWriter:
+    """Writes and removes the per-claim CDI specs of one driver in `cdi_dir` (default /var/run/cdi).
+
+    All methods block (file I/O and fsync); call them through `asyncio.to_thread`.
+    """
+
+    def __init__(self, *, driver: str, cdi_dir: str | Path = DEFAULT_CDI_DIR, node_name: str | None = None):
+        self.driver = driver
+        self.cdi_dir = Path(cdi_dir)
+        self.node_name = node_name
+
+    def spec_path(self, claim_uid: str) -> Path:
+        return self.cdi_dir / spec_file_name(driver=self.driver, claim_uid=claim_uid)
+
+    def write_claim_spec(
+        self, *, claim_uid: str, devices: Sequence[DiscoveredDevice], inventory: DiscoveredInventory
+    ) -> list[str]:
+        """Write the claim's spec atomically; returns the CDI device IDs in `devices` order.
+
+        Rewriting an existing spec for the same claim is fine (prepare retries land here).
+        """
+        if inventory.driver != self.driver:
+            raise ValueError(f"CDI writer for {self.driver}: inventory is for driver {inventory.driver}")
+        spec = build_claim_spec(
+            claim_uid=claim_uid, devices=devices, inventory=inventory, node_name=self.node_name
+        )
+        self.cdi_dir.mkdir(parents=True, exist_ok=True)
+        data = _encode(spec)
+        atomic_write_file(self.spec_path(claim_uid), data, mode=0o644)
+        return [
+            qualified_device_id(driver=self.driver, claim_uid=claim_uid, device_name=d.name) for d in devices
+        ]
+
+    def remove_claim_spec(self, claim_uid: str) -> bool:
+        """Delete the claim's spec; True if one was there. Idempotent."""
+        path = self.spec_path(claim_uid)
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            return False
+        fsync_directory(path.parent)
+        return True
+
+    def claim_uids(self) -> set[str]:
+        """UIDs of the claims that have a spec of this driver on disk (for stale-spec cleanup)."""
+        prefix = f"{cdi_vendor(self.driver)}-{CLAIM_CLASS}_"
+        try:
+            names = os.listdir(self.cdi_dir)
+        except FileNotFoundError:
+            return set()
+        return {n[len(prefix) : -len(".json")] for n in names if n.startswith(prefix) and n.endswith(".json")}
+
+    def remove_stale_temp_files(self) -> int:
+        """Remove temporary files a crash left behind mid-write; returns how many."""
+        return remove_temp_files(self.cdi_dir, prefix=f".{cdi_vendor(self.driver)}-{CLAIM_CLASS}_")
+
+
+def _encode(spec: dict[str, Any]) -> bytes:
+    return (json.dumps(spec, indent=2, sort_keys=False) + "\n").encode()

@@ -1,0 +1,445 @@
+"""The prepared-claims checkpoint: what the agent has prepared, surviving restarts.
+
+One JSON file per driver:
+
+    {"apiVersion": "dra.accel.dev/v1", "kind": "Checkpoint", "checksum": "sha256:<hex>",
+     "data": {"driver": ..., "nodeBootID": ..., "preparedClaims": {<uid>: {...}}}}
+
+The checksum covers the canonical JSON of `data`. Prepare is two-phase: `begin` records
+PrepareStarted (with the planned devices) before any side effect, `complete` records
+PrepareCompleted with the devices and CDI IDs per request. A checkpoint written in another boot
+(different /proc/sys/kernel/random/boot_id) is invalidated on load: nothing prepared then exists now.
+
+Corruption (bad JSON, checksum mismatch, unknown version) fails closed: `CheckpointCorrupt` is
+raised by every call until an operator calls `quarantine()`, and the file is left untouched for
+inspection. Never silently emptied.
+
+Every method blocks (file I/O, fsync, flock): async callers use `asyncio.to_thread`. Each mutation
+re-reads the file under an exclusive flock on `<path>.lock`, so two agent processes sharing the
+directory during a rolling update see each other's writes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import secrets
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from dra_api.names import PROJECT_DOMAIN
+
+log = logging.getLogger(__name__)
+
+API_VERSION = f"{PROJECT_DOMAIN}/v1"
+KIND = "Checkpoint"
+DEFAULT_BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
+_TEMP_MARKER = ".tmp-"
+
+
+# --- atomic files ----------------------------------------------------------------------------
+
+
+def fsync_directory(directory: Path) -> None:
+    """Make a rename or unlink in `directory` durable."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_file(path: Path, data: bytes, *, mode: int = 0o600) -> None:
+    """Replace `path` with `data` so readers see the old or the new file, never a partial one.
+
+    Temp file in the same directory, fsync, rename, fsync the directory. On failure (disk full)
+    the temp file is removed and `path` is unchanged.
+    """
+    temp = path.parent / f".{path.name}{_TEMP_MARKER}{os.getpid()}-{secrets.token_hex(4)}"
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp)
+        raise
+    fsync_directory(path.parent)
+
+
+def remove_temp_files(directory: Path, *, prefix: str) -> int:
+    """Delete leftovers of interrupted atomic writes (`<prefix>*.tmp-*`) in `directory`."""
+    removed = 0
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return 0
+    for name in names:
+        if name.startswith(prefix) and _TEMP_MARKER in name:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(directory / name)
+                removed += 1
+    return removed
+
+
+# --- records ---------------------------------------------------------------------------------
+
+
+class ClaimState(enum.StrEnum):
+    PREPARE_STARTED = "PrepareStarted"
+    PREPARE_COMPLETED = "PrepareCompleted"
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    uid: str
+    namespace: str
+    name: str
+
+
+@dataclass(frozen=True)
+class PreparedDevice:
+    """One allocated device of a claim: its request, pool and name, and (once prepared) CDI IDs."""
+
+    request: str
+    pool: str
+    device: str
+    cdi_device_ids: tuple[str, ...] = ()
+    admin_access: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "request": self.request,
+            "pool": self.pool,
+            "device": self.device,
+            "cdiDeviceIDs": list(self.cdi_device_ids),
+        }
+        if self.admin_access:
+            out["adminAccess"] = True
+        return out
+
+    @staticmethod
+    def from_json(raw: dict[str, Any]) -> PreparedDevice:
+        return PreparedDevice(
+            request=str(raw["request"]),
+            pool=str(raw["pool"]),
+            device=str(raw["device"]),
+            cdi_device_ids=tuple(str(i) for i in raw.get("cdiDeviceIDs", [])),
+            admin_access=bool(raw.get("adminAccess", False)),
+        )
+
+
+@dataclass(frozen=True)
+class ClaimEntry:
+    uid: str
+    namespace: str
+    name: str
+    state: ClaimState
+    devices: tuple[PreparedDevice, ...]
+    started_at: str
+    completed_at: str | None = None
+
+    def cdi_device_ids(self, request: str | None = None) -> list[str]:
+        return [i for d in self.devices if request is None or d.request == request for i in d.cdi_device_ids]
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "namespace": self.namespace,
+            "name": self.name,
+            "state": self.state.value,
+            "devices": [d.to_json() for d in self.devices],
+            "startedAt": self.started_at,
+        }
+        if self.completed_at is not None:
+            out["completedAt"] = self.completed_at
+        return out
+
+    @staticmethod
+    def from_json(uid: str, raw: dict[str, Any]) -> ClaimEntry:
+        return ClaimEntry(
+            uid=uid,
+            namespace=str(raw["namespace"]),
+            name=str(raw["name"]),
+            state=ClaimState(raw["state"]),
+            devices=tuple(PreparedDevice.from_json(d) for d in raw["devices"]),
+            started_at=str(raw["startedAt"]),
+            completed_at=str(raw["completedAt"]) if raw.get("completedAt") is not None else None,
+        )
+
+
+class CheckpointCorrupt(Exception):
+    """The checkpoint file cannot be trusted; prepare and unprepare are refused until it is fixed."""
+
+
+class DeviceAlreadyPrepared(Exception):
+    """A device is already prepared for another claim (the double-allocation guard)."""
+
+
+@dataclass
+class _Contents:
+    boot_id: str
+    claims: dict[str, ClaimEntry] = field(default_factory=dict)
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _canonical(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def checksum_of(data: Any) -> str:
+    return "sha256:" + hashlib.sha256(_canonical(data)).hexdigest()
+
+
+def read_boot_id(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError as err:
+        raise RuntimeError(f"boot ID {path}: cannot read ({err.strerror})") from err
+
+
+class CheckpointStore:
+    """The checkpoint of one driver at `path` (e.g. <plugins>/gpu.nvidia.com/checkpoint.json)."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        boot_id_path: str | Path = DEFAULT_BOOT_ID_PATH,
+        *,
+        driver: str = "",
+        use_flock: bool = True,
+    ) -> None:
+        self.path = Path(path)
+        self.boot_id_path = Path(boot_id_path)
+        self.driver = driver
+        self._use_flock = use_flock
+        self._lock = threading.Lock()
+        self._boot_id: str | None = None
+        self.corrupt: CheckpointCorrupt | None = None
+        # Entries dropped at load because the node rebooted since they were written.
+        self.invalidated: tuple[ClaimEntry, ...] = ()
+
+    # --- public API --------------------------------------------------------------------------
+
+    def load(self) -> list[ClaimEntry]:
+        """Read the file (creating an empty checkpoint if there is none) and return its entries.
+
+        Raises `CheckpointCorrupt` and stays in that state if the file cannot be trusted. Entries
+        from another boot are dropped (listed in `invalidated`) and the file is rewritten.
+        """
+        with self._transaction(write=False) as contents:
+            return list(contents.claims.values())
+
+    def get(self, uid: str) -> ClaimEntry | None:
+        with self._transaction(write=False) as contents:
+            return contents.claims.get(uid)
+
+    def entries(self, state: ClaimState | None = None) -> list[ClaimEntry]:
+        with self._transaction(write=False) as contents:
+            return [e for e in contents.claims.values() if state is None or e.state == state]
+
+    def begin(self, claim: ClaimRef, devices: Sequence[PreparedDevice]) -> ClaimEntry:
+        """Record PrepareStarted for `claim` with the devices about to be set up.
+
+        A PrepareCompleted entry for the same UID is returned unchanged (prepare is idempotent);
+        a PrepareStarted one is replaced (the caller rolls back and redoes the partial work).
+        Raises `DeviceAlreadyPrepared` if another claim holds one of the devices.
+        """
+        with self._transaction(write=True) as contents:
+            existing = contents.claims.get(claim.uid)
+            if existing is not None and existing.state == ClaimState.PREPARE_COMPLETED:
+                return existing
+            self._check_overlap(contents, claim.uid, devices)
+            entry = ClaimEntry(
+                uid=claim.uid,
+                namespace=claim.namespace,
+                name=claim.name,
+                state=ClaimState.PREPARE_STARTED,
+                devices=tuple(replace(d, cdi_device_ids=()) for d in devices),
+                started_at=_now(),
+            )
+            contents.claims[claim.uid] = entry
+            return entry
+
+    def complete(self, uid: str, devices: Sequence[PreparedDevice]) -> ClaimEntry:
+        """Record PrepareCompleted with the prepared devices and their CDI IDs."""
+        with self._transaction(write=True) as contents:
+            existing = contents.claims.get(uid)
+            if existing is None:
+                raise KeyError(f"claim {uid}: not in the checkpoint; call begin() first")
+            self._check_overlap(contents, uid, devices)
+            entry = replace(
+                existing,
+                state=ClaimState.PREPARE_COMPLETED,
+                devices=tuple(devices),
+                completed_at=_now(),
+            )
+            contents.claims[uid] = entry
+            return entry
+
+    def remove(self, uid: str) -> ClaimEntry | None:
+        """Forget a claim (after unprepare); returns the removed entry, None if absent (no write)."""
+        with self._transaction(write=True) as contents:
+            return contents.claims.pop(uid, None)
+
+    def started_before(self, cutoff: datetime) -> list[ClaimEntry]:
+        """PrepareStarted entries older than `cutoff`: candidates for the stale-claim cleanup."""
+        stale = []
+        for entry in self.entries(ClaimState.PREPARE_STARTED):
+            started = datetime.fromisoformat(entry.started_at.replace("Z", "+00:00"))
+            if started < cutoff:
+                stale.append(entry)
+        return stale
+
+    def quarantine(self) -> Path | None:
+        """Operator recovery: move a corrupt file aside (`<name>.corrupt-<time>`) and start empty.
+
+        Never called automatically; returns where the file went (None if there was none).
+        """
+        with self._locked():
+            target: Path | None = None
+            if self.path.exists():
+                stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+                target = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")
+                os.replace(self.path, target)
+                fsync_directory(self.path.parent)
+                log.warning("checkpoint %s moved aside to %s; starting empty", self.path, target)
+            self.corrupt = None
+            self._write(_Contents(boot_id=self._current_boot_id()))
+            return target
+
+    # --- internals ---------------------------------------------------------------------------
+
+    def _current_boot_id(self) -> str:
+        if self._boot_id is None:
+            self._boot_id = read_boot_id(self.boot_id_path)
+        return self._boot_id
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        with self._lock:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if not self._use_flock:
+                yield
+                return
+            lock_fd = os.open(self.path.with_name(self.path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(lock_fd, fcntl.LOCK_EX)
+                yield
+            finally:
+                os.close(lock_fd)  # closing releases the flock
+
+    @contextlib.contextmanager
+    def _transaction(self, *, write: bool) -> Iterator[_Contents]:
+        with self._locked():
+            if self.corrupt is not None:
+                raise self.corrupt
+            contents, rewrite = self._read()
+            before = _canonical(self._encode_data(contents))
+            yield contents
+            if rewrite or (write and _canonical(self._encode_data(contents)) != before):
+                self._write(contents)
+
+    def _read(self) -> tuple[_Contents, bool]:
+        """Parse and verify the file; returns the contents and whether they must be rewritten."""
+        boot_id = self._current_boot_id()
+        try:
+            raw_bytes = self.path.read_bytes()
+        except FileNotFoundError:
+            return _Contents(boot_id=boot_id), False
+        try:
+            claims, file_boot_id = self._decode(raw_bytes)
+        except CheckpointCorrupt as err:
+            self.corrupt = err
+            log.error("%s; refusing prepare and unprepare, file kept for inspection", err)
+            raise
+        if file_boot_id != boot_id:
+            if claims:
+                log.warning(
+                    "checkpoint %s was written in boot %s, this is boot %s: dropping %d prepared "
+                    "claim(s) that no longer exist (%s)",
+                    self.path,
+                    file_boot_id,
+                    boot_id,
+                    len(claims),
+                    ", ".join(sorted(claims)),
+                )
+            self.invalidated = tuple(claims.values())
+            return _Contents(boot_id=boot_id), True
+        return _Contents(boot_id=boot_id, claims=claims), False
+
+    def _decode(self, raw_bytes: bytes) -> tuple[dict[str, ClaimEntry], str]:
+        where = f"checkpoint {self.path}"
+        try:
+            doc = json.loads(raw_bytes)
+        except (ValueError, UnicodeDecodeError) as err:
+            raise CheckpointCorrupt(f"{where}: not valid JSON ({err})") from err
+        if not isinstance(doc, dict):
+            raise CheckpointCorrupt(f"{where}: top level is not an object")
+        if doc.get("apiVersion") != API_VERSION or doc.get("kind") != KIND:
+            raise CheckpointCorrupt(
+                f"{where}: unknown version {doc.get('apiVersion')!r} kind {doc.get('kind')!r} "
+                f"(this agent reads {API_VERSION} {KIND})"
+            )
+        data = doc.get("data")
+        expected = checksum_of(data)
+        if doc.get("checksum") != expected:
+            raise CheckpointCorrupt(
+                f"{where}: checksum mismatch (file says {doc.get('checksum')!r}, content is {expected})"
+            )
+        try:
+            assert isinstance(data, dict)
+            boot_id = str(data["nodeBootID"])
+            claims = {uid: ClaimEntry.from_json(uid, entry) for uid, entry in data["preparedClaims"].items()}
+        except (AssertionError, KeyError, TypeError, ValueError, AttributeError) as err:
+            raise CheckpointCorrupt(f"{where}: malformed content ({err!r})") from err
+        return claims, boot_id
+
+    def _encode_data(self, contents: _Contents) -> dict[str, Any]:
+        return {
+            "driver": self.driver,
+            "nodeBootID": contents.boot_id,
+            "preparedClaims": {uid: contents.claims[uid].to_json() for uid in sorted(contents.claims)},
+        }
+
+    def _write(self, contents: _Contents) -> None:
+        data = self._encode_data(contents)
+        doc = {"apiVersion": API_VERSION, "kind": KIND, "checksum": checksum_of(data), "data": data}
+        atomic_write_file(self.path, (json.dumps(doc, indent=2) + "\n").encode())
+
+    def remove_stale_temp_files(self) -> int:
+        """Delete temp files a crash left mid-write (call at startup)."""
+        with self._locked():
+            return remove_temp_files(self.path.parent, prefix=f".{self.path.name}")
+
+    def _check_overlap(self, contents: _Contents, uid: str, devices: Sequence[PreparedDevice]) -> None:
+        wanted = {(d.pool, d.device) for d in devices if not d.admin_access}
+        for other in contents.claims.values():
+            if other.uid == uid:
+                continue
+            held = {(d.pool, d.device) for d in other.devices if not d.admin_access}
+            clash = sorted(wanted & held)
+            if clash:
+                pool, device = clash[0]
+                raise DeviceAlreadyPrepared(
+                    f"device {pool}/{device} is already prepared for claim {other.namespace}/{other.name} "
+                    f"({other.uid}, {other.state.value})"
+                )

@@ -1,0 +1,135 @@
+"""Choosing the discovery backends for this node: explicit, simulated, or auto-detected.
+
+Auto-detection enables NVIDIA when NVML initialises and TPUs when any PCI device is a Google TPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import pynvml
+
+from dra_api.names import GPU_DRIVER, TPU_DRIVER
+
+from .base import DiscoveryBackend
+from .nvml import NvmlBackend
+from .simulated import SimulatedBackend, load_profile
+from .tpu import TpuBackend, google_tpu_present
+
+log = logging.getLogger(__name__)
+
+BACKEND_CHOICES = ("auto", "nvidia", "tpu")
+
+
+@dataclass(frozen=True)
+class DiscoveryConfig:
+    """What the agent's Settings decide about discovery.
+
+    node_name: this node; seeds simulated and TPU UUIDs.
+    backends: "auto" (detect), or any of "nvidia", "tpu" to force them on.
+    simulated_profiles: profile names or paths; when set, only simulated backends run.
+    gpu_driver / tpu_driver: the driver names devices are published under.
+    driver_root: where the NVIDIA driver's files live (/run/nvidia/driver for a containerised driver).
+    dev_root / sysfs_root / proc_root: the host's /dev, /sys and /proc as the agent sees them.
+    host_dev_dir: the host's /dev as the container runtime sees it (device paths in CDI specs).
+    tpu_topology: the TPU slice topology when the host does not say (e.g. "4x4x4" for a multi-host slice).
+    tpu_env_path: the Cloud TPU `tpu-env` file; None to ignore.
+    simulation_dir: where simulated fake trees are written (a temporary directory if None).
+    """
+
+    node_name: str
+    backends: tuple[str, ...] = ("auto",)
+    simulated_profiles: tuple[str, ...] = ()
+    gpu_driver: str = GPU_DRIVER
+    tpu_driver: str = TPU_DRIVER
+    driver_root: str = "/"
+    dev_root: str = "/dev"
+    sysfs_root: str = "/sys"
+    proc_root: str = "/proc"
+    host_dev_dir: str = "/dev"
+    tpu_topology: str | None = None
+    tpu_env_path: str | None = "/etc/tpu/tpu-env"
+    simulation_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        unknown = [b for b in self.backends if b not in BACKEND_CHOICES]
+        if unknown:
+            raise ValueError(
+                f"discovery backends: unknown backend {unknown[0]!r} (choose from {BACKEND_CHOICES})"
+            )
+
+
+def nvml_usable(backend: NvmlBackend) -> bool:
+    """Whether NVML initialises (blocking; init and shutdown once)."""
+    nvml = backend.nvml_module()
+    try:
+        nvml.nvmlInitWithFlags(pynvml.NVML_INIT_FLAG_NO_GPUS)
+    except (pynvml.NVMLError, OSError) as err:
+        log.info("NVIDIA backend not enabled: NVML does not initialise (%s)", err)
+        return False
+    try:
+        nvml.nvmlShutdown()
+    except pynvml.NVMLError as err:
+        log.warning("NVML shutdown failed: %s", err)
+    return True
+
+
+def _nvml_backend(config: DiscoveryConfig) -> NvmlBackend:
+    return NvmlBackend(
+        driver=config.gpu_driver,
+        driver_root=config.driver_root,
+        sysfs_root=config.sysfs_root,
+        proc_root=config.proc_root,
+        host_dev_dir=config.host_dev_dir,
+    )
+
+
+def _tpu_backend(config: DiscoveryConfig) -> TpuBackend:
+    return TpuBackend(
+        node_name=config.node_name,
+        driver=config.tpu_driver,
+        sysfs_root=config.sysfs_root,
+        dev_root=config.dev_root,
+        topology=config.tpu_topology,
+        tpu_env_path=config.tpu_env_path,
+        host_dev_dir=config.host_dev_dir,
+    )
+
+
+def _simulated_backends(config: DiscoveryConfig) -> list[DiscoveryBackend]:
+    backends: list[DiscoveryBackend] = []
+    drivers: set[str] = set()
+    for index, ref in enumerate(config.simulated_profiles):
+        profile = load_profile(ref)
+        driver = config.gpu_driver if profile.nvidia is not None else config.tpu_driver
+        if driver in drivers:
+            raise ValueError(f"simulated profiles: two profiles publish for driver {driver!r}; use one")
+        drivers.add(driver)
+        state_dir = Path(config.simulation_dir) / f"{index}-{profile.name}" if config.simulation_dir else None
+        backends.append(
+            SimulatedBackend(profile=profile, node_name=config.node_name, state_dir=state_dir, driver=driver)
+        )
+    return backends
+
+
+def select_backends_sync(config: DiscoveryConfig) -> list[DiscoveryBackend]:
+    """The backends to run on this node (blocking: probes NVML and sysfs)."""
+    if config.simulated_profiles:
+        return _simulated_backends(config)
+    backends: list[DiscoveryBackend] = []
+    auto = "auto" in config.backends
+    nvidia = _nvml_backend(config)
+    if "nvidia" in config.backends or (auto and nvml_usable(nvidia)):
+        backends.append(nvidia)
+    if "tpu" in config.backends or (auto and google_tpu_present(config.sysfs_root)):
+        backends.append(_tpu_backend(config))
+    if not backends:
+        log.info("no accelerator found on this node; no devices will be published")
+    return backends
+
+
+async def select_backends(config: DiscoveryConfig) -> list[DiscoveryBackend]:
+    return await asyncio.to_thread(select_backends_sync, config)
