@@ -1,0 +1,61 @@
+"""The structured DRA allocator (upstream "incubating" semantics), for one node at a time.
+
+Public API::
+
+    gates = FeatureGates()                       # Kubernetes 1.36 defaults
+    gates = FeatureGates.from_mapping({"DRAConsumableCapacity": False})
+    gates = FeatureGates.only(["DRAPrioritizedList"])   # everything else off
+    index = SliceIndex(slices)                   # build once per slice set; reuse across allocators
+    state = AllocatedState.from_claims(allocated_claims)
+    alloc = Allocator(classes=classes, slices=index, allocated=state, gates=gates)
+    results = alloc.allocate(node=node, claims=[claim, ...])
+    # -> list[AllocationResult] (one per claim, in order), or None when they do not fit on node.
+    # raises AllocationError (fatal: bad input, CEL error, disabled feature, > 32 devices, ...)
+    #     or FailedAllocationOnNode (node-local: nothing fits and the node has invalid pools).
+    alloc.last_invocations                      # search effort (upstream allocateOne calls)
+
+Semantics follow upstream ``k8s.io/dynamic-resource-allocation/structured`` (incubating variant):
+pools gathered per node (generations, completeness across the cluster, invalid pools), sorted by
+(driver, pool) with binding-condition pools last and slices by name; ExactCount and All;
+adminAccess; matchAttribute/distinctAttribute (set semantics with DRAListTypeAttributes);
+firstAvailable; partitionable devices (shared counters); consumable capacity with share IDs;
+taints and tolerations; binding conditions; class-then-claim config; the result node selector;
+the 32-device claim limit; a depth-first, combination-only search.
+
+Hooks for placement and explanations: :meth:`Allocator.pools` (the node's pools in search order),
+:attr:`SliceIndex.on_node` / ``shared`` / ``by_pool``, :class:`DeviceEntry` (``cel_input`` built
+once per device), and the per-allocator class-selector cache.
+"""
+
+from __future__ import annotations
+
+from dra_operator.allocator.allocator import MAX_DEVICES_PER_CLAIM, Allocator
+from dra_operator.allocator.errors import AllocationError, FailedAllocationOnNode
+from dra_operator.allocator.gates import GATE_FIELDS, FeatureGates
+from dra_operator.allocator.pools import DeviceEntry, Pool, PoolID, SliceEntry, SliceIndex
+from dra_operator.allocator.state import (
+    AllocatedState,
+    DeviceID,
+    SharedDeviceID,
+    device_id_text,
+    parse_device_id,
+)
+
+__all__ = [
+    "GATE_FIELDS",
+    "MAX_DEVICES_PER_CLAIM",
+    "AllocatedState",
+    "AllocationError",
+    "Allocator",
+    "DeviceEntry",
+    "DeviceID",
+    "FailedAllocationOnNode",
+    "FeatureGates",
+    "Pool",
+    "PoolID",
+    "SharedDeviceID",
+    "SliceEntry",
+    "SliceIndex",
+    "device_id_text",
+    "parse_device_id",
+]

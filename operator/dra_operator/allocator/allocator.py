@@ -1,0 +1,695 @@
+"""The structured allocator: one node, a list of claims, first solution wins (incubating variant)."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from types import MappingProxyType
+
+from dra_api.model import (
+    ALL,
+    EXACT_COUNT,
+    FROM_CLAIM,
+    FROM_CLASS,
+    AllocationResult,
+    DeviceAllocationConfiguration,
+    DeviceClass,
+    DeviceRequestAllocationResult,
+    DeviceTaint,
+    DeviceToleration,
+    ExactDeviceRequest,
+    Node,
+    NodeSelector,
+    NodeSelectorRequirement,
+    NodeSelectorTerm,
+    ResourceClaim,
+    ResourceSlice,
+)
+from dra_api.quantity import Quantity
+from dra_operator.allocator import capacity as cap
+from dra_operator.allocator.constraints import Constraint, DistinctAttribute, MatchAttribute
+from dra_operator.allocator.errors import AllocationError, FailedAllocationOnNode
+from dra_operator.allocator.gates import FeatureGates
+from dra_operator.allocator.pools import DeviceEntry, Pool, PoolID, SliceEntry, SliceIndex
+from dra_operator.allocator.state import AllocatedState, DeviceID, device_id_text
+
+logger = logging.getLogger(__name__)
+
+# AllocationResultsMaxSize: devices per claim.
+MAX_DEVICES_PER_CLAIM = 32
+_ZERO = Quantity.from_int(0)
+
+
+class _MaxSizeExceeded(Exception):
+    """Internal: this branch would put more than 32 devices into one claim."""
+
+
+class Spec:
+    """One request (``exactly``) or one subrequest, prepared for the search."""
+
+    __slots__ = (
+        "admin",
+        "all_devices",
+        "capacity",
+        "claim_index",
+        "device_class",
+        "full",
+        "key",
+        "mode",
+        "num_devices",
+        "parent",
+        "request",
+        "tolerations",
+    )
+
+    def __init__(
+        self,
+        *,
+        key: int,
+        claim_index: int,
+        parent: str,
+        full: str,
+        request: ExactDeviceRequest,
+        device_class: DeviceClass,
+    ) -> None:
+        self.key = key
+        self.claim_index = claim_index
+        self.parent = parent
+        self.full = full  # "req" or "req/sub", as written into results
+        self.request = request
+        self.device_class = device_class
+        self.mode = request.mode
+        self.admin = bool(request.admin_access)
+        self.tolerations: tuple[DeviceToleration, ...] = request.tolerations
+        self.capacity: Mapping[str, Quantity] | None = request.capacity or None
+        self.num_devices = 0
+        self.all_devices: list[tuple[Pool, SliceEntry, int]] = []
+
+
+@dataclass(slots=True)
+class _Request:
+    name: str
+    single: Spec | None
+    subs: tuple[Spec, ...]
+
+
+@dataclass(slots=True)
+class _Claim:
+    claim: ResourceClaim
+    ref: str
+    requests: list[_Request]
+    constraints: list[Constraint]
+
+
+@dataclass(slots=True)
+class _Pick:
+    spec: Spec
+    entry: DeviceEntry
+    share_id: str | None
+    consumed: dict[str, Quantity] | None
+
+
+class Allocator:
+    """Allocates claims on one node at a time, like upstream ``Allocator.Allocate``.
+
+    Build it once per allocated state (cheap when ``slices`` is a prebuilt :class:`SliceIndex`) and
+    call :meth:`allocate` for as many nodes as needed; class-selector results and available
+    counters are cached across calls.
+    """
+
+    def __init__(
+        self,
+        *,
+        classes: Mapping[str, DeviceClass] | Iterable[DeviceClass],
+        slices: SliceIndex | Iterable[ResourceSlice],
+        allocated: AllocatedState | None = None,
+        gates: FeatureGates | None = None,
+    ) -> None:
+        self.gates = gates or FeatureGates()
+        self.classes: Mapping[str, DeviceClass] = (
+            classes if isinstance(classes, Mapping) else {c.name: c for c in classes}
+        )
+        self.index = slices if isinstance(slices, SliceIndex) else SliceIndex(slices)
+        self.allocated = allocated or AllocatedState()
+        self._in_use = self.allocated.in_use_ids()
+        self._available_counters: dict[tuple[PoolID, int], dict[tuple[str, str], Quantity]] = {}
+        # (device ID, class name) -> class selectors matched; pure, so valid for this allocator's life.
+        self._class_matches: dict[tuple[DeviceID, str], bool] = {}
+        #: ``allocateOne`` invocations of the last :meth:`allocate` call (search effort).
+        self.last_invocations = 0
+
+    def pools(self, node: Node) -> tuple[Pool, ...]:
+        """The node's pools in search order (hook for explanations and placement)."""
+        return self.index.pools_for(node, partitionable=self.gates.partitionable_devices)
+
+    def allocate(self, *, node: Node, claims: Sequence[ResourceClaim]) -> list[AllocationResult] | None:
+        """One result per claim (in order), None if the claims do not fit on ``node`` together.
+
+        Raises :class:`AllocationError` for errors (unknown class, CEL errors, disabled features,
+        too many devices, ...) and :class:`FailedAllocationOnNode` when nothing fits and the node
+        has invalid pools.
+        """
+        run = _Run(self, node, claims)
+        try:
+            return run.run()
+        finally:
+            self.last_invocations = run.invocations
+
+    # ---- caches shared by runs -----------------------------------------------------------------
+
+    def available_counters(self, pool: Pool) -> dict[tuple[str, str], Quantity]:
+        """Counter values minus what allocated devices of the pool consume (may be negative)."""
+        key = (pool.id, pool.generation)
+        found = self._available_counters.get(key)
+        if found is None:
+            found = {
+                (set_name, name): value
+                for set_name, counters in pool.counter_sets.items()
+                for name, value in counters.items()
+            }
+            for s in pool.all_slices():
+                for d in s.devices:
+                    if d.consumes_counters and (s.driver, s.pool.name, d.name) in self._in_use:
+                        for consumption in d.consumes_counters:
+                            for name, value in consumption.counters.items():
+                                k = (consumption.counter_set, name)
+                                if k in found:
+                                    found[k] = found[k] - value
+            self._available_counters[key] = found
+        return found
+
+
+def _tolerated(taints: tuple[DeviceTaint, ...], tolerations: tuple[DeviceToleration, ...]) -> bool:
+    for taint in taints:
+        if taint.blocks_scheduling and not any(t.tolerates(taint) for t in tolerations):
+            return False
+    return True
+
+
+class _Run:
+    """State of one ``allocate`` call."""
+
+    def __init__(self, alloc: Allocator, node: Node, claims: Sequence[ResourceClaim]) -> None:
+        self.alloc = alloc
+        self.gates = alloc.gates
+        self.node = node
+        self.input_claims = claims
+        self.cc = self.gates.consumable_capacity
+        self.invocations = 0
+        self.pools: tuple[Pool, ...] = ()
+        self.claims: list[_Claim] = []
+        self.results: list[list[_Pick]] = []
+        self.selected: list[list[Spec | None]] = []
+        self.allocating: dict[DeviceID, list[int]] = {}
+        self.allocating_capacity: dict[DeviceID, dict[str, Quantity]] = {}
+        self.consumed_counters: dict[PoolID, dict[tuple[str, str], Quantity]] = {}
+        self.selectable: dict[tuple[DeviceID, int], bool] = {}
+        self.compiled: dict[tuple[int, int], object] = {}
+        self._next_key = 0
+
+    # ---- entry point -----------------------------------------------------------------------------
+
+    def run(self) -> list[AllocationResult] | None:
+        if not self.input_claims:
+            return None
+        self.pools = self.alloc.pools(self.node)
+        for ci, claim in enumerate(self.input_claims):
+            self.claims.append(self._prepare_claim(ci, claim))
+        self.results = [[] for _ in self.claims]
+        self.selected = [[None] * len(c.requests) for c in self.claims]
+        try:
+            done = self._one(0, 0, 0, 0, False, None)
+        except _MaxSizeExceeded:
+            done = False
+        if not done:
+            invalid = [p for p in self.pools if p.invalid]
+            if invalid:
+                logger.debug(
+                    "invalid pools on node %s: %s", self.node.name, [p.invalid_reason for p in invalid]
+                )
+                raise FailedAllocationOnNode("invalid resource pools were encountered")
+            return None
+        return [self._result(ci, c) for ci, c in enumerate(self.claims)]
+
+    # ---- preparation ---------------------------------------------------------------------------
+
+    def _prepare_claim(self, ci: int, claim: ResourceClaim) -> _Claim:
+        ref = claim.ref
+        requests: list[_Request] = []
+        min_devices = 0
+        for request in claim.spec.requests:
+            if request.first_available:
+                if not self.gates.prioritized_list:
+                    raise AllocationError(
+                        f"claim {ref}, request {request.name}: has subrequests, but the DRAPrioritizedList "
+                        "feature is disabled"
+                    )
+                if not self.cc and any(s.spec.capacity for s in request.first_available):
+                    raise AllocationError(
+                        f"claim {ref}, request {request.name}: has capacity requests, but the "
+                        "DRAConsumableCapacity feature is disabled"
+                    )
+                subs = tuple(
+                    self._prepare_spec(ci, ref, request.name, f"{request.name}/{s.name}", s.spec)
+                    for s in request.first_available
+                )
+                requests.append(_Request(name=request.name, single=None, subs=subs))
+                min_devices += min(s.num_devices for s in subs)
+            else:
+                exact = request.exactly
+                assert exact is not None  # the model guarantees exactly one of the two
+                if not self.cc and exact.capacity:
+                    raise AllocationError(
+                        f"claim {ref}, request {request.name}: has capacity requests, but the "
+                        "DRAConsumableCapacity feature is disabled"
+                    )
+                spec = self._prepare_spec(ci, ref, request.name, request.name, exact)
+                requests.append(_Request(name=request.name, single=spec, subs=()))
+                min_devices += spec.num_devices
+        if min_devices > MAX_DEVICES_PER_CLAIM:
+            raise AllocationError(
+                f"claim {ref}: number of requested devices {min_devices} exceeds the claim limit of "
+                f"{MAX_DEVICES_PER_CLAIM}"
+            )
+        constraints: list[Constraint] = []
+        lists = self.gates.list_type_attributes
+        for i, c in enumerate(claim.spec.constraints):
+            if c.match_attribute is not None:
+                constraints.append(
+                    MatchAttribute(index=i, requests=c.requests, attribute=c.match_attribute, lists=lists)
+                )
+            elif c.distinct_attribute is not None:
+                constraints.append(
+                    DistinctAttribute(
+                        index=i, requests=c.requests, attribute=c.distinct_attribute, lists=lists
+                    )
+                )
+            else:
+                raise AllocationError(
+                    f"claim {ref}, constraint #{i}: empty constraint (unsupported constraint type?)"
+                )
+        return _Claim(claim=claim, ref=ref, requests=requests, constraints=constraints)
+
+    def _prepare_spec(self, ci: int, ref: str, parent: str, full: str, request: ExactDeviceRequest) -> Spec:
+        where = f"claim {ref}, request {full}"
+        for i, selector in enumerate(request.selectors):
+            if selector.cel is None:
+                raise AllocationError(
+                    f"{where}, selector #{i}: CEL expression empty (unsupported selector type?)"
+                )
+        if request.admin_access is not None and not self.gates.admin_access:
+            raise AllocationError(f"{where}: admin access is requested, but the feature is disabled")
+        if not request.device_class_name:
+            raise AllocationError(f"{where}: missing device class name (unsupported request type?)")
+        device_class = self.alloc.classes.get(request.device_class_name)
+        if device_class is None:
+            raise AllocationError(
+                f"{where}: could not retrieve device class {request.device_class_name}: "
+                f'deviceclass.resource.k8s.io "{request.device_class_name}" not found'
+            )
+        self._next_key += 1
+        spec = Spec(
+            key=self._next_key,
+            claim_index=ci,
+            parent=parent,
+            full=full,
+            request=request,
+            device_class=device_class,
+        )
+        if spec.mode == EXACT_COUNT:
+            spec.num_devices = request.effective_count
+        elif spec.mode == ALL:
+            for pool in self.pools:
+                if pool.incomplete:
+                    raise AllocationError(
+                        f"{where}: asks for all devices, but resource pool {pool.text} "
+                        "is currently being updated"
+                    )
+                if pool.invalid:
+                    raise AllocationError(
+                        f"{where}: asks for all devices, but resource pool {pool.text} is currently invalid"
+                    )
+                for se in pool.slices:
+                    for i, entry in enumerate(se.entries):
+                        if self._is_selectable(spec, se, i) and (
+                            not self.cc or self._capacity_fits(spec, entry)
+                        ):
+                            spec.all_devices.append((pool, se, i))
+            spec.num_devices = len(spec.all_devices)
+        else:
+            raise AllocationError(f"{where}: unsupported count mode {spec.mode}")
+        return spec
+
+    # ---- device checks -------------------------------------------------------------------------
+
+    def _evaluate(self, *, prefix: str, index: int, expression: str | None, entry: DeviceEntry) -> bool:
+        from dra_operator.cel import CelCompileError, CelRuntimeError, compile_selector
+
+        if expression is None:
+            raise AllocationError(
+                f"{prefix}: selector #{index}: CEL expression empty (unsupported selector type?)"
+            )
+        try:
+            compiled = compile_selector(expression)
+        except CelCompileError as exc:
+            raise AllocationError(f"{prefix}: selector #{index}: CEL compile error: {exc}") from exc
+        where = f"{prefix}: selector #{index} on device {device_id_text(entry.id)}: CEL runtime error"
+        if entry.unsupported_attribute is not None:
+            raise AllocationError(
+                f"{where}: attribute {entry.unsupported_attribute}: unsupported attribute value"
+            )
+        try:
+            return bool(compiled.matches(entry.cel_input))
+        except CelRuntimeError as exc:
+            raise AllocationError(f"{where}: {exc}") from exc
+
+    def _class_matches(self, spec: Spec, entry: DeviceEntry) -> bool:
+        device_class = spec.device_class
+        key = (entry.id, device_class.name)
+        found = self.alloc._class_matches.get(key)
+        if found is None:
+            found = True
+            for i, selector in enumerate(device_class.selectors):
+                if not self._evaluate(
+                    prefix=f"class {device_class.name}", index=i, expression=selector.cel, entry=entry
+                ):
+                    found = False
+                    break
+            self.alloc._class_matches[key] = found
+        return found
+
+    def _is_selectable(self, spec: Spec, se: SliceEntry, index: int) -> bool:
+        entry = se.entries[index]
+        if entry.device.binding_conditions and not self.gates.device_binding_and_status:
+            return False
+        key = (entry.id, spec.key)
+        found = self.selectable.get(key)
+        if found is not None:
+            return found
+        found = self._class_matches(spec, entry)
+        if found:
+            ref = self.claims[spec.claim_index].ref if spec.claim_index < len(self.claims) else None
+            prefix = f"claim {ref or self.input_claims[spec.claim_index].ref}"
+            for i, selector in enumerate(spec.request.selectors):
+                if not self._evaluate(prefix=prefix, index=i, expression=selector.cel, entry=entry):
+                    found = False
+                    break
+        if found and se.node_ok is not None:
+            found = se.node_ok[index]
+        self.selectable[key] = found
+        return found
+
+    def _capacity_fits(self, spec: Spec, entry: DeviceEntry) -> bool:
+        device = entry.device
+        if not device.capacity and not spec.capacity:
+            return True
+        return cap.fits(
+            device=device,
+            driver=entry.id[0],
+            requests=spec.capacity,
+            consumed=self.alloc.allocated.capacity.get(entry.id),
+            allocating=self.allocating_capacity.get(entry.id),
+        )
+
+    def _consume_counters(self, pool: Pool, entry: DeviceEntry) -> bool:
+        available = self.alloc.available_counters(pool)
+        consumed = self.consumed_counters.setdefault(pool.id, {})
+        self._add_counters(consumed, entry, sign=1)
+        for key, value in available.items():
+            used = consumed.get(key)
+            if (value if used is None else value - used).sign() < 0:
+                self._add_counters(consumed, entry, sign=-1)
+                return False
+        return True
+
+    @staticmethod
+    def _add_counters(consumed: dict[tuple[str, str], Quantity], entry: DeviceEntry, *, sign: int) -> None:
+        for consumption in entry.device.consumes_counters:
+            for name, value in consumption.counters.items():
+                key = (consumption.counter_set, name)
+                before = consumed.get(key, _ZERO)
+                consumed[key] = before + value if sign > 0 else before - value
+
+    def _allocate_device(
+        self, spec: Spec, pool: Pool, entry: DeviceEntry, *, must: bool
+    ) -> Callable[[], None] | None:
+        """Check and record one device; returns the undo function, or None if it cannot be used."""
+        device = entry.device
+        did = entry.id
+        ci = spec.claim_index
+        multi = self.cc and device.allow_multiple_allocations
+        if spec.admin:
+            if not multi and ci in self.allocating.get(did, ()):
+                return None
+        elif did in self.alloc.allocated.devices or (not multi and did in self.allocating):
+            return None
+        if device.consumes_counters and not self.gates.partitionable_devices:
+            return None
+        if self.gates.device_taints and device.taints and not _tolerated(device.taints, spec.tolerations):
+            return None
+        counted = False
+        if device.consumes_counters and not (
+            multi and (did in self.alloc._in_use or did in self.allocating_capacity)
+        ):
+            if not self._consume_counters(pool, entry):
+                return None
+            counted = True
+        claim = self.claims[ci]
+        added: list[Constraint] = []
+        for constraint in claim.constraints:
+            if constraint.add(spec.parent, spec.full, entry):
+                added.append(constraint)
+                continue
+            for c in reversed(added):
+                c.remove(spec.parent, spec.full, entry)
+            if counted:
+                self._add_counters(self.consumed_counters[pool.id], entry, sign=-1)
+            if must:
+                raise AllocationError(
+                    f"claim {claim.ref}, request {spec.full}: cannot add device {device_id_text(did)} "
+                    "because a claim constraint would not be satisfied"
+                )
+            return None
+        share_id: str | None = None
+        consumed: dict[str, Quantity] | None = None
+        if self.cc and (device.capacity or spec.capacity):
+            if not self._capacity_fits(spec, entry):
+                for c in reversed(added):
+                    c.remove(spec.parent, spec.full, entry)
+                if counted:
+                    self._add_counters(self.consumed_counters[pool.id], entry, sign=-1)
+                return None
+            if multi:
+                consumed = cap.consumption(device=device, driver=did[0], requests=spec.capacity)
+                share_id = str(uuid.uuid4())
+                inflight = self.allocating_capacity.setdefault(did, {})
+                for name, value in consumed.items():
+                    inflight[name] = inflight[name] + value if name in inflight else value
+        elif multi:
+            share_id = str(uuid.uuid4())
+        if not multi:
+            self.allocating.setdefault(did, []).append(ci)
+        results = self.results[ci]
+        results.append(_Pick(spec=spec, entry=entry, share_id=share_id, consumed=consumed))
+        size = len(results) - 1
+
+        def undo() -> None:
+            del results[size:]
+            if not multi:
+                holders = self.allocating[did]
+                holders.pop()
+                if not holders:
+                    del self.allocating[did]
+            if consumed:
+                inflight = self.allocating_capacity[did]
+                for name, value in consumed.items():
+                    inflight[name] = inflight[name] - value
+                if all(v.is_zero() for v in inflight.values()):
+                    del self.allocating_capacity[did]
+            for c in reversed(added):
+                c.remove(spec.parent, spec.full, entry)
+            if counted:
+                self._add_counters(self.consumed_counters[pool.id], entry, sign=-1)
+
+        return undo
+
+    # ---- the search ----------------------------------------------------------------------------
+
+    def _one(
+        self, ci: int, ri: int, si: int, di: int, in_sub: bool, start: tuple[int, int, int] | None
+    ) -> bool:
+        self.invocations += 1
+        if ci >= len(self.claims):
+            return True
+        claim = self.claims[ci]
+        if ri >= len(claim.requests):
+            try:
+                return self._one(ci + 1, 0, 0, 0, False, None)
+            except _MaxSizeExceeded:
+                return False
+        request = claim.requests[ri]
+        if request.subs and not in_sub:
+            only_max_size = True
+            for s in range(len(request.subs)):
+                try:
+                    if self._one(ci, ri, s, 0, True, None):
+                        return True
+                except _MaxSizeExceeded:
+                    continue
+                only_max_size = False
+            if only_max_size:
+                raise _MaxSizeExceeded
+            return False
+        spec = request.subs[si] if request.subs else request.single
+        assert spec is not None
+        self.selected[ci][ri] = spec
+        if spec.mode == ALL and not spec.all_devices:
+            return False
+        if di >= spec.num_devices:
+            return self._one(ci, ri + 1, 0, 0, False, None)
+        if len(self.results[ci]) + spec.num_devices - di > MAX_DEVICES_PER_CLAIM:
+            raise _MaxSizeExceeded
+        if spec.mode == ALL:
+            pool, se, index = spec.all_devices[di]
+            undo = self._allocate_device(spec, pool, se.entries[index], must=True)
+            if undo is None:
+                return False
+            try:
+                if self._one(ci, ri, si, di + 1, in_sub, None):
+                    return True
+            except _MaxSizeExceeded:
+                undo()
+                raise
+            undo()
+            return False
+        allocated_devices = self.alloc.allocated.devices
+        allocating = self.allocating
+        p0, s0, d0 = start or (0, 0, 0)
+        pools = self.pools
+        for pi in range(p0, len(pools)):
+            pool = pools[pi]
+            if pool.unusable:
+                continue
+            slices = pool.slices
+            for sli in range(s0 if pi == p0 else 0, len(slices)):
+                se = slices[sli]
+                entries = se.entries
+                for dvi in range(d0 if pi == p0 and sli == s0 else 0, len(entries)):
+                    entry = entries[dvi]
+                    did = entry.id
+                    if spec.admin:
+                        if ci in allocating.get(did, ()):
+                            continue
+                    elif did in allocated_devices or did in allocating:
+                        continue
+                    if not self._is_selectable(spec, se, dvi):
+                        continue
+                    if self.cc and not self._capacity_fits(spec, entry):
+                        continue
+                    undo = self._allocate_device(spec, pool, entry, must=False)
+                    if undo is None:
+                        continue
+                    try:
+                        if self._one(ci, ri, si, di + 1, in_sub, (pi, sli, dvi + 1)):
+                            return True
+                    except _MaxSizeExceeded:
+                        undo()  # the caller may try another subrequest: leave no trace
+                        raise
+                    undo()
+        return False
+
+    # ---- results -------------------------------------------------------------------------------
+
+    def _result(self, ci: int, claim: _Claim) -> AllocationResult:
+        binding = self.gates.device_binding_and_status
+        devices = []
+        for pick in self.results[ci]:
+            device = pick.entry.device
+            driver, pool, name = pick.entry.id
+            devices.append(
+                DeviceRequestAllocationResult(
+                    request=pick.spec.full,
+                    driver=driver,
+                    pool=pool,
+                    device=name,
+                    admin_access=True if pick.spec.admin else None,
+                    tolerations=pick.spec.tolerations,
+                    binding_conditions=device.binding_conditions if binding else (),
+                    binding_failure_conditions=device.binding_failure_conditions if binding else (),
+                    share_id=pick.share_id,
+                    consumed_capacity=MappingProxyType(pick.consumed)
+                    if pick.consumed
+                    else MappingProxyType({}),
+                )
+            )
+        return AllocationResult(
+            devices=tuple(devices),
+            config=self._config(ci, claim),
+            node_selector=self._node_selector(self.results[ci]),
+        )
+
+    def _config(self, ci: int, claim: _Claim) -> tuple[DeviceAllocationConfiguration, ...]:
+        selected = [s for s in self.selected[ci] if s is not None]
+        by_class: dict[str, list[str]] = {}
+        for spec in selected:
+            by_class.setdefault(spec.device_class.name, []).append(spec.full)
+        config: list[DeviceAllocationConfiguration] = []
+        for class_name, names in by_class.items():
+            for class_entry in self.alloc.classes[class_name].config:
+                config.append(
+                    DeviceAllocationConfiguration(
+                        source=FROM_CLASS, requests=tuple(names), opaque=class_entry.opaque
+                    )
+                )
+        known = {s.parent for s in selected} | {s.full for s in selected}
+        for claim_entry in claim.claim.spec.config:
+            if not claim_entry.requests or any(r in known for r in claim_entry.requests):
+                config.append(
+                    DeviceAllocationConfiguration(
+                        source=FROM_CLAIM, requests=claim_entry.requests, opaque=claim_entry.opaque
+                    )
+                )
+        out: list[DeviceAllocationConfiguration] = []
+        for item in config:
+            if item.requests and all(s.parent in item.requests or s.full in item.requests for s in selected):
+                item = replace(item, requests=())
+            out.append(item)
+        return tuple(out)
+
+    def _node_selector(self, picks: list[_Pick]) -> NodeSelector | None:
+        binding = self.gates.device_binding_and_status
+        fields: list[NodeSelectorRequirement] = []
+        expressions: list[NodeSelectorRequirement] = []
+        for pick in picks:
+            s = pick.entry.slice
+            d = pick.entry.device
+            per_device = s.per_device_node_selection
+            if s.node_name or (per_device and d.node_name) or (binding and d.binds_to_node):
+                return NodeSelector.for_node(self.node.name)
+            selector = (
+                s.node_selector if s.node_selector is not None else (d.node_selector if per_device else None)
+            )
+            if selector is None:
+                continue
+            if len(selector.terms) != 1:
+                raise AllocationError(
+                    f"unsupported ResourceSlice.NodeSelector with {len(selector.terms)} terms"
+                )
+            term = selector.terms[0]
+            _merge(fields, term.match_fields)
+            _merge(expressions, term.match_expressions)
+        if not fields and not expressions:
+            return None
+        return NodeSelector(
+            terms=(NodeSelectorTerm(match_expressions=tuple(expressions), match_fields=tuple(fields)),)
+        )
+
+
+def _merge(into: list[NodeSelectorRequirement], requirements: Iterable[NodeSelectorRequirement]) -> None:
+    for r in requirements:
+        if not any(
+            x.key == r.key and x.operator == r.operator and set(x.values) == set(r.values) for x in into
+        ):
+            into.append(r)

@@ -1,0 +1,141 @@
+"""Claim constraints: matchAttribute and distinctAttribute (scalar, or set semantics for lists)."""
+
+from __future__ import annotations
+
+from dra_api.attributes import AttributeValue, UnsupportedAttribute, Version
+from dra_operator.allocator.pools import DeviceEntry
+
+# A typed attribute element: (kind, value), so that True and 1 never compare equal.
+Element = tuple[str, object]
+
+
+def _element(value: object) -> Element | None:
+    if isinstance(value, bool):
+        return ("bool", value)
+    if isinstance(value, int):
+        return ("int", value)
+    if isinstance(value, str):
+        return ("string", value)
+    if isinstance(value, Version):
+        return ("version", value.text)  # semver strings are canonical: compare them exactly
+    return None
+
+
+def lookup_attribute(entry: DeviceEntry, name: str) -> AttributeValue | UnsupportedAttribute | None:
+    """By full name first; then, if the domain is the device's driver, by the bare identifier."""
+    attributes = entry.device.attributes
+    found = attributes.get(name)
+    if found is None:
+        domain, sep, ident = name.partition("/")
+        if sep and domain == entry.id[0]:
+            found = attributes.get(ident)
+    return found
+
+
+def attribute_set(
+    value: AttributeValue | UnsupportedAttribute | None, *, lists: bool
+) -> frozenset[Element] | None:
+    """The value as a set of elements; None when it cannot take part (missing, unknown type, or a
+    list while list-type attributes are off)."""
+    if value is None or isinstance(value, UnsupportedAttribute):
+        return None
+    if isinstance(value, tuple):
+        if not lists:
+            return None
+        elements = [_element(v) for v in value]
+        if any(e is None for e in elements):
+            return None
+        return frozenset(e for e in elements if e is not None)
+    element = _element(value)
+    return None if element is None else frozenset((element,))
+
+
+class Constraint:
+    """Base: which requests a constraint covers (empty = all requests of the claim)."""
+
+    __slots__ = ("attribute", "index", "lists", "requests")
+
+    kind = ""
+
+    def __init__(self, *, index: int, requests: tuple[str, ...], attribute: str, lists: bool) -> None:
+        self.index = index
+        self.requests = frozenset(requests)
+        self.attribute = attribute
+        self.lists = lists
+
+    def covers(self, parent: str, full: str) -> bool:
+        return not self.requests or parent in self.requests or full in self.requests
+
+    def add(self, parent: str, full: str, entry: DeviceEntry) -> bool:
+        raise NotImplementedError
+
+    def remove(self, parent: str, full: str, entry: DeviceEntry) -> None:
+        raise NotImplementedError
+
+
+class MatchAttribute(Constraint):
+    """All covered devices have the attribute with the same type and value (lists: a non-empty
+    common intersection)."""
+
+    __slots__ = ("_stack",)
+    kind = "matchAttribute"
+
+    def __init__(self, *, index: int, requests: tuple[str, ...], attribute: str, lists: bool) -> None:
+        super().__init__(index=index, requests=requests, attribute=attribute, lists=lists)
+        # Running intersection after each added device, so remove() is a pop.
+        self._stack: list[frozenset[Element]] = []
+
+    def add(self, parent: str, full: str, entry: DeviceEntry) -> bool:
+        if not self.covers(parent, full):
+            return True
+        value = lookup_attribute(entry, self.attribute)
+        if value is None:
+            return False
+        if not self._stack:
+            # The first device fixes the value (upstream does not check its type).
+            values = attribute_set(value, lists=self.lists)
+            self._stack.append(values if values is not None else frozenset())
+            return True
+        values = attribute_set(value, lists=self.lists)
+        if values is None:
+            return False
+        common = self._stack[-1] & values
+        ok = bool(common) if self.lists else values == self._stack[-1]
+        if not ok:
+            return False
+        self._stack.append(common)
+        return True
+
+    def remove(self, parent: str, full: str, entry: DeviceEntry) -> None:
+        if self.covers(parent, full):
+            self._stack.pop()
+
+
+class DistinctAttribute(Constraint):
+    """Covered devices have pairwise different values (lists: disjoint sets).
+
+    As upstream, values are remembered in a map keyed by request name: a device is compared with
+    the last device recorded for each request, and removing a device forgets its request's entry."""
+
+    __slots__ = ("_by_request",)
+    kind = "distinctAttribute"
+
+    def __init__(self, *, index: int, requests: tuple[str, ...], attribute: str, lists: bool) -> None:
+        super().__init__(index=index, requests=requests, attribute=attribute, lists=lists)
+        self._by_request: dict[str, frozenset[Element]] = {}
+
+    def add(self, parent: str, full: str, entry: DeviceEntry) -> bool:
+        if not self.covers(parent, full):
+            return True
+        values = attribute_set(lookup_attribute(entry, self.attribute), lists=self.lists)
+        if values is None:
+            return False
+        for seen in self._by_request.values():
+            if not seen.isdisjoint(values):
+                return False
+        self._by_request[parent] = values
+        return True
+
+    def remove(self, parent: str, full: str, entry: DeviceEntry) -> None:
+        if self.covers(parent, full):
+            self._by_request.pop(parent, None)

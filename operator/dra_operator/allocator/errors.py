@@ -1,0 +1,13 @@
+"""Allocation errors: fatal ones, and the node-local one that only rules out this node."""
+
+from __future__ import annotations
+
+
+class AllocationError(Exception):
+    """Allocation failed with an error (bad input, CEL error, feature disabled, ...): upstream
+    aborts the scheduling attempt for the pod."""
+
+
+class FailedAllocationOnNode(AllocationError):
+    """Nothing fits on this node and the reason is node-specific (invalid resource pools); other
+    nodes may still succeed (upstream ``ErrFailedAllocationOnNode``)."""

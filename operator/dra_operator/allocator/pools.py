@@ -1,0 +1,257 @@
+"""Resource pools as one node sees them: gathering, completeness, validation and order.
+
+:class:`SliceIndex` is built once for a set of ResourceSlices and can serve many allocators and
+many nodes: it splits slices into per-node and shared ones (as the incubating allocator does),
+keeps one :class:`DeviceEntry` per device (with the CEL input built once, on first use), and
+caches the gathered pools per node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING
+
+from dra_api.attributes import UnsupportedAttribute
+from dra_api.model import Device, Node, ResourceSlice
+from dra_api.model._json import empty_map
+from dra_api.quantity import Quantity
+from dra_operator.allocator.state import DeviceID
+
+if TYPE_CHECKING:
+    from dra_operator.cel import DeviceInput
+
+PoolID = tuple[str, str]  # (driver, pool name)
+
+
+class DeviceEntry:
+    """One device of one slice, with what the allocator derives from it once."""
+
+    __slots__ = ("_input", "device", "id", "slice", "unsupported_attribute")
+
+    def __init__(self, *, slice_: ResourceSlice, device: Device) -> None:
+        self.slice = slice_
+        self.device = device
+        self.id: DeviceID = (slice_.driver, slice_.pool.name, device.name)
+        self._input: DeviceInput | None = None
+        # Upstream fails every CEL evaluation on a device with an unusable attribute value.
+        self.unsupported_attribute: str | None = next(
+            (name for name, value in device.attributes.items() if isinstance(value, UnsupportedAttribute)),
+            None,
+        )
+
+    @property
+    def cel_input(self) -> DeviceInput:
+        if self._input is None:
+            from dra_operator.cel import DeviceInput
+
+            device = self.device
+            attributes = {
+                k: v for k, v in device.attributes.items() if not isinstance(v, UnsupportedAttribute)
+            }
+            self._input = DeviceInput(
+                driver=self.slice.driver,
+                attributes=device.attributes if len(attributes) == len(device.attributes) else attributes,  # type: ignore[arg-type]
+                capacity=MappingProxyType({k: c.value for k, c in device.capacity.items()}),
+                allow_multiple_allocations=device.allow_multiple_allocations,
+            )
+        return self._input
+
+    def __repr__(self) -> str:
+        return f"DeviceEntry({'/'.join(self.id)})"
+
+
+@dataclass(frozen=True, slots=True)
+class SliceEntry:
+    """A slice that targets the node; ``node_ok`` is set for per-device node selection."""
+
+    slice: ResourceSlice
+    entries: tuple[DeviceEntry, ...]
+    node_ok: tuple[bool, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Pool:
+    id: PoolID
+    generation: int
+    slices: tuple[SliceEntry, ...] = ()
+    other_slices: tuple[ResourceSlice, ...] = ()  # same pool, not targeting the node (counters only)
+    counter_sets: Mapping[str, Mapping[str, Quantity]] = field(default_factory=empty_map)
+    incomplete: bool = False
+    invalid_reason: str | None = None
+    has_binding_conditions: bool = False
+
+    @property
+    def invalid(self) -> bool:
+        return self.invalid_reason is not None
+
+    @property
+    def unusable(self) -> bool:
+        return self.incomplete or self.invalid_reason is not None
+
+    @property
+    def text(self) -> str:
+        return f"{self.id[0]}/{self.id[1]}"
+
+    def all_slices(self) -> Iterable[ResourceSlice]:
+        for entry in self.slices:
+            yield entry.slice
+        yield from self.other_slices
+
+
+def device_matches_node(device: Device, node: Node) -> bool:
+    if device.node_name:
+        return device.node_name == node.name
+    if device.all_nodes:
+        return True
+    if device.node_selector is not None:
+        return device.node_selector.matches(node)
+    return False
+
+
+def slice_matches_node(slice_: ResourceSlice, node: Node) -> bool:
+    if slice_.node_name:
+        return slice_.node_name == node.name
+    if slice_.all_nodes:
+        return True
+    if slice_.node_selector is not None:
+        return slice_.node_selector.matches(node)
+    if slice_.per_device_node_selection:
+        return any(device_matches_node(d, node) for d in slice_.devices)
+    return False  # a node selection field this code does not know: skip the slice
+
+
+class SliceIndex:
+    """ResourceSlices indexed by node and by pool; pools gathered per node are cached."""
+
+    def __init__(self, slices: Iterable[ResourceSlice]) -> None:
+        self.slices: tuple[ResourceSlice, ...] = tuple(slices)
+        self.on_node: dict[str, list[ResourceSlice]] = {}
+        self.shared: list[ResourceSlice] = []
+        self.by_pool: dict[PoolID, list[ResourceSlice]] = {}
+        self._entries: dict[int, tuple[DeviceEntry, ...]] = {}
+        self._pools: dict[tuple[object, ...], tuple[Pool, ...]] = {}
+        for s in self.slices:
+            if s.node_name:
+                self.on_node.setdefault(s.node_name, []).append(s)
+            else:
+                self.shared.append(s)
+            self.by_pool.setdefault((s.driver, s.pool.name), []).append(s)
+            self._entries[id(s)] = tuple(DeviceEntry(slice_=s, device=d) for d in s.devices)
+
+    def entries(self, slice_: ResourceSlice) -> tuple[DeviceEntry, ...]:
+        return self._entries[id(slice_)]
+
+    def all_entries(self) -> Iterable[DeviceEntry]:
+        for s in self.slices:
+            yield from self._entries[id(s)]
+
+    def pools_for(self, node: Node, *, partitionable: bool) -> tuple[Pool, ...]:
+        """The node's pools in allocation order: by (driver, pool), binding-condition pools last."""
+        key = (node.cache_key(), partitionable)
+        found = self._pools.get(key)
+        if found is None:
+            found = self._pools[key] = self._gather(node, partitionable=partitionable)
+        return found
+
+    def _gather(self, node: Node, *, partitionable: bool) -> tuple[Pool, ...]:
+        seen: dict[PoolID, list[ResourceSlice]] = {}
+        for s in (*self.on_node.get(node.name, ()), *self.shared):
+            if not partitionable and (s.per_device_node_selection or s.shared_counters):
+                continue
+            if not slice_matches_node(s, node):
+                continue
+            pool_id = (s.driver, s.pool.name)
+            current = seen.get(pool_id)
+            if current is None or s.pool.generation > current[0].pool.generation:
+                seen[pool_id] = [s]
+            elif s.pool.generation == current[0].pool.generation:
+                current.append(s)
+        pools: list[Pool] = []
+        for pool_id, slices in seen.items():
+            generation = slices[0].pool.generation
+            if len(slices) == slices[0].pool.resource_slice_count:
+                pools.append(self._build(node, pool_id, generation, slices, ()))
+                continue
+            # Looks incomplete from this node: consult the whole cluster for this pool.
+            same_generation = []
+            obsolete = False
+            for s in self.by_pool.get(pool_id, ()):
+                if s.pool.generation > generation:
+                    obsolete = True
+                    break
+                if s.pool.generation == generation:
+                    same_generation.append(s)
+            if obsolete:
+                continue
+            if len(same_generation) != slices[0].pool.resource_slice_count:
+                pools.append(Pool(id=pool_id, generation=generation, incomplete=True))
+                continue
+            targeting = {id(s) for s in slices}
+            others = tuple(s for s in same_generation if id(s) not in targeting)
+            pools.append(self._build(node, pool_id, generation, slices, others))
+        pools.sort(key=lambda p: (p.has_binding_conditions, p.id))
+        return tuple(pools)
+
+    def _build(
+        self,
+        node: Node,
+        pool_id: PoolID,
+        generation: int,
+        slices: list[ResourceSlice],
+        others: tuple[ResourceSlice, ...],
+    ) -> Pool:
+        slices = sorted(slices, key=lambda s: s.name)
+        invalid: str | None = None
+        names: set[str] = set()
+        counter_sets: dict[str, Mapping[str, Quantity]] = {}
+        binding = False
+        for s in (*slices, *others):
+            for cs in s.shared_counters:
+                if cs.name in counter_sets and invalid is None:
+                    invalid = f"duplicate counter set name {cs.name!r}"
+                counter_sets[cs.name] = cs.counters
+        entries: list[SliceEntry] = []
+        for s in slices:
+            for d in s.devices:
+                if d.name in names and invalid is None:
+                    invalid = f"duplicate device name {d.name!r}"
+                names.add(d.name)
+                if d.binding_conditions:
+                    binding = True
+            node_ok = (
+                tuple(device_matches_node(d, node) for d in s.devices)
+                if s.per_device_node_selection
+                else None
+            )
+            entries.append(SliceEntry(slice=s, entries=self._entries[id(s)], node_ok=node_ok))
+        if invalid is None:
+            invalid = _check_counter_references((*slices, *others), counter_sets)
+        return Pool(
+            id=pool_id,
+            generation=generation,
+            slices=tuple(entries),
+            other_slices=others,
+            counter_sets=MappingProxyType(counter_sets),
+            invalid_reason=invalid,
+            has_binding_conditions=binding,
+        )
+
+
+def _check_counter_references(
+    slices: Iterable[ResourceSlice], counter_sets: Mapping[str, Mapping[str, Quantity]]
+) -> str | None:
+    for s in slices:
+        for d in s.devices:
+            for consumption in d.consumes_counters:
+                counters = counter_sets.get(consumption.counter_set)
+                if counters is None:
+                    return f"device {d.name!r} consumes unknown counter set {consumption.counter_set!r}"
+                for name in consumption.counters:
+                    if name not in counters:
+                        return (
+                            f"device {d.name!r} consumes unknown counter {name!r} "
+                            f"of counter set {consumption.counter_set!r}"
+                        )
+    return None
