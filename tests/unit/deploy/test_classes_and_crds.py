@@ -85,4 +85,4 @@ def test_operator_peers_through_its_own_object(rendered: dict[str, list[Obj]], o
     peering = one(objs, "ClusterKopfPeering", PEERING_NAME)
     assert peering["apiVersion"] == "kopf.dev/v1"
     (container,) = one(objs, "Deployment", "accel-dra-operator")["spec"]["template"]["spec"]["containers"]
-    assert f"--peering={PEERING_NAME}" in container["args"]
+    assert f"--peering-name={PEERING_NAME}" in container["args"]

@@ -64,9 +64,7 @@ def test_every_container_is_hardened_and_bounded(rendered: dict[str, list[Obj]],
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_operator_runs_as_non_root_with_one_active_replica(
-    rendered: dict[str, list[Obj]], overlay: str
-) -> None:
+def test_operator_runs_as_non_root_with_a_standby(rendered: dict[str, list[Obj]], overlay: str) -> None:
     deployment = one(rendered[overlay], "Deployment", "accel-dra-operator")
     spec = deployment["spec"]["template"]["spec"]
     (container,) = spec["containers"]
@@ -77,9 +75,12 @@ def test_operator_runs_as_non_root_with_one_active_replica(
     assert container["args"][0] == "run"
     assert {p["containerPort"] for p in container["ports"]} == {8080}
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    # Kopf peering pauses all same-priority peers, so a second replica would stall both.
-    assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    # Two instances; peering (random priorities per instance) keeps one of them active.
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    budgets = of_kind(rendered[overlay], "PodDisruptionBudget")
+    assert [b["spec"]["minAvailable"] for b in budgets] == [1]
+    assert budgets[0]["spec"]["selector"] == deployment["spec"]["selector"]
     env = {e["name"]: e for e in container["env"]}
     assert env["POD_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     assert not [v for v in spec.get("volumes", []) if "hostPath" in v]
@@ -90,6 +91,7 @@ def test_agent_privileges_depend_on_the_backend(rendered: dict[str, list[Obj]], 
     _, spec, container = _daemonset(rendered[overlay])
     host_paths = {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
     assert container["command"] == ["dra-node-agent"]
+    assert container["args"][0] == "run"
     if overlay in DEVICE_OVERLAYS:
         assert container["securityContext"]["privileged"] is True
         assert DEVICE_OVERLAYS[overlay] in container["args"]
@@ -97,6 +99,7 @@ def test_agent_privileges_depend_on_the_backend(rendered: dict[str, list[Obj]], 
         assert host_paths - {"/dev", "/"} == AGENT_HOST_PATHS
         # Only the NVIDIA backend needs the host's driver libraries, and only read-only.
         assert ("/" in host_paths) == (overlay == "gpu")
+        assert ("--driver-root=/driver-root" in container["args"]) == (overlay == "gpu")
         root_volumes = {v["name"] for v in spec["volumes"] if v.get("hostPath", {}).get("path") == "/"}
         for mount in container["volumeMounts"]:
             if mount["name"] in root_volumes:
