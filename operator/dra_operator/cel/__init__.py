@@ -1,0 +1,29 @@
+"""The Kubernetes DRA CEL environment for device selectors, on cel-python.
+
+``compile_selector(text)`` returns a :class:`CompiledSelector` whose ``matches(DeviceInput)`` says
+whether a device satisfies the selector. The environment follows Kubernetes' (``device.driver``,
+``device.attributes``, ``device.capacity``, ``device.allowMultipleAllocations``, the quantity and
+semver libraries, string, list and set extensions, ``cel.bind`` and ``includes``), and results are
+memoized per projection of the device onto what the expression reads.
+"""
+
+from __future__ import annotations
+
+from .errors import CelCompileError, CelRuntimeError
+from .selector import (
+    MAX_EXPRESSION_LENGTH,
+    CompiledSelector,
+    DeviceInput,
+    compile_selector,
+    evaluation_count,
+)
+
+__all__ = [
+    "MAX_EXPRESSION_LENGTH",
+    "CelCompileError",
+    "CelRuntimeError",
+    "CompiledSelector",
+    "DeviceInput",
+    "compile_selector",
+    "evaluation_count",
+]

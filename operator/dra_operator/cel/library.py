@@ -1,0 +1,620 @@
+"""Functions of the Kubernetes DRA CEL environment that cel-python 0.5.0 lacks.
+
+cel-python calls a function ``f`` the same way for ``f(x, y)`` and ``x.f(y)``: with the receiver as
+first argument. Several names are shared by different libraries (``indexOf`` for strings and lists,
+``compareTo`` for quantities and semvers), so each entry here dispatches on the argument types; the
+static checker (``checker.py``) decides which call styles and arities are allowed.
+
+Errors are returned as ``CELEvalError`` values with a clear message (cel-python would turn a raised
+ValueError into a misleading "return error for overflow").
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import re
+from collections.abc import Callable
+from typing import Any, Final
+
+import re2  # type: ignore[import-untyped]
+from celpy import celtypes
+from celpy.evaluation import CELEvalError
+
+from dra_api.attributes import Version
+from dra_api.quantity import Quantity
+
+from .values import CelSemver, cel_kind, cel_values_equal
+
+__all__ = ["FUNCTIONS", "MAX_INCLUDES_LIST"]
+
+# includes() refuses longer lists, as upstream (ResourceSliceMaxAttributeValuesPerDevice).
+MAX_INCLUDES_LIST: Final = 48
+
+CelFunction = Callable[..., Any]
+
+
+class _Fail(Exception):
+    """Raised inside a library function; becomes a CEL evaluation error with this message."""
+
+
+def _cel_function(fn: CelFunction) -> CelFunction:
+    @functools.wraps(fn)
+    def wrapper(*args: Any) -> Any:
+        for arg in args:
+            if isinstance(arg, CELEvalError):
+                return arg
+        try:
+            return fn(*args)
+        except _Fail as exc:
+            return CELEvalError(str(exc))
+        except (ValueError, OverflowError) as exc:
+            return CELEvalError(f"{fn.__name__.rstrip('_')}: {exc}")
+
+    return wrapper
+
+
+def _overload_error(name: str, *args: Any) -> _Fail:
+    kinds = ", ".join(cel_kind(a) for a in args)
+    return _Fail(f"no such overload: {name}({kinds})")
+
+
+def _bool(value: bool) -> celtypes.BoolType:
+    return celtypes.BoolType(value)
+
+
+def _int(value: int) -> celtypes.IntType:
+    return celtypes.IntType(value)
+
+
+def _require_str(name: str, *args: Any) -> None:
+    if not all(isinstance(a, str) for a in args):
+        raise _overload_error(name, *args)
+
+
+def _require_int(name: str, *args: Any) -> None:
+    if not all(isinstance(a, int) and not isinstance(a, celtypes.BoolType | bool) for a in args):
+        raise _overload_error(name, *args)
+
+
+# ---- quantity library --------------------------------------------------------------------------
+
+
+def quantity(text: Any) -> Quantity:
+    _require_str("quantity", text)
+    try:
+        return Quantity.parse(str(text))
+    except ValueError as exc:
+        raise _Fail(f"quantity: {exc}") from None
+
+
+def isQuantity(text: Any) -> celtypes.BoolType:
+    _require_str("isQuantity", text)
+    try:
+        Quantity.parse(str(text))
+    except ValueError:
+        return _bool(False)
+    return _bool(True)
+
+
+def _as_quantity(name: str, receiver: Any, other: Any) -> Quantity:
+    if isinstance(other, Quantity):
+        return other
+    if isinstance(other, int) and not isinstance(other, celtypes.BoolType | bool):
+        return Quantity.from_int(int(other))
+    raise _overload_error(name, receiver, other)
+
+
+def add(receiver: Any, other: Any) -> Quantity:
+    if not isinstance(receiver, Quantity):
+        raise _overload_error("add", receiver, other)
+    return receiver + _as_quantity("add", receiver, other)
+
+
+def sub(receiver: Any, other: Any) -> Quantity:
+    if not isinstance(receiver, Quantity):
+        raise _overload_error("sub", receiver, other)
+    return receiver - _as_quantity("sub", receiver, other)
+
+
+def sign(receiver: Any) -> celtypes.IntType:
+    if not isinstance(receiver, Quantity):
+        raise _overload_error("sign", receiver)
+    return _int(receiver.sign())
+
+
+def isInteger(receiver: Any) -> celtypes.BoolType:
+    if not isinstance(receiver, Quantity):
+        raise _overload_error("isInteger", receiver)
+    return _bool(receiver.is_integer())
+
+
+def asInteger(receiver: Any) -> celtypes.IntType:
+    if not isinstance(receiver, Quantity):
+        raise _overload_error("asInteger", receiver)
+    value = receiver.as_int()
+    if value is None:
+        raise _Fail(f"cannot convert value {receiver} to integer")
+    return _int(value)
+
+
+def asApproximateFloat(receiver: Any) -> celtypes.DoubleType:
+    if not isinstance(receiver, Quantity):
+        raise _overload_error("asApproximateFloat", receiver)
+    return celtypes.DoubleType(receiver.as_approximate_float())
+
+
+def _compare(name: str, receiver: Any, other: Any) -> int:
+    if isinstance(receiver, Quantity) and isinstance(other, Quantity):
+        return receiver.compare(other)
+    if isinstance(receiver, CelSemver) and isinstance(other, CelSemver):
+        return receiver.version.compare(other.version)
+    raise _overload_error(name, receiver, other)
+
+
+def compareTo(receiver: Any, other: Any) -> celtypes.IntType:
+    return _int(_compare("compareTo", receiver, other))
+
+
+def isGreaterThan(receiver: Any, other: Any) -> celtypes.BoolType:
+    return _bool(_compare("isGreaterThan", receiver, other) > 0)
+
+
+def isLessThan(receiver: Any, other: Any) -> celtypes.BoolType:
+    return _bool(_compare("isLessThan", receiver, other) < 0)
+
+
+# ---- semver library ----------------------------------------------------------------------------
+
+_NORMALIZE_CORE: Final = re.compile(r"^v?([0-9]+)(?:\.([0-9]+))?(?:\.([0-9]+))?(.*)$", re.ASCII)
+
+
+def _normalize_semver(text: str) -> str:
+    """Lenient form accepted with normalize=true: a leading "v", missing minor/patch, leading zeros."""
+    match = _NORMALIZE_CORE.match(text)
+    if match is None:
+        return text
+    major, minor, patch, rest = match.groups()
+    parts = [str(int(p)) if p is not None else "0" for p in (major, minor, patch)]
+    return ".".join(parts) + rest
+
+
+def _parse_semver(text: str, normalize: bool) -> Version:
+    return Version(_normalize_semver(text) if normalize else text)
+
+
+def semver(text: Any, normalize: Any = False) -> CelSemver:
+    _require_str("semver", text)
+    try:
+        return CelSemver(_parse_semver(str(text), bool(normalize)))
+    except ValueError as exc:
+        raise _Fail(f"semver: {exc}") from None
+
+
+def isSemver(text: Any, normalize: Any = False) -> celtypes.BoolType:
+    _require_str("isSemver", text)
+    try:
+        _parse_semver(str(text), bool(normalize))
+    except ValueError:
+        return _bool(False)
+    return _bool(True)
+
+
+def major(receiver: Any) -> celtypes.IntType:
+    if not isinstance(receiver, CelSemver):
+        raise _overload_error("major", receiver)
+    return _int(receiver.version.major)
+
+
+def minor(receiver: Any) -> celtypes.IntType:
+    if not isinstance(receiver, CelSemver):
+        raise _overload_error("minor", receiver)
+    return _int(receiver.version.minor)
+
+
+def patch(receiver: Any) -> celtypes.IntType:
+    if not isinstance(receiver, CelSemver):
+        raise _overload_error("patch", receiver)
+    return _int(receiver.version.patch)
+
+
+# ---- strings extension (cel-go ext.Strings) ----------------------------------------------------
+
+
+def charAt(text: Any, index: Any) -> celtypes.StringType:
+    _require_str("charAt", text)
+    _require_int("charAt", index)
+    if not 0 <= index <= len(text):
+        raise _Fail(f"index out of range: {index}")
+    return celtypes.StringType(text[index : index + 1])
+
+
+def _list_index(name: str, items: list[Any], value: Any, *, last: bool) -> celtypes.IntType:
+    positions = range(len(items) - 1, -1, -1) if last else range(len(items))
+    for i in positions:
+        if cel_values_equal(items[i], value):
+            return _int(i)
+    return _int(-1)
+
+
+def indexOf(target: Any, needle: Any, offset: Any = None) -> celtypes.IntType:
+    if isinstance(target, list) and offset is None:
+        return _list_index("indexOf", target, needle, last=False)
+    _require_str("indexOf", target, needle)
+    start = 0 if offset is None else offset
+    _require_int("indexOf", start)
+    if not 0 <= start <= len(target):
+        raise _Fail(f"index out of range: {start}")
+    return _int(str(target).find(str(needle), start))
+
+
+def lastIndexOf(target: Any, needle: Any, offset: Any = None) -> celtypes.IntType:
+    if isinstance(target, list) and offset is None:
+        return _list_index("lastIndexOf", target, needle, last=True)
+    _require_str("lastIndexOf", target, needle)
+    if offset is None:
+        return _int(str(target).rfind(str(needle)))
+    _require_int("lastIndexOf", offset)
+    if not 0 <= offset <= len(target):
+        raise _Fail(f"index out of range: {offset}")
+    # The match may start at ``offset`` at the latest.
+    return _int(str(target).rfind(str(needle), 0, offset + len(needle)))
+
+
+def _ascii_map(text: str, upper: bool) -> str:
+    if upper:
+        return "".join(chr(ord(c) - 32) if "a" <= c <= "z" else c for c in text)
+    return "".join(chr(ord(c) + 32) if "A" <= c <= "Z" else c for c in text)
+
+
+def lowerAscii(text: Any) -> celtypes.StringType:
+    _require_str("lowerAscii", text)
+    return celtypes.StringType(_ascii_map(str(text), upper=False))
+
+
+def upperAscii(text: Any) -> celtypes.StringType:
+    _require_str("upperAscii", text)
+    return celtypes.StringType(_ascii_map(str(text), upper=True))
+
+
+def replace(text: Any, old: Any, new: Any, count: Any = -1) -> celtypes.StringType:
+    _require_str("replace", text, old, new)
+    _require_int("replace", count)
+    return celtypes.StringType(str(text).replace(str(old), str(new), int(count)))
+
+
+def split(text: Any, sep: Any, limit: Any = -1) -> celtypes.ListType:
+    _require_str("split", text, sep)
+    _require_int("split", limit)
+    s, d, n = str(text), str(sep), int(limit)
+    if n == 0:
+        return celtypes.ListType()
+    if d == "":
+        chars = list(s)
+        if 0 < n < len(chars):
+            chars = [*chars[: n - 1], "".join(chars[n - 1 :])]
+        parts = chars
+    else:
+        parts = s.split(d, n - 1) if n > 0 else s.split(d)
+    return celtypes.ListType([celtypes.StringType(p) for p in parts])
+
+
+def substring(text: Any, start: Any, end: Any = None) -> celtypes.StringType:
+    _require_str("substring", text)
+    stop = len(text) if end is None else end
+    _require_int("substring", start, stop)
+    if not 0 <= start <= len(text):
+        raise _Fail(f"index out of range: {start}")
+    if not 0 <= stop <= len(text):
+        raise _Fail(f"index out of range: {stop}")
+    if start > stop:
+        raise _Fail(f"invalid substring range. start: {start}, end: {stop}")
+    return celtypes.StringType(text[start:stop])
+
+
+def trim(text: Any) -> celtypes.StringType:
+    _require_str("trim", text)
+    return celtypes.StringType(str(text).strip())
+
+
+def join(items: Any, sep: Any = "") -> celtypes.StringType:
+    if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+        raise _overload_error("join", items, sep)
+    _require_str("join", sep)
+    return celtypes.StringType(str(sep).join(str(i) for i in items))
+
+
+def _quote(text: str) -> str:
+    escapes = {"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\v": "\\v"}
+    escapes |= {"\\": "\\\\", '"': '\\"'}
+    return '"' + "".join(escapes.get(c, c) for c in text) + '"'
+
+
+def reverse(target: Any) -> Any:
+    if isinstance(target, str):
+        return celtypes.StringType(str(target)[::-1])
+    if isinstance(target, list):
+        return celtypes.ListType(list(reversed(target)))
+    raise _overload_error("reverse", target)
+
+
+_FORMAT_VERB: Final = re.compile(r"%(?:\.(\d+))?([sdfeboxX%])")
+
+
+def _format_value(verb: str, precision: str | None, value: Any) -> str:
+    kind = cel_kind(value)
+    if verb == "s":
+        return _to_display(value)
+    if verb == "d":
+        if kind not in ("int", "uint"):
+            raise _Fail(f"format: decimal clause can only be used on integers, was given {kind}")
+        return str(int(value))
+    if verb in "fe":
+        if kind not in ("int", "uint", "double"):
+            raise _Fail(f"format: {verb} clause can only be used on numbers, was given {kind}")
+        digits = 6 if precision is None else int(precision)
+        return f"{float(value):.{digits}{verb}}"
+    if kind not in ("int", "uint") and not (verb in "xX" and kind in ("string", "bytes")):
+        raise _Fail(f"format: {verb} clause can only be used on integers, was given {kind}")
+    if kind in ("string", "bytes"):
+        raw = value.encode() if isinstance(value, str) else bytes(value)
+        out = raw.hex()
+        return out.upper() if verb == "X" else out
+    spec = {"b": "b", "o": "o", "x": "x", "X": "X"}[verb]
+    return format(int(value), spec)
+
+
+def _to_display(value: Any) -> str:
+    kind = cel_kind(value)
+    if kind == "bool":
+        return "true" if value else "false"
+    if kind == "null":
+        return "null"
+    if kind == "list":
+        return "[" + ", ".join(_to_display(v) for v in value) + "]"
+    if kind == "map":
+        return "{" + ", ".join(f"{_to_display(k)}: {_to_display(v)}" for k, v in value.items()) + "}"
+    if kind == "double":
+        return repr(float(value))
+    return str(value)
+
+
+def format_(template: Any, args: Any) -> celtypes.StringType:
+    _require_str("format", template)
+    if not isinstance(args, list):
+        raise _overload_error("format", template, args)
+    position = 0
+
+    def substitute(match: re.Match[str]) -> str:
+        nonlocal position
+        precision, verb = match.groups()
+        if verb == "%":
+            return "%"
+        if position >= len(args):
+            raise _Fail(f"format: index {position} out of range")
+        value = args[position]
+        position += 1
+        return _format_value(verb, precision, value)
+
+    return celtypes.StringType(_FORMAT_VERB.sub(substitute, str(template)))
+
+
+# ---- Kubernetes regex library ------------------------------------------------------------------
+
+
+def find(text: Any, pattern: Any) -> celtypes.StringType:
+    _require_str("find", text, pattern)
+    try:
+        match = re2.search(str(pattern), str(text))
+    except re2.error as exc:
+        raise _Fail(f"find: invalid regular expression: {exc}") from None
+    return celtypes.StringType(match.group(0) if match else "")
+
+
+def findAll(text: Any, pattern: Any, limit: Any = -1) -> celtypes.ListType:
+    _require_str("findAll", text, pattern)
+    _require_int("findAll", limit)
+    try:
+        regex = re2.compile(str(pattern))
+    except re2.error as exc:
+        raise _Fail(f"findAll: invalid regular expression: {exc}") from None
+    found: list[Any] = []
+    if limit == 0:
+        return celtypes.ListType()
+    for match in regex.finditer(str(text)):
+        found.append(celtypes.StringType(match.group(0)))
+        if 0 < limit <= len(found):
+            break
+    return celtypes.ListType(found)
+
+
+# ---- Kubernetes lists library, cel-go ext.Lists and ext.Sets -----------------------------------
+
+
+def _require_list(name: str, value: Any) -> list[Any]:
+    if not isinstance(value, list):
+        raise _overload_error(name, value)
+    return value
+
+
+def _order_key(name: str, items: list[Any]) -> Callable[[Any], Any]:
+    kinds = {cel_kind(i) for i in items}
+    if len(kinds) > 1 and not kinds <= {"int", "uint", "double"}:
+        raise _Fail(f"{name}: list elements must be of one comparable type, got {', '.join(sorted(kinds))}")
+    kind = next(iter(kinds), "int")
+    if kind in ("list", "map", "null"):
+        raise _Fail(f"{name}: {kind} values cannot be ordered")
+    if kind == "Semver":
+        return lambda v: v.version.precedence_key()
+    if kind == "Quantity":
+        return lambda v: v.nanos
+    return lambda v: v
+
+
+def isSorted(items: Any) -> celtypes.BoolType:
+    values = _require_list("isSorted", items)
+    key = _order_key("isSorted", values)
+    return _bool(all(key(a) <= key(b) for a, b in itertools.pairwise(values)))
+
+
+def sum_(items: Any) -> Any:
+    values = _require_list("sum", items)
+    kinds = {cel_kind(v) for v in values}
+    if not values:
+        return _int(0)
+    if len(kinds) != 1 or not kinds <= {"int", "uint", "double"}:
+        raise _Fail(f"sum: list elements must be numbers of one type, got {', '.join(sorted(kinds))}")
+    total = values[0]
+    for v in values[1:]:
+        total = total + v
+    return total
+
+
+def min_(items: Any) -> Any:
+    values = _require_list("min", items)
+    if not values:
+        raise _Fail("min called on empty list")
+    return min(values, key=_order_key("min", values))
+
+
+def max_(items: Any) -> Any:
+    values = _require_list("max", items)
+    if not values:
+        raise _Fail("max called on empty list")
+    return max(values, key=_order_key("max", values))
+
+
+def distinct(items: Any) -> celtypes.ListType:
+    values = _require_list("distinct", items)
+    out: list[Any] = []
+    for v in values:
+        if not any(cel_values_equal(v, seen) for seen in out):
+            out.append(v)
+    return celtypes.ListType(out)
+
+
+def flatten(items: Any, depth: Any = 1) -> celtypes.ListType:
+    values = _require_list("flatten", items)
+    _require_int("flatten", depth)
+    if depth < 0:
+        raise _Fail("flatten: level must be non-negative")
+
+    def walk(seq: list[Any], level: int) -> list[Any]:
+        out: list[Any] = []
+        for v in seq:
+            if isinstance(v, list) and level > 0:
+                out.extend(walk(v, level - 1))
+            else:
+                out.append(v)
+        return out
+
+    return celtypes.ListType(walk(values, int(depth)))
+
+
+def lists_range(count: Any) -> celtypes.ListType:
+    _require_int("lists.range", count)
+    return celtypes.ListType([_int(i) for i in range(max(0, int(count)))])
+
+
+def slice_(items: Any, start: Any, end: Any) -> celtypes.ListType:
+    values = _require_list("slice", items)
+    _require_int("slice", start, end)
+    if start < 0 or end < 0:
+        raise _Fail(f"cannot slice({start}, {end}), negative indexes not supported")
+    if start > end:
+        raise _Fail(f"cannot slice({start}, {end}), start index must be less than or equal to end index")
+    if end > len(values):
+        raise _Fail(f"cannot slice({start}, {end}), list is length {len(values)}")
+    return celtypes.ListType(values[start:end])
+
+
+def sort(items: Any) -> celtypes.ListType:
+    values = _require_list("sort", items)
+    return celtypes.ListType(sorted(values, key=_order_key("sort", values)))
+
+
+def _contains_all(name: str, a: Any, b: Any) -> bool:
+    first, second = _require_list(name, a), _require_list(name, b)
+    return all(any(cel_values_equal(x, y) for x in first) for y in second)
+
+
+def sets_contains(a: Any, b: Any) -> celtypes.BoolType:
+    return _bool(_contains_all("sets.contains", a, b))
+
+
+def sets_equivalent(a: Any, b: Any) -> celtypes.BoolType:
+    return _bool(_contains_all("sets.equivalent", a, b) and _contains_all("sets.equivalent", b, a))
+
+
+def sets_intersects(a: Any, b: Any) -> celtypes.BoolType:
+    first, second = _require_list("sets.intersects", a), _require_list("sets.intersects", b)
+    return _bool(any(cel_values_equal(x, y) for x in first for y in second))
+
+
+# ---- DRA: includes() for list-type attributes ---------------------------------------------------
+
+
+def includes(target: Any, value: Any) -> celtypes.BoolType:
+    if isinstance(target, list):
+        if len(target) > MAX_INCLUDES_LIST:
+            raise _Fail(
+                f"includes: list has {len(target)} elements, more than the limit of {MAX_INCLUDES_LIST}"
+            )
+        return _bool(any(cel_values_equal(item, value) for item in target))
+    return _bool(cel_values_equal(target, value))
+
+
+def strings_quote(text: Any) -> celtypes.StringType:
+    _require_str("strings.quote", text)
+    return celtypes.StringType(_quote(str(text)))
+
+
+_PLAIN: dict[str, CelFunction] = {
+    "quantity": quantity,
+    "isQuantity": isQuantity,
+    "add": add,
+    "sub": sub,
+    "sign": sign,
+    "isInteger": isInteger,
+    "asInteger": asInteger,
+    "asApproximateFloat": asApproximateFloat,
+    "compareTo": compareTo,
+    "isGreaterThan": isGreaterThan,
+    "isLessThan": isLessThan,
+    "semver": semver,
+    "isSemver": isSemver,
+    "major": major,
+    "minor": minor,
+    "patch": patch,
+    "charAt": charAt,
+    "indexOf": indexOf,
+    "lastIndexOf": lastIndexOf,
+    "lowerAscii": lowerAscii,
+    "upperAscii": upperAscii,
+    "replace": replace,
+    "split": split,
+    "substring": substring,
+    "trim": trim,
+    "join": join,
+    "reverse": reverse,
+    "format": format_,
+    "find": find,
+    "findAll": findAll,
+    "isSorted": isSorted,
+    "sum": sum_,
+    "min": min_,
+    "max": max_,
+    "distinct": distinct,
+    "flatten": flatten,
+    "slice": slice_,
+    "sort": sort,
+    "includes": includes,
+    # Namespaced functions are looked up by their full name (see evaluator.py).
+    "lists.range": lists_range,
+    "sets.contains": sets_contains,
+    "sets.equivalent": sets_equivalent,
+    "sets.intersects": sets_intersects,
+    "strings.quote": strings_quote,
+}
+
+FUNCTIONS: Final[dict[str, CelFunction]] = {name: _cel_function(fn) for name, fn in _PLAIN.items()}

@@ -1,0 +1,309 @@
+"""Compiled device selectors with per-projection memoization.
+
+Evaluating a selector with cel-python costs about half a millisecond, too much to do once per device
+in a cluster with thousands of them. Each :class:`CompiledSelector` therefore remembers its result
+(or error) keyed by the projection of the device onto what the expression reads (see
+``projection.py``): devices that differ only in attributes the selector never looks at share one
+evaluation. The memo is a bounded LRU.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from celpy import celtypes
+from celpy.celparser import CELParseError, CELParser
+from celpy.evaluation import Activation, CELEvalError
+
+from dra_api.attributes import AttributeValue, UnsupportedAttribute, Version
+from dra_api.quantity import Quantity
+
+from .checker import Tree, check
+from .errors import CelCompileError, CelRuntimeError
+from .evaluator import DomainMap, DraEvaluator
+from .library import FUNCTIONS
+from .projection import DeviceReads, analyse
+from .values import attribute_to_cel, cel_kind
+
+__all__ = [
+    "MAX_EXPRESSION_LENGTH",
+    "MEMO_SIZE",
+    "CompiledSelector",
+    "DeviceInput",
+    "compile_selector",
+    "evaluation_count",
+]
+
+logger = logging.getLogger(__name__)
+
+# resource.k8s.io CELSelectorExpressionMaxLength, in bytes.
+MAX_EXPRESSION_LENGTH: Final = 10240
+# Distinct device projections remembered per selector.
+MEMO_SIZE: Final = 4096
+# Compiled selectors kept by expression text.
+COMPILE_CACHE_SIZE: Final = 1024
+
+_MISSING: Final = ("missing",)
+
+_count_lock = threading.Lock()
+_evaluations = 0
+
+
+def evaluation_count() -> int:
+    """Process-wide number of real CEL evaluations (memo hits excluded)."""
+    return _evaluations
+
+
+def _count_one() -> None:
+    global _evaluations
+    with _count_lock:
+        _evaluations += 1
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class DeviceInput:
+    """A device as a selector sees it.
+
+    Attribute and capacity keys are as in the ResourceSlice: ``"domain/name"``, or ``"name"`` for the
+    driver's own domain.
+    """
+
+    driver: str
+    attributes: Mapping[str, AttributeValue | UnsupportedAttribute]
+    capacity: Mapping[str, Quantity]
+    allow_multiple_allocations: bool = False
+
+
+def _split_key(key: str, driver: str) -> tuple[str, str]:
+    domain, sep, name = key.partition("/")
+    return (domain, name) if sep else (driver, key)
+
+
+def _typed_scalar(value: Any) -> Hashable:
+    # Tag by type: True == 1 in Python, but not in CEL.
+    if isinstance(value, bool):
+        return ("b", value)
+    if isinstance(value, int):
+        return ("i", value)
+    if isinstance(value, str):
+        return ("s", value)
+    if isinstance(value, Version):
+        return ("v", value.text)
+    raise CelRuntimeError(f"unsupported attribute value {value!r}")
+
+
+def _typed_attribute(value: AttributeValue | UnsupportedAttribute) -> Hashable:
+    if isinstance(value, tuple):
+        return ("l", tuple(_typed_scalar(v) for v in value))
+    return _typed_scalar(value)
+
+
+def _typed_quantity(value: Quantity) -> Hashable:
+    return (value.nanos, value.format.value)
+
+
+def _lookup(mapping: Mapping[str, Any], *, driver: str, domain: str, name: str) -> Any:
+    value = mapping.get(f"{domain}/{name}", _MISSING)
+    if value is _MISSING and domain == driver:
+        value = mapping.get(name, _MISSING)
+    return value
+
+
+def _domain_entries(mapping: Mapping[str, Any], *, driver: str, domain: str | None) -> dict[str, Any]:
+    """Entries of one domain (or of all domains, keyed "domain/name"), qualified names winning."""
+    out: dict[str, Any] = {}
+    # Unqualified first so that an explicit "driver/name" entry overrides it, as in _lookup.
+    for key in sorted(mapping, key=lambda k: "/" in k):
+        dom, name = _split_key(key, driver)
+        if domain is None:
+            out[f"{dom}/{name}"] = mapping[key]
+        elif dom == domain:
+            out[name] = mapping[key]
+    return out
+
+
+def _check_attributes(device: DeviceInput) -> None:
+    for key in sorted(device.attributes):
+        value = device.attributes[key]
+        if isinstance(value, UnsupportedAttribute):
+            raise CelRuntimeError(f"attribute {key}: {value.reason}")
+
+
+def _to_cel(device: DeviceInput) -> celtypes.MapType:
+    attributes: dict[str, dict[Any, Any]] = {}
+    for key, value in _domain_entries(device.attributes, driver=device.driver, domain=None).items():
+        dom, _, name = key.partition("/")
+        attributes.setdefault(dom, {})[celtypes.StringType(name)] = attribute_to_cel(value)
+    capacity: dict[str, dict[Any, Any]] = {}
+    for key, quantity in _domain_entries(device.capacity, driver=device.driver, domain=None).items():
+        dom, _, name = key.partition("/")
+        capacity.setdefault(dom, {})[celtypes.StringType(name)] = quantity
+    return celtypes.MapType(
+        {
+            celtypes.StringType("driver"): celtypes.StringType(device.driver),
+            celtypes.StringType("attributes"): DomainMap(
+                {celtypes.StringType(d): celtypes.MapType(m) for d, m in attributes.items()}
+            ),
+            celtypes.StringType("capacity"): DomainMap(
+                {celtypes.StringType(d): celtypes.MapType(m) for d, m in capacity.items()}
+            ),
+            celtypes.StringType("allowMultipleAllocations"): celtypes.BoolType(
+                device.allow_multiple_allocations
+            ),
+        }
+    )
+
+
+class _Projector:
+    """Builds the memo key of a device for one selector's reads."""
+
+    def __init__(self, reads: DeviceReads) -> None:
+        self.reads = reads
+        self.attr_entries = sorted((d, n) for k, d, n in reads.entries if k == "attributes")
+        self.cap_entries = sorted((d, n) for k, d, n in reads.entries if k == "capacity")
+        self.attr_domains = sorted(d for k, d in reads.domains if k == "attributes")
+        self.cap_domains = sorted(d for k, d in reads.domains if k == "capacity")
+
+    def key(self, device: DeviceInput) -> Hashable:
+        reads = self.reads
+        drv = device.driver
+        if reads.whole_device:
+            return (
+                drv,
+                device.allow_multiple_allocations,
+                self._all(device.attributes, drv, attribute=True),
+                self._all(device.capacity, drv, attribute=False),
+            )
+        parts: list[Hashable] = [
+            drv if reads.driver else None,
+            device.allow_multiple_allocations if reads.allow_multiple else None,
+        ]
+        attrs, caps = device.attributes, device.capacity
+        for dom, name in self.attr_entries:
+            value = _lookup(attrs, driver=drv, domain=dom, name=name)
+            parts.append(_MISSING if value is _MISSING else _typed_attribute(value))
+        for dom, name in self.cap_entries:
+            value = _lookup(caps, driver=drv, domain=dom, name=name)
+            parts.append(_MISSING if value is _MISSING else _typed_quantity(value))
+        for dom in self.attr_domains:
+            entries = _domain_entries(attrs, driver=drv, domain=dom)
+            parts.append(tuple(sorted((n, _typed_attribute(v)) for n, v in entries.items())))
+        for dom in self.cap_domains:
+            entries = _domain_entries(caps, driver=drv, domain=dom)
+            parts.append(tuple(sorted((n, _typed_quantity(v)) for n, v in entries.items())))
+        if "attributes" in reads.whole_kind:
+            parts.append(self._all(attrs, drv, attribute=True))
+        if "capacity" in reads.whole_kind:
+            parts.append(self._all(caps, drv, attribute=False))
+        return tuple(parts)
+
+    @staticmethod
+    def _all(mapping: Mapping[str, Any], driver: str, *, attribute: bool) -> Hashable:
+        entries = _domain_entries(mapping, driver=driver, domain=None)
+        typed = _typed_attribute if attribute else _typed_quantity
+        return tuple(sorted((k, typed(v)) for k, v in entries.items()))
+
+
+class CompiledSelector:
+    """A compiled CEL device selector. ``matches`` is safe to call from several threads."""
+
+    def __init__(self, *, expression: str, ast: Tree, reads: DeviceReads) -> None:
+        self.expression = expression
+        self.reads = reads
+        self.evaluations = 0
+        self._ast = ast
+        self._projector = _Projector(reads)
+        self._activation = Activation(functions=FUNCTIONS)
+        self._memo: OrderedDict[Hashable, bool | CelRuntimeError] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"CompiledSelector({self.expression!r})"
+
+    def matches(self, device: DeviceInput) -> bool:
+        """Whether the device satisfies the selector; CelRuntimeError if evaluation fails."""
+        _check_attributes(device)
+        key = self._projector.key(device)
+        with self._lock:
+            cached = self._memo.get(key)
+            if cached is not None:
+                self._memo.move_to_end(key)
+        if cached is None:
+            cached = self._evaluate(device)
+            with self._lock:
+                self._memo[key] = cached
+                if len(self._memo) > MEMO_SIZE:
+                    self._memo.popitem(last=False)
+        if isinstance(cached, CelRuntimeError):
+            raise CelRuntimeError(str(cached))
+        return cached
+
+    def memo_size(self) -> int:
+        return len(self._memo)
+
+    def _evaluate(self, device: DeviceInput) -> bool | CelRuntimeError:
+        self.evaluations += 1
+        _count_one()
+        evaluator = DraEvaluator(self._ast, activation=self._activation)
+        try:
+            result = evaluator.evaluate({"device": _to_cel(device)})
+        except CELEvalError as exc:
+            return CelRuntimeError(_eval_message(exc))
+        except RecursionError:
+            return CelRuntimeError("expression nested too deeply")
+        except Exception as exc:  # a cel-python internal failure must not take the allocator down
+            logger.warning("CEL evaluation of %r failed unexpectedly", self.expression, exc_info=True)
+            return CelRuntimeError(f"evaluation failed: {type(exc).__name__}: {exc}")
+        if isinstance(result, celtypes.BoolType | bool):
+            return bool(result)
+        return CelRuntimeError(f"expression result is {cel_kind(result)}, not bool")
+
+
+def _eval_message(exc: CELEvalError) -> str:
+    message = str(exc.args[0]) if exc.args else "evaluation error"
+    # cel-python appends a dump of the whole activation to some messages.
+    return message.split(" (in activation", 1)[0]
+
+
+_parser_lock = threading.Lock()
+
+
+def _parse(expression: str) -> Tree:
+    with _parser_lock:  # the lark parser is a process-wide singleton holding state
+        parser = CELParser()
+        try:
+            tree: Tree = parser.parse(expression)
+        except CELParseError as exc:
+            line, column = getattr(exc, "line", None), getattr(exc, "column", None)
+            if line is None or column is None:
+                raise CelCompileError("compilation failed: ERROR: <input>: Syntax error") from None
+            lines = expression.splitlines() or [""]
+            rest = lines[line - 1][column - 1 :] if line <= len(lines) else ""
+            near = f"near {rest[:20]!r}" if rest.strip() else "at end of input"
+            raise CelCompileError(
+                f"compilation failed: ERROR: <input>:{line}:{column}: Syntax error: unexpected input {near}"
+            ) from None
+    return tree
+
+
+@functools.lru_cache(maxsize=COMPILE_CACHE_SIZE)
+def compile_selector(expression: str) -> CompiledSelector:
+    """Compile a selector (cached by text); CelCompileError says what is wrong with it."""
+    if not expression or not expression.strip():
+        raise CelCompileError("CEL expression empty")
+    size = len(expression.encode())
+    if size > MAX_EXPRESSION_LENGTH:
+        raise CelCompileError(f"expression too long ({size} bytes, maximum is {MAX_EXPRESSION_LENGTH})")
+    try:
+        tree = _parse(expression)
+        check(tree, expression)
+        reads = analyse(tree)
+    except RecursionError:
+        raise CelCompileError("compilation failed: expression nested too deeply") from None
+    return CompiledSelector(expression=expression, ast=tree, reads=reads)
