@@ -253,9 +253,8 @@ def _parse_request(ctx: Ctx, obj: Mapping[str, Any], path: str) -> DeviceRequest
     )
     if ctx.beta1:
         if "exactly" in obj:
-            ctx.fail(
-                f"{path}.exactly",
-                f"is a resource.k8s.io/v1 field; in {ctx.api_version} the request fields"
+            ctx.fail_raw(
+                f"{path}.exactly is a resource.k8s.io/v1 field; in {ctx.api_version} the request fields"
                 " are directly on the request",
             )
         if subs:
@@ -268,7 +267,7 @@ def _parse_request(ctx: Ctx, obj: Mapping[str, Any], path: str) -> DeviceRequest
         return DeviceRequest(name=name, exactly=_parse_exact(ctx, obj, path, sub=False))
     for key in _EXACT_FIELDS:
         if key in obj:
-            ctx.fail(f"{path}.{key}", f"is a v1beta1 field; in {ctx.api_version} it belongs under exactly")
+            ctx.fail_raw(f"{path}.{key} is a v1beta1 field; in {ctx.api_version} it belongs under exactly")
     raw_exact = obj.get("exactly")
     if raw_exact is not None and subs:
         ctx.fail(path, "must set exactly one of exactly or firstAvailable, not both")

@@ -264,17 +264,17 @@ def _parse_device(ctx: Ctx, obj: Mapping[str, Any], path: str) -> Device:
     if ctx.beta1:
         for field in _V1_DEVICE_FIELDS:
             if field in obj:
-                ctx.fail(
-                    f"{path}.{field}",
-                    f"is a resource.k8s.io/v1 field; in {ctx.api_version} it belongs under basic",
+                ctx.fail_raw(
+                    f"{path}.{field} is a resource.k8s.io/v1 field; "
+                    f"in {ctx.api_version} it belongs under basic",
                 )
         body = ctx.get_obj(obj.get("basic"), f"{path}.basic")
         path = f"{path}.basic"
     else:
         if "basic" in obj:
-            ctx.fail(
-                f"{path}.basic",
-                f"is a v1beta1 field; in {ctx.api_version} the device fields are directly on the device",
+            ctx.fail_raw(
+                f"{path}.basic is a v1beta1 field; "
+                f"in {ctx.api_version} the device fields are directly on the device",
             )
         body = obj
     attributes: dict[str, AttributeValue | UnsupportedAttribute] = {}
