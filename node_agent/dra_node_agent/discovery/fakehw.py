@@ -327,6 +327,7 @@ def write_pci_tree(root: Path, functions: Iterable[FakePciFunction]) -> None:
         if fn.driver:
             driver_dir = sys_root / "bus" / "pci" / "drivers" / fn.driver
             driver_dir.mkdir(parents=True, exist_ok=True)
+            (driver_dir / "bind").touch()  # as in sysfs; also keeps the folder in version control
             _symlink(device_dir / "driver", driver_dir)
         if fn.iommu_group is not None:
             group_dir = sys_root / "kernel" / "iommu_groups" / str(fn.iommu_group)
