@@ -47,12 +47,9 @@ class DeviceEntry:
             from dra_operator.cel import DeviceInput
 
             device = self.device
-            attributes = {
-                k: v for k, v in device.attributes.items() if not isinstance(v, UnsupportedAttribute)
-            }
             self._input = DeviceInput(
                 driver=self.slice.driver,
-                attributes=device.attributes if len(attributes) == len(device.attributes) else attributes,  # type: ignore[arg-type]
+                attributes=device.attributes,
                 capacity=MappingProxyType({k: c.value for k, c in device.capacity.items()}),
                 allow_multiple_allocations=device.allow_multiple_allocations,
             )

@@ -8,20 +8,14 @@ import pytest
 
 from dra_operator.allocator import AllocationError, Allocator, FailedAllocationOnNode
 
-from . import cel_standin
 from . import conformance_loader as cl
 
-_STANDIN = cel_standin.install()
 CASES = cl.load_cases()
 
 
 def test_case_file_is_complete() -> None:
     assert len(CASES) == 90
     assert len({c["name"] for c in CASES}) == len(CASES)
-
-
-def test_real_cel_is_used() -> None:
-    assert not _STANDIN, "dra_operator.cel is not available yet; the conformance run used a stand-in"
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
