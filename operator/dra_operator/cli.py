@@ -1,0 +1,74 @@
+"""``dra-operator``: subcommands ``run`` (the operator) and ``simulate`` (when installed).
+
+``simulate`` lives in ``dra_operator.simulate``, written separately; when that module exists it
+provides ``main(argv) -> int`` and is dispatched to, otherwise the subcommand says it is missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import importlib.util
+import logging
+import sys
+from collections.abc import Sequence
+
+from dra_operator import settings as settings_mod
+
+USAGE = """usage: dra-operator <command> [flags]
+
+commands:
+  run       run the operator (Kopf) against the cluster
+  simulate  allocate claims offline and explain the result (if installed)
+
+'dra-operator <command> --help' shows a command's flags.
+"""
+
+
+def _run(argv: Sequence[str]) -> int:
+    try:
+        settings = settings_mod.parse(argv)
+    except ValueError as exc:
+        print(f"dra-operator run: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=getattr(logging, settings.log_level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    from dra_operator import runner
+
+    try:
+        asyncio.run(runner.run(settings))
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+def _simulate(argv: Sequence[str]) -> int:
+    if importlib.util.find_spec("dra_operator.simulate") is None:
+        print(
+            "dra-operator simulate: not available in this build (no dra_operator.simulate)", file=sys.stderr
+        )
+        return 2
+    module = importlib.import_module("dra_operator.simulate")
+    result: int = module.main(list(argv))
+    return result
+
+
+COMMANDS = {"run": _run, "simulate": _simulate}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(USAGE, end="")
+        return 0 if args else 2
+    command = COMMANDS.get(args[0])
+    if command is None:
+        print(f"dra-operator: unknown command {args[0]!r}\n{USAGE}", end="", file=sys.stderr)
+        return 2
+    return command(args[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

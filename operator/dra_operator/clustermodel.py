@@ -1,0 +1,277 @@
+"""The operator's in-memory model of the cluster: classes, slices, nodes, pods, claims, devices in use.
+
+It is fed by watch events and by the operator's own write responses. Each kind keeps the newest
+object by ``resourceVersion``: a watch event that arrives after the operator's own write (and is
+older than it) must not roll the model back, or a device the operator just allocated would look
+free for a moment and could be given to a second claim.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, replace
+from typing import Any, NamedTuple
+
+from dra_api.model import (
+    AllocationResult,
+    DeviceClass,
+    ModelError,
+    Node,
+    ResourceClaim,
+    ResourceClaimStatus,
+    ResourceSlice,
+)
+
+logger = logging.getLogger(__name__)
+
+DeviceID = tuple[str, str, str]
+"""(driver, pool, device): how an allocation result names a device."""
+
+
+class ClaimKey(NamedTuple):
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class PodInfo:
+    uid: str
+    phase: str
+    deleting: bool
+
+
+@dataclass(frozen=True, slots=True)
+class InvalidClaim:
+    """A claim the model could not parse: enough to address it, and the reason."""
+
+    key: ClaimKey
+    uid: str
+    resource_version: str
+    message: str
+
+
+def newer_or_equal(new: str, old: str) -> bool:
+    """Whether resourceVersion ``new`` is not older than ``old``. They are etcd revisions in every
+    real server; when one is not a number, the newest arrival wins."""
+    try:
+        return int(new) >= int(old)
+    except ValueError:
+        return True
+
+
+def claim_key_of(obj: Mapping[str, Any]) -> ClaimKey:
+    meta = obj.get("metadata") or {}
+    return ClaimKey(str(meta.get("namespace", "")), str(meta.get("name", "")))
+
+
+class ClusterModel:
+    """What allocation and cleanup need to know about the cluster, kept current from watches."""
+
+    def __init__(self) -> None:
+        self.classes: dict[str, DeviceClass] = {}
+        self.slices: dict[str, ResourceSlice] = {}
+        self.nodes: dict[str, Node] = {}
+        self.pods: dict[tuple[str, str], PodInfo] = {}
+        self.claims: dict[ClaimKey, ResourceClaim] = {}
+        self.invalid_claims: dict[ClaimKey, InvalidClaim] = {}
+        self.claim_created: dict[ClaimKey, str] = {}
+        self._in_use: dict[DeviceID, set[ClaimKey]] = defaultdict(set)
+        # Allocations decided but not yet written (or not yet seen back): they hold their devices
+        # so that the next placement cannot pick them, as the scheduler's assume cache does.
+        self._assumed: dict[ClaimKey, AllocationResult] = {}
+        self._assumed_devices: dict[DeviceID, ClaimKey] = {}
+        self._versions: dict[tuple[str, str], str] = {}
+        self.generation = 0
+        """Bumped on every change of classes, slices or nodes (what allocation depends on besides claims)."""
+
+    # -- bookkeeping of versions ---------------------------------------------------------------
+
+    def _accept(self, kind: str, name: str, rv: str) -> bool:
+        old = self._versions.get((kind, name))
+        if old is not None and rv and not newer_or_equal(rv, old):
+            return False
+        if rv:
+            self._versions[(kind, name)] = rv
+        return True
+
+    def _forget(self, kind: str, name: str) -> None:
+        self._versions.pop((kind, name), None)
+
+    # -- classes, slices, nodes, pods ----------------------------------------------------------
+
+    def upsert_class(self, obj: Mapping[str, Any]) -> DeviceClass | None:
+        cls = DeviceClass.from_json(obj)
+        if not self._accept("class", cls.name, cls.metadata.resource_version):
+            return None
+        self.classes[cls.name] = cls
+        self.generation += 1
+        return cls
+
+    def remove_class(self, name: str) -> None:
+        if self.classes.pop(name, None) is not None:
+            self.generation += 1
+        self._forget("class", name)
+
+    def upsert_slice(self, obj: Mapping[str, Any]) -> ResourceSlice | None:
+        sl = ResourceSlice.from_json(obj)
+        if not self._accept("slice", sl.name, sl.metadata.resource_version):
+            return None
+        self.slices[sl.name] = sl
+        self.generation += 1
+        return sl
+
+    def remove_slice(self, name: str) -> None:
+        if self.slices.pop(name, None) is not None:
+            self.generation += 1
+        self._forget("slice", name)
+
+    def upsert_node(self, obj: Mapping[str, Any]) -> Node:
+        node = Node.from_json(obj)
+        old = self.nodes.get(node.name)
+        self.nodes[node.name] = node
+        if old != node:
+            self.generation += 1
+        return node
+
+    def remove_node(self, name: str) -> None:
+        if self.nodes.pop(name, None) is not None:
+            self.generation += 1
+
+    def upsert_pod(self, obj: Mapping[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+        self.pods[key] = PodInfo(
+            uid=str(meta.get("uid", "")),
+            phase=str((obj.get("status") or {}).get("phase", "")),
+            deleting=bool(meta.get("deletionTimestamp")),
+        )
+
+    def remove_pod(self, *, namespace: str, name: str) -> None:
+        self.pods.pop((namespace, name), None)
+
+    # -- claims ---------------------------------------------------------------------------------
+
+    def upsert_claim(self, obj: Mapping[str, Any]) -> ResourceClaim | InvalidClaim | None:
+        """Take a claim as the server returned it. None when it is older than what the model has."""
+        key = claim_key_of(obj)
+        meta = obj.get("metadata") or {}
+        rv = str(meta.get("resourceVersion", ""))
+        if not self._accept("claim", str(key), rv):
+            return None
+        self.claim_created[key] = str(meta.get("creationTimestamp", ""))
+        self._release(key)
+        try:
+            claim = ResourceClaim.from_json(obj)
+        except ModelError as exc:
+            self.claims.pop(key, None)
+            invalid = InvalidClaim(
+                key=key, uid=str(meta.get("uid", "")), resource_version=rv, message=str(exc)
+            )
+            self.invalid_claims[key] = invalid
+            return invalid
+        self.invalid_claims.pop(key, None)
+        self.claims[key] = claim
+        allocation = claim.status.allocation
+        if allocation is not None or claim.metadata.deletion_timestamp is not None:
+            self.forget_assumed(key)
+        if allocation is not None:
+            for result in allocation.devices:
+                self._in_use[result.device_id].add(key)
+        return claim
+
+    def remove_claim(self, key: ClaimKey) -> None:
+        self.forget_assumed(key)
+        self._release(key)
+        self.claims.pop(key, None)
+        self.invalid_claims.pop(key, None)
+        self.claim_created.pop(key, None)
+        self._forget("claim", str(key))
+
+    def _release(self, key: ClaimKey) -> None:
+        old = self.claims.get(key)
+        if old is None or old.status.allocation is None:
+            return
+        for result in old.status.allocation.devices:
+            holders = self._in_use.get(result.device_id)
+            if holders is not None:
+                holders.discard(key)
+                if not holders:
+                    del self._in_use[result.device_id]
+
+    def assume(self, key: ClaimKey, allocation: AllocationResult) -> None:
+        self.forget_assumed(key)
+        self._assumed[key] = allocation
+        for result in allocation.devices:
+            self._assumed_devices[result.device_id] = key
+
+    def forget_assumed(self, key: ClaimKey) -> None:
+        allocation = self._assumed.pop(key, None)
+        if allocation is None:
+            return
+        for result in allocation.devices:
+            if self._assumed_devices.get(result.device_id) == key:
+                del self._assumed_devices[result.device_id]
+
+    def assumed(self, key: ClaimKey) -> AllocationResult | None:
+        return self._assumed.get(key)
+
+    # -- queries --------------------------------------------------------------------------------
+
+    def devices_in_use(self) -> frozenset[DeviceID]:
+        return frozenset(self._in_use) | frozenset(self._assumed_devices)
+
+    def holders(self, device: DeviceID) -> frozenset[ClaimKey]:
+        return frozenset(self._in_use.get(device, ()))
+
+    def allocated_claims(self) -> Iterator[ResourceClaim]:
+        """Claims holding devices: allocated ones, and those with an allocation being written."""
+        for key, claim in self.claims.items():
+            if claim.status.allocation is not None:
+                yield claim
+                continue
+            assumed = self._assumed.get(key)
+            if assumed is not None:
+                yield replace(claim, status=ResourceClaimStatus(allocation=assumed))
+
+    def double_booked(self) -> dict[DeviceID, frozenset[ClaimKey]]:
+        """Devices held by more than one claim (shared devices excepted: results with a shareID)."""
+        out: dict[DeviceID, frozenset[ClaimKey]] = {}
+        for device, holders in self._in_use.items():
+            if len(holders) < 2:
+                continue
+            exclusive = [
+                k
+                for k in holders
+                if not _shares(self.claims.get(k), device) and not _admin_access(self.claims.get(k), device)
+            ]
+            if len(exclusive) > 1:
+                out[device] = frozenset(exclusive)
+        return out
+
+    def pending_claims(self) -> Iterator[ResourceClaim]:
+        return (
+            c
+            for c in self.claims.values()
+            if c.status.allocation is None and c.metadata.deletion_timestamp is None
+        )
+
+    def slices_of_node(self, node: str) -> list[ResourceSlice]:
+        return [s for s in self.slices.values() if s.node_name == node]
+
+
+def _shares(claim: ResourceClaim | None, device: DeviceID) -> bool:
+    if claim is None or claim.status.allocation is None:
+        return False
+    return any(r.device_id == device and r.share_id for r in claim.status.allocation.devices)
+
+
+def _admin_access(claim: ResourceClaim | None, device: DeviceID) -> bool:
+    # Admin access does not consume the device (it can be allocated again), as in the scheduler.
+    if claim is None or claim.status.allocation is None:
+        return False
+    return any(r.device_id == device and r.admin_access for r in claim.status.allocation.devices)

@@ -1,0 +1,134 @@
+"""Kopf handlers: thin. Each passes the watched object to the reconcile logic and returns.
+
+Handlers are registered into a registry built per operator (:func:`build_registry`), not Kopf's
+global one, so that tests can run several operators in one process.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import kopf
+
+from dra_api.model import ModelError
+from dra_api.names import RESOURCE_GROUP
+from dra_operator.clustermodel import ClusterModel
+from dra_operator.deviceclasses import DeviceClassKeeper
+from dra_operator.health import HEARTBEAT_ANNOTATION, Health
+from dra_operator.metrics import Metrics
+from dra_operator.reconcile.claims import ClaimReconciler
+from dra_operator.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class OperatorParts:
+    """What the handlers talk to."""
+
+    settings: Settings
+    model: ClusterModel
+    claims: ClaimReconciler
+    classes: DeviceClassKeeper
+    health: Health
+    metrics: Metrics
+    login: Any
+    configure: Any
+
+
+def _plain(body: Any) -> dict[str, Any]:
+    # Kopf's Body is a read-only mapping view; the model wants plain JSON.
+    return {k: (dict(v) if hasattr(v, "items") else v) for k, v in dict(body).items()}
+
+
+def build_registry(parts: OperatorParts) -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+    model, metrics, health = parts.model, parts.metrics, parts.health
+
+    @kopf.on.startup(registry=registry)
+    async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        parts.configure(settings)
+
+    @kopf.on.login(registry=registry)
+    async def login(settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo | None:
+        result: kopf.ConnectionInfo | None = parts.login(settings)
+        return result
+
+    @kopf.on.event(RESOURCE_GROUP, "resourceclaims", registry=registry)
+    async def claim_event(type: str | None, body: kopf.Body, **_: Any) -> None:
+        metrics.watch_events.labels("resourceclaims").inc()
+        health.event_seen()
+        parts.claims.on_claim_event(_plain(body), deleted=type == "DELETED")
+
+    @kopf.on.event(RESOURCE_GROUP, "resourceslices", registry=registry)
+    async def slice_event(type: str | None, body: kopf.Body, name: str, **_: Any) -> None:
+        metrics.watch_events.labels("resourceslices").inc()
+        health.event_seen()
+        if type == "DELETED":
+            model.remove_slice(name)
+        else:
+            try:
+                if model.upsert_slice(_plain(body)) is None:
+                    return
+            except ModelError as exc:
+                logger.warning("ignoring ResourceSlice %s: %s", name, exc)
+                metrics.reconcile_errors.labels("ResourceSlice").inc()
+                return
+        parts.claims.on_cluster_change()
+
+    @kopf.on.event(RESOURCE_GROUP, "deviceclasses", registry=registry)
+    async def class_event(type: str | None, body: kopf.Body, name: str, **_: Any) -> None:
+        metrics.watch_events.labels("deviceclasses").inc()
+        health.event_seen()
+        obj = _plain(body)
+        if type == "DELETED":
+            model.remove_class(name)
+        else:
+            try:
+                model.upsert_class(obj)
+            except ModelError as exc:
+                logger.warning("ignoring DeviceClass %s: %s", name, exc)
+                metrics.reconcile_errors.labels("DeviceClass").inc()
+        parts.claims.on_cluster_change()
+        await parts.classes.reconcile(name=name, obj=None if type == "DELETED" else obj)
+
+    @kopf.on.event("", "v1", "nodes", registry=registry)
+    async def node_event(type: str | None, body: kopf.Body, name: str, **_: Any) -> None:
+        metrics.watch_events.labels("nodes").inc()
+        health.event_seen()
+        if type == "DELETED":
+            model.remove_node(name)
+        else:
+            model.upsert_node(_plain(body))
+        parts.claims.on_cluster_change()
+
+    @kopf.on.event("", "v1", "pods", registry=registry)
+    async def pod_event(
+        type: str | None, body: kopf.Body, name: str, namespace: str | None, **_: Any
+    ) -> None:
+        namespace = namespace or ""
+        metrics.watch_events.labels("pods").inc()
+        health.event_seen()
+        if type == "DELETED":
+            model.remove_pod(namespace=namespace, name=name)
+            parts.claims.on_pod_gone(namespace=namespace, name=name)
+        else:
+            model.upsert_pod(_plain(body))
+            if (body.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+                parts.claims.on_pod_gone(namespace=namespace, name=name)
+
+    if not parts.settings.standalone:
+        peering = parts.settings.peering_name
+
+        @kopf.on.event(
+            "kopf.dev", "v1", "clusterkopfpeerings", registry=registry, when=lambda name, **_: name == peering
+        )
+        async def heartbeat_event(body: kopf.Body, **_: Any) -> None:
+            metrics.watch_events.labels("clusterkopfpeerings").inc()
+            health.heartbeat_seen(
+                (body.get("metadata") or {}).get("annotations", {}).get(HEARTBEAT_ANNOTATION)
+            )
+
+    return registry

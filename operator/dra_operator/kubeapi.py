@@ -1,0 +1,242 @@
+"""The only module of the operator's own logic that calls the Kubernetes API (Kopf does its watching).
+
+Writes that must not lose a race carry ``metadata.resourceVersion`` inside a merge patch: the API
+server then refuses them with 409 Conflict when the object changed since it was read, which
+:class:`Conflict` reports. A 404 is :class:`Gone`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from dra_api.names import MANAGED_BY_VALUE, RESOURCE_GROUP
+
+logger = logging.getLogger(__name__)
+
+MERGE_PATCH = "application/merge-patch+json"
+COMPONENT = MANAGED_BY_VALUE
+
+
+class Conflict(Exception):
+    """The object changed since it was read (HTTP 409)."""
+
+
+class Gone(Exception):
+    """The object does not exist (HTTP 404)."""
+
+
+def _translate(exc: ApiException) -> Exception:
+    if exc.status == 409:
+        return Conflict(str(exc.reason))
+    if exc.status == 404:
+        return Gone(str(exc.reason))
+    return exc
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class KubeApi:
+    """Thin async calls over ``kubernetes_asyncio`` returning plain JSON dicts."""
+
+    def __init__(self, api: client.ApiClient, *, resource_version: str, instance: str) -> None:
+        self.api = api
+        self.version = resource_version
+        self.instance = instance
+        # Typed as Any: the client's stubs know neither _content_type nor plain-dict bodies.
+        self.custom: Any = client.CustomObjectsApi(api)
+        self.core: Any = client.CoreV1Api(api)
+
+    @property
+    def api_version(self) -> str:
+        return f"{RESOURCE_GROUP}/{self.version}"
+
+    # -- resource.k8s.io ---------------------------------------------------------------------------
+
+    async def list_resource(self, plural: str) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = []
+        cont: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {"limit": 500}
+            if cont:
+                kwargs["_continue"] = cont
+            page = await self.custom.list_cluster_custom_object(
+                RESOURCE_GROUP, self.version, plural, **kwargs
+            )
+            kind = {
+                "resourceclaims": "ResourceClaim",
+                "resourceslices": "ResourceSlice",
+                "deviceclasses": "DeviceClass",
+            }[plural]
+            for item in page.get("items", []):
+                item.setdefault("apiVersion", self.api_version)
+                item.setdefault("kind", kind)
+                items.append(item)
+            cont = (page.get("metadata") or {}).get("continue")
+            if not cont:
+                return items
+
+    async def get_claim(self, *, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            obj: dict[str, Any] = await self.custom.get_namespaced_custom_object(
+                RESOURCE_GROUP, self.version, namespace, "resourceclaims", name
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return obj
+
+    async def patch_claim(self, *, namespace: str, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        try:
+            obj: dict[str, Any] = await self.custom.patch_namespaced_custom_object(
+                RESOURCE_GROUP,
+                self.version,
+                namespace,
+                "resourceclaims",
+                name,
+                dict(body),
+                _content_type=MERGE_PATCH,
+            )
+        except ApiException as exc:
+            raise _translate(exc) from exc
+        return obj
+
+    async def patch_claim_status(
+        self, *, namespace: str, name: str, body: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        try:
+            obj: dict[str, Any] = await self.custom.patch_namespaced_custom_object_status(
+                RESOURCE_GROUP,
+                self.version,
+                namespace,
+                "resourceclaims",
+                name,
+                dict(body),
+                _content_type=MERGE_PATCH,
+            )
+        except ApiException as exc:
+            raise _translate(exc) from exc
+        return obj
+
+    async def delete_slice(self, *, name: str, uid: str) -> bool:
+        """Delete a ResourceSlice only if it is still the one seen (UID precondition)."""
+        try:
+            await self.custom.delete_cluster_custom_object(
+                RESOURCE_GROUP,
+                self.version,
+                "resourceslices",
+                name,
+                body={"preconditions": {"uid": uid}},
+            )
+        except ApiException as exc:
+            if exc.status in (404, 409):
+                return False
+            raise
+        return True
+
+    async def get_device_class(self, name: str) -> dict[str, Any] | None:
+        try:
+            obj: dict[str, Any] = await self.custom.get_cluster_custom_object(
+                RESOURCE_GROUP, self.version, "deviceclasses", name
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return obj
+
+    async def create_device_class(self, body: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Create; None when it already exists (someone was faster)."""
+        try:
+            obj: dict[str, Any] = await self.custom.create_cluster_custom_object(
+                RESOURCE_GROUP, self.version, "deviceclasses", dict(body)
+            )
+        except ApiException as exc:
+            if exc.status == 409:
+                return None
+            raise
+        return obj
+
+    async def patch_device_class(self, *, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        try:
+            obj: dict[str, Any] = await self.custom.patch_cluster_custom_object(
+                RESOURCE_GROUP, self.version, "deviceclasses", name, dict(body), _content_type=MERGE_PATCH
+            )
+        except ApiException as exc:
+            raise _translate(exc) from exc
+        return obj
+
+    # -- core --------------------------------------------------------------------------------------
+
+    async def list_nodes(self) -> list[dict[str, Any]]:
+        result = await self.core.list_node(_preload_content=False)
+        data: dict[str, Any] = await result.json()
+        return list(data.get("items", []))
+
+    async def list_pods(self) -> list[dict[str, Any]]:
+        result = await self.core.list_pod_for_all_namespaces(_preload_content=False)
+        data: dict[str, Any] = await result.json()
+        return list(data.get("items", []))
+
+    async def node_exists(self, name: str) -> bool:
+        try:
+            await self.core.read_node(name, _preload_content=False)
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    async def get_pod(self, *, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            result = await self.core.read_namespaced_pod(name, namespace, _preload_content=False)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        data: dict[str, Any] = await result.json()
+        return data
+
+    async def post_event(self, *, involved: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        """A core/v1 Event about ``involved`` (apiVersion, kind, name, namespace, uid)."""
+        namespace = str(involved.get("namespace") or "default")
+        now = _now()
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{involved.get('name', 'object')}.", "namespace": namespace},
+            "involvedObject": {k: v for k, v in involved.items() if v},
+            "type": type_,
+            "reason": reason,
+            "message": message[:1024],
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+            "source": {"component": COMPONENT},
+            "reportingComponent": COMPONENT,
+            "reportingInstance": self.instance[:128],
+        }
+        try:
+            await self.core.create_namespaced_event(namespace, body)
+        except ApiException as exc:
+            # An Event is an explanation, not state: losing one must not fail the reconcile.
+            logger.warning("could not post %s event %s on %s: %s", type_, reason, involved.get("name"), exc)
+
+    async def patch_peering(self, *, name: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
+        try:
+            obj: dict[str, Any] = await self.custom.patch_cluster_custom_object(
+                "kopf.dev", "v1", "clusterkopfpeerings", name, dict(body), _content_type=MERGE_PATCH
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return obj

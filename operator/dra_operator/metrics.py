@@ -1,0 +1,140 @@
+"""Prometheus metrics of the operator, in base units, counters ending in ``_total``.
+
+Gauges that describe the cluster (claims by state, devices per driver and class) are computed from
+the model when scraped, so they can never drift from it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import Counter as PromCounter
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from dra_api.names import OPERATOR_FINALIZER
+from dra_operator.clustermodel import ClusterModel
+
+_LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+def claim_state(*, allocated: bool, deleting: bool, ours: bool, failing: bool) -> str:
+    if deleting:
+        return "deleting"
+    if allocated:
+        return "allocated_by_operator" if ours else "allocated_by_others"
+    return "unallocatable" if failing else "pending"
+
+
+class _ModelCollector(Collector):
+    def __init__(self, model: ClusterModel, failing: Callable[[], frozenset[object]]) -> None:
+        self.model = model
+        self.failing = failing
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        model = self.model
+        failing = self.failing()
+        states: Counter[str] = Counter()
+        for key, claim in model.claims.items():
+            states[
+                claim_state(
+                    allocated=claim.status.allocation is not None,
+                    deleting=claim.metadata.deletion_timestamp is not None,
+                    ours=OPERATOR_FINALIZER in claim.metadata.finalizers,
+                    failing=key in failing,
+                )
+            ] += 1
+        claims = GaugeMetricFamily(
+            "dra_operator_claims", "ResourceClaims the operator knows, by state.", labels=["state"]
+        )
+        for state in ("pending", "unallocatable", "allocated_by_operator", "allocated_by_others", "deleting"):
+            claims.add_metric([state], states[state])
+        yield claims
+
+        total: Counter[str] = Counter()
+        for sl in model.slices.values():
+            total[sl.driver] += len(sl.devices)
+        allocated: Counter[str] = Counter()
+        by_class: Counter[tuple[str, str]] = Counter()
+        for claim in model.allocated_claims():
+            assert claim.status.allocation is not None
+            classes = _request_classes(claim)
+            for result in claim.status.allocation.devices:
+                allocated[result.driver] += 1
+                by_class[(result.driver, classes.get(result.request, ""))] += 1
+        devices = GaugeMetricFamily(
+            "dra_operator_devices", "Devices published in ResourceSlices, by driver.", labels=["driver"]
+        )
+        for driver, n in sorted(total.items()):
+            devices.add_metric([driver], n)
+        yield devices
+        used = GaugeMetricFamily(
+            "dra_operator_devices_allocated",
+            "Devices allocated to claims (by anyone), by driver and DeviceClass of the request.",
+            labels=["driver", "device_class"],
+        )
+        for (driver, cls), n in sorted(by_class.items()):
+            used.add_metric([driver, cls], n)
+        yield used
+
+
+def _request_classes(claim: object) -> dict[str, str]:
+    from dra_api.model import ResourceClaim
+
+    assert isinstance(claim, ResourceClaim)
+    out: dict[str, str] = {}
+    for r in claim.spec.requests:
+        if r.exactly is not None:
+            out[r.name] = r.exactly.device_class_name
+        for s in r.first_available:
+            out[f"{r.name}/{s.name}"] = s.spec.device_class_name
+    return out
+
+
+class Metrics:
+    """The operator's metrics in their own registry (tests create as many as they like)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.allocation_latency = Histogram(
+            "dra_operator_allocation_duration_seconds",
+            "Time from a claim's creation to its allocation by the operator.",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.allocations = PromCounter(
+            "dra_operator_allocations",
+            "Claims the operator allocated.",
+            registry=self.registry,
+        )
+        self.allocation_failures = PromCounter(
+            "dra_operator_allocation_failures",
+            "Attempts to allocate a claim that found no solution, by reason.",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.deallocations = PromCounter(
+            "dra_operator_deallocations", "Claims the operator deallocated.", registry=self.registry
+        )
+        self.conflicts = PromCounter(
+            "dra_operator_write_conflicts",
+            "Writes refused with 409 Conflict (someone else changed the claim first), retried.",
+            registry=self.registry,
+        )
+        self.reconcile_errors = PromCounter(
+            "dra_operator_reconcile_errors",
+            "Unexpected errors while reconciling an object, by kind.",
+            ["kind"],
+            registry=self.registry,
+        )
+        self.watch_events = PromCounter(
+            "dra_operator_watch_events",
+            "Watch events received, by resource.",
+            ["resource"],
+            registry=self.registry,
+        )
+
+    def attach_model(self, model: ClusterModel, failing: Callable[[], frozenset[object]]) -> None:
+        self.registry.register(_ModelCollector(model, failing))

@@ -1,0 +1,1 @@
+"""Reconcile logic behind the thin Kopf handlers: claims, DeviceClasses, slices."""

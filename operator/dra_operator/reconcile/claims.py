@@ -1,0 +1,567 @@
+"""The ResourceClaim lifecycle: allocate the claims the operator owns, deallocate and clean up.
+
+One worker drains a queue of claims that need attention. Claims are queued by watch events (the
+claim's own, and - for claims that could not be allocated - any change of slices, classes, nodes or
+of other claims' allocations), never by polling.
+
+Allocating a claim:
+
+1. place it on the model (the allocator), and hold the chosen devices in the model (``assume``)
+   before the first ``await``, so that no other placement can take them;
+2. add the operator's finalizer with a merge patch carrying ``metadata.resourceVersion``;
+3. write ``status.allocation`` the same way.
+
+A 409 Conflict means someone changed the claim first (kube-scheduler allocating it, a user editing
+it): the claim is read again and reconsidered; a device is never written into two claims by this
+operator. A claim that cannot be allocated gets a Warning Event and a condition in the annotation
+``dra.accel.dev/condition`` (ResourceClaim status has no conditions of its own); our finalizer is
+not left behind on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from dra_api.model import AllocationResult, ResourceClaim
+from dra_api.names import OPERATOR_FINALIZER, PROJECT_DOMAIN
+from dra_operator.clustermodel import ClaimKey, ClusterModel, InvalidClaim, claim_key_of
+from dra_operator.kubeapi import Conflict, Gone, KubeApi
+from dra_operator.metrics import Metrics
+from dra_operator.placement import Placement, Placer, Unallocatable
+from dra_operator.reconcile.ownership import allocated_by_us, generated_from_template, is_ours
+from dra_operator.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+CONDITION_ANNOTATION = f"{PROJECT_DOMAIN}/condition"
+CONDITION_TYPE = "Allocated"
+_TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+_ERROR_RETRY_S = 5.0
+_CONCURRENT_WRITES = 16
+
+
+def condition_json(*, status: str, reason: str, message: str, now: str | None = None) -> str:
+    """A metav1.Condition, as JSON, for the claim's condition annotation."""
+    return json.dumps(
+        {
+            "type": CONDITION_TYPE,
+            "status": status,
+            "reason": reason,
+            "message": message,
+            "lastTransitionTime": now or _now(),
+        },
+        separators=(",", ":"),
+    )
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _age_seconds(created: str, *, now: float) -> float | None:
+    try:
+        stamp = datetime.datetime.strptime(created, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
+    except ValueError:
+        return None
+    return max(0.0, now - stamp.timestamp())
+
+
+def validate_claim(claim: ResourceClaim, *, known_drivers: set[str]) -> Unallocatable | None:
+    """Checks the allocator does not make: opaque configuration for drivers nobody runs."""
+    for i, config in enumerate(claim.spec.config):
+        if config.opaque is not None and config.opaque.driver not in known_drivers:
+            return Unallocatable(
+                reason="UnknownConfigDriver",
+                message=f"ResourceClaim {claim.ref}: spec.devices.config[{i}].opaque.driver "
+                f"{config.opaque.driver!r} is not a driver in this cluster (known: "
+                f"{', '.join(sorted(known_drivers)) or 'none'}); no node could apply this configuration",
+            )
+    return None
+
+
+def involved(claim: ResourceClaim, *, api_version: str) -> dict[str, Any]:
+    return {
+        "apiVersion": api_version,
+        "kind": "ResourceClaim",
+        "name": claim.name,
+        "namespace": claim.namespace,
+        "uid": claim.metadata.uid,
+    }
+
+
+def describe_allocation(allocation: AllocationResult, node: str | None) -> str:
+    devices = ", ".join(f"{r.driver}/{r.pool}/{r.device}" for r in allocation.devices)
+    where = f"on node {node}" if node else "usable from any node"
+    return f"allocated {devices or 'no devices'} {where}"
+
+
+@dataclass
+class _Failure:
+    reason: str
+    message: str
+
+
+class ClaimReconciler:
+    """Owns the claim queue and the worker that drains it."""
+
+    def __init__(
+        self,
+        *,
+        model: ClusterModel,
+        placer: Placer,
+        api: KubeApi,
+        settings: Settings,
+        metrics: Metrics,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.model = model
+        self.placer = placer
+        self.api = api
+        self.settings = settings
+        self.metrics = metrics
+        self.clock = clock
+        self.classes = settings.managed_class_names()
+        self._dirty: dict[ClaimKey, None] = {}
+        self._busy: set[ClaimKey] = set()
+        self._wake = asyncio.Event()
+        self._failing: dict[ClaimKey, _Failure] = {}
+        self._was_reserved: set[ClaimKey] = set()
+        self._writes = asyncio.Semaphore(_CONCURRENT_WRITES)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.synced = asyncio.Event()
+        """Set once the model holds a full listing; nothing is allocated before."""
+
+    # -- inputs ---------------------------------------------------------------------------------
+
+    def failing(self) -> frozenset[object]:
+        return frozenset(self._failing)
+
+    def mark(self, key: ClaimKey) -> None:
+        self._dirty[key] = None
+        self._wake.set()
+
+    def on_claim_event(self, obj: Mapping[str, Any], *, deleted: bool) -> None:
+        key = claim_key_of(obj)
+        before = self.model.claims.get(key)
+        held_before = before is not None and before.status.allocation is not None
+        if deleted:
+            self.model.remove_claim(key)
+            self._failing.pop(key, None)
+            self._was_reserved.discard(key)
+            if held_before:
+                self.retry_failing()
+            return
+        result = self.model.upsert_claim(obj)
+        if result is None:
+            return  # older than what we have
+        if isinstance(result, ResourceClaim):
+            if result.status.reserved_for:
+                self._was_reserved.add(key)
+            if held_before and result.status.allocation is None:
+                self.retry_failing()  # devices were freed
+        self.mark(key)
+
+    def on_cluster_change(self) -> None:
+        """Slices, classes or nodes changed: claims that could not be allocated get another try."""
+        self.retry_failing()
+        for claim in self.model.pending_claims():
+            if is_ours(claim, ownership=self.settings.ownership, classes=self.classes):
+                self._dirty[ClaimKey(claim.namespace, claim.name)] = None
+        self._wake.set()
+
+    def retry_failing(self) -> None:
+        for key in self._failing:
+            self._dirty[key] = None
+        if self._failing:
+            self._wake.set()
+
+    def on_pod_gone(self, *, namespace: str, name: str) -> None:
+        """A pod vanished: claims we allocated that it reserved need their reservedFor cleaned."""
+        for key, claim in self.model.claims.items():
+            if (
+                allocated_by_us(claim)
+                and any(r.resource == "pods" and r.name == name for r in claim.status.reserved_for)
+                and key.namespace == namespace
+            ):
+                self.mark(key)
+
+    # -- the worker -----------------------------------------------------------------------------
+
+    async def resync(self) -> None:
+        """List claims, slices, classes, nodes and pods into the model; queue every claim."""
+        classes, slices, claims, nodes, pods = await asyncio.gather(
+            self.api.list_resource("deviceclasses"),
+            self.api.list_resource("resourceslices"),
+            self.api.list_resource("resourceclaims"),
+            self.api.list_nodes(),
+            self.api.list_pods(),
+        )
+        for obj in classes:
+            self.model.upsert_class(obj)
+        for obj in slices:
+            self.model.upsert_slice(obj)
+        for obj in nodes:
+            self.model.upsert_node(obj)
+        for obj in pods:
+            self.model.upsert_pod(obj)
+        for obj in claims:
+            self.on_claim_event(obj, deleted=False)
+        listed = {claim_key_of(o) for o in claims}
+        for key in list(self.model.claims) + list(self.model.invalid_claims):
+            if key not in listed:
+                self.on_claim_event(
+                    {"metadata": {"namespace": key.namespace, "name": key.name}}, deleted=True
+                )
+        self.synced.set()
+        logger.info(
+            "model synced: %d claims, %d slices, %d classes, %d nodes",
+            len(claims),
+            len(slices),
+            len(classes),
+            len(nodes),
+        )
+
+    async def run(self, *, active: Callable[[], bool] = lambda: True) -> None:
+        """Drain the queue forever. ``active`` is False while another instance is the active one."""
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if not active():
+                await asyncio.sleep(1.0)
+                self._wake.set()
+                continue
+            if not self.synced.is_set():
+                await self.resync()
+            batch = [k for k in self._dirty if k not in self._busy]
+            for key in batch:
+                del self._dirty[key]
+            for key in sorted(batch, key=lambda k: self.model.claim_created.get(k, "")):
+                self._busy.add(key)
+                await self._writes.acquire()
+                task = asyncio.create_task(self._reconcile_guarded(key), name=f"claim {key}")
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            if batch:
+                await self._repair_double_bookings()
+
+    async def drain(self, *, within: float = 30.0) -> None:
+        """Wait until the queue is empty and no claim is being written (tests)."""
+        deadline = time.monotonic() + within
+        while self._dirty or self._busy:
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"claims still queued: {sorted(map(str, self._dirty | dict.fromkeys(self._busy)))}"
+                )
+            await asyncio.sleep(0.02)
+
+    async def _reconcile_guarded(self, key: ClaimKey) -> None:
+        try:
+            await self.reconcile(key)
+        except (Conflict, Gone):
+            self.metrics.conflicts.inc()
+            await self._refetch(key)
+        except Exception:
+            logger.exception("reconciling claim %s failed; retrying in %.0f s", key, _ERROR_RETRY_S)
+            self.metrics.reconcile_errors.labels("ResourceClaim").inc()
+            self.model.forget_assumed(key)
+            asyncio.get_running_loop().call_later(_ERROR_RETRY_S, self.mark, key)
+        finally:
+            self._busy.discard(key)
+            self._writes.release()
+            if key in self._dirty:
+                self._wake.set()
+
+    async def _refetch(self, key: ClaimKey) -> None:
+        self.model.forget_assumed(key)
+        obj = await self.api.get_claim(namespace=key.namespace, name=key.name)
+        if obj is None:
+            self.on_claim_event({"metadata": {"namespace": key.namespace, "name": key.name}}, deleted=True)
+        else:
+            self.on_claim_event(obj, deleted=False)
+
+    # -- one claim ------------------------------------------------------------------------------
+
+    async def reconcile(self, key: ClaimKey) -> None:
+        invalid = self.model.invalid_claims.get(key)
+        if invalid is not None:
+            await self._report_invalid(invalid)
+            return
+        claim = self.model.claims.get(key)
+        if claim is None:
+            return
+        ours_by_finalizer = OPERATOR_FINALIZER in claim.metadata.finalizers
+        if claim.metadata.deletion_timestamp is not None:
+            if ours_by_finalizer:
+                await self._release_deleted(claim)
+            return
+        if claim.status.allocation is not None:
+            if ours_by_finalizer:
+                await self._maintain_allocated(claim)
+            return
+        if not is_ours(claim, ownership=self.settings.ownership, classes=self.classes):
+            if ours_by_finalizer:
+                await self._patch_meta(claim, finalizer=False, condition=None)
+            return
+        await self._allocate(claim)
+
+    async def _allocate(self, claim: ResourceClaim) -> None:
+        key = ClaimKey(claim.namespace, claim.name)
+        known = set(self.settings.drivers) | {s.driver for s in self.model.slices.values()}
+        outcome: Placement | Unallocatable | None = validate_claim(claim, known_drivers=known)
+        if outcome is None:
+            outcome = self.placer.place(claims=[claim], model=self.model)
+        if isinstance(outcome, Unallocatable):
+            await self._fail(claim, outcome)
+            return
+        allocation = outcome.allocations[0]
+        # No await between placement and this line: the devices are held before anyone else looks.
+        self.model.assume(key, allocation)
+        try:
+            current: ResourceClaim | None = claim
+            if (
+                OPERATOR_FINALIZER not in claim.metadata.finalizers
+                or CONDITION_ANNOTATION in claim.metadata.annotations
+            ):
+                current = await self._patch_meta(claim, finalizer=True, condition=None)
+            if current is None or current.status.allocation is not None:
+                self.model.forget_assumed(key)
+                return
+            obj = await self.api.patch_claim_status(
+                namespace=claim.namespace,
+                name=claim.name,
+                body={
+                    "metadata": {"resourceVersion": current.metadata.resource_version},
+                    "status": {"allocation": allocation.to_json()},
+                },
+            )
+        except BaseException:
+            self.model.forget_assumed(key)
+            raise
+        self.on_claim_event(obj, deleted=False)
+        self.model.forget_assumed(key)
+        self._failing.pop(key, None)
+        self.metrics.allocations.inc()
+        age = _age_seconds(self.model.claim_created.get(key, ""), now=self.clock())
+        if age is not None:
+            self.metrics.allocation_latency.observe(age)
+        text = describe_allocation(allocation, outcome.node)
+        logger.info("claim %s: %s", key, text)
+        await self.api.post_event(
+            involved=involved(claim, api_version=self.api.api_version),
+            type_="Normal",
+            reason="Allocated",
+            message=text,
+        )
+
+    async def _fail(self, claim: ResourceClaim, why: Unallocatable) -> None:
+        key = ClaimKey(claim.namespace, claim.name)
+        self.metrics.allocation_failures.labels(why.reason).inc()
+        previous = self._failing.get(key)
+        self._failing[key] = _Failure(why.reason, why.message)
+        if (
+            previous is not None
+            and previous.message == why.message
+            and (OPERATOR_FINALIZER not in claim.metadata.finalizers)
+        ):
+            return  # already said; no event storm while the cluster stays the same
+        logger.info("claim %s cannot be allocated (%s): %s", key, why.reason, why.message)
+        await self.api.post_event(
+            involved=involved(claim, api_version=self.api.api_version),
+            type_="Warning",
+            reason=why.reason,
+            message=why.message,
+        )
+        await self._patch_meta(
+            claim,
+            finalizer=False,
+            condition=condition_json(status="False", reason=why.reason, message=why.message),
+        )
+
+    async def _report_invalid(self, invalid: InvalidClaim) -> None:
+        if invalid.key in self._failing and self._failing[invalid.key].message == invalid.message:
+            return
+        self._failing[invalid.key] = _Failure("InvalidClaim", invalid.message)
+        self.metrics.allocation_failures.labels("InvalidClaim").inc()
+        await self.api.post_event(
+            involved={
+                "apiVersion": self.api.api_version,
+                "kind": "ResourceClaim",
+                "name": invalid.key.name,
+                "namespace": invalid.key.namespace,
+                "uid": invalid.uid,
+            },
+            type_="Warning",
+            reason="InvalidClaim",
+            message=invalid.message,
+        )
+
+    async def _patch_meta(
+        self, claim: ResourceClaim, *, finalizer: bool, condition: str | None
+    ) -> ResourceClaim | None:
+        """Set or drop our finalizer and the condition annotation, if they differ; precondition on
+        the resourceVersion. Returns the claim as written (None if it is gone)."""
+        finalizers = [f for f in claim.metadata.finalizers if f != OPERATOR_FINALIZER]
+        if finalizer:
+            finalizers.append(OPERATOR_FINALIZER)
+        has_condition = claim.metadata.annotations.get(CONDITION_ANNOTATION)
+        same_condition = (
+            has_condition is None
+            if condition is None
+            else has_condition is not None and _same_condition(has_condition, condition)
+        )
+        if tuple(finalizers) == claim.metadata.finalizers and same_condition:
+            return claim
+        body: dict[str, Any] = {
+            "metadata": {
+                "resourceVersion": claim.metadata.resource_version,
+                "finalizers": finalizers,
+            }
+        }
+        if not same_condition:
+            body["metadata"]["annotations"] = {CONDITION_ANNOTATION: condition}
+        try:
+            obj = await self.api.patch_claim(namespace=claim.namespace, name=claim.name, body=body)
+        except Gone:
+            self.on_claim_event(
+                {"metadata": {"namespace": claim.namespace, "name": claim.name}}, deleted=True
+            )
+            return None
+        self.on_claim_event(obj, deleted=False)
+        return self.model.claims.get(ClaimKey(claim.namespace, claim.name))
+
+    async def _clear_allocation(self, claim: ResourceClaim) -> ResourceClaim | None:
+        obj = await self.api.patch_claim_status(
+            namespace=claim.namespace,
+            name=claim.name,
+            body={
+                "metadata": {"resourceVersion": claim.metadata.resource_version},
+                "status": {"allocation": None, "devices": None, "reservedFor": None},
+            },
+        )
+        self.on_claim_event(obj, deleted=False)
+        self.metrics.deallocations.inc()
+        return self.model.claims.get(ClaimKey(claim.namespace, claim.name))
+
+    async def _release_deleted(self, claim: ResourceClaim) -> None:
+        """A deleted claim we allocated: deallocate it once no pod uses it, then let it go."""
+        reserved = [
+            r
+            for r in claim.status.reserved_for
+            if not await self._consumer_gone(claim, r.name, r.uid, r.resource)
+        ]
+        if reserved:
+            if len(reserved) != len(claim.status.reserved_for):
+                await self._set_reserved_for(claim, [r.to_json() for r in reserved])
+            return  # a pod still uses it: never pulled from under a running pod
+        current: ResourceClaim | None = claim
+        if claim.status.allocation is not None:
+            current = await self._clear_allocation(claim)
+            if current is None:
+                return
+            text = describe_allocation(claim.status.allocation, None).replace("allocated", "released", 1)
+            await self.api.post_event(
+                involved=involved(claim, api_version=self.api.api_version),
+                type_="Normal",
+                reason="Deallocated",
+                message=f"{text} (claim deleted)",
+            )
+        if current is not None:
+            await self._patch_meta(current, finalizer=False, condition=None)
+
+    async def _maintain_allocated(self, claim: ResourceClaim) -> None:
+        """An allocated claim of ours: drop stale reservations; deallocate a template claim that
+        its pod no longer uses."""
+        key = ClaimKey(claim.namespace, claim.name)
+        live = [
+            r
+            for r in claim.status.reserved_for
+            if not await self._consumer_gone(claim, r.name, r.uid, r.resource)
+        ]
+        if len(live) != len(claim.status.reserved_for):
+            logger.info("claim %s: removing reservations of pods that are gone", key)
+            updated = await self._set_reserved_for(claim, [r.to_json() for r in live])
+            if updated is None:
+                return
+            claim = updated
+        if not claim.status.reserved_for and key in self._was_reserved and generated_from_template(claim):
+            assert claim.status.allocation is not None
+            allocation = claim.status.allocation
+            current = await self._clear_allocation(claim)
+            self._was_reserved.discard(key)
+            if current is not None:
+                await self._patch_meta(current, finalizer=False, condition=None)
+            await self.api.post_event(
+                involved=involved(claim, api_version=self.api.api_version),
+                type_="Normal",
+                reason="Deallocated",
+                message=describe_allocation(allocation, None).replace("allocated", "released", 1)
+                + " (no pod uses the claim any more)",
+            )
+
+    async def _set_reserved_for(
+        self, claim: ResourceClaim, entries: list[dict[str, Any]]
+    ) -> ResourceClaim | None:
+        obj = await self.api.patch_claim_status(
+            namespace=claim.namespace,
+            name=claim.name,
+            body={
+                "metadata": {"resourceVersion": claim.metadata.resource_version},
+                "status": {"reservedFor": entries or None},
+            },
+        )
+        self.on_claim_event(obj, deleted=False)
+        return self.model.claims.get(ClaimKey(claim.namespace, claim.name))
+
+    async def _consumer_gone(self, claim: ResourceClaim, name: str, uid: str, resource: str) -> bool:
+        """Whether a reservedFor pod is gone, replaced (other UID) or finished. The pod watch may
+        lag behind, so 'gone' is confirmed with the API server before acting on it."""
+        if resource != "pods":
+            return False  # other consumers (PodGroups) are left to their owners
+        known = self.model.pods.get((claim.namespace, name))
+        if known is not None and known.uid == uid and known.phase not in _TERMINAL_PHASES:
+            return False
+        pod = await self.api.get_pod(namespace=claim.namespace, name=name)
+        if pod is None:
+            return True
+        meta = pod.get("metadata") or {}
+        phase = (pod.get("status") or {}).get("phase", "")
+        return meta.get("uid") != uid or phase in _TERMINAL_PHASES
+
+    async def _repair_double_bookings(self) -> None:
+        """A device in two claims can only come from two allocators racing on different claims
+        (the scheduler and this operator). Give up our copy if no pod uses it yet."""
+        for device, holders in self.model.double_booked().items():
+            for key in sorted(holders):
+                claim = self.model.claims.get(key)
+                if claim is None or not allocated_by_us(claim) or claim.status.reserved_for:
+                    continue
+                others = [k for k in holders if k != key]
+                logger.warning("device %s is allocated to %s and %s; releasing ours", device, key, others)
+                await self.api.post_event(
+                    involved=involved(claim, api_version=self.api.api_version),
+                    type_="Warning",
+                    reason="DeviceConflict",
+                    message=f"device {'/'.join(device)} was also allocated to "
+                    f"{', '.join(map(str, others))} by another allocator; allocating this claim again",
+                )
+                try:
+                    await self._clear_allocation(claim)
+                except (Conflict, Gone):
+                    await self._refetch(key)
+                self.mark(key)
+                break
+
+
+def _same_condition(old: str, new: str) -> bool:
+    try:
+        a, b = json.loads(old), json.loads(new)
+    except ValueError:
+        return False
+    return bool(a.get("reason") == b.get("reason") and a.get("message") == b.get("message"))

@@ -1,0 +1,232 @@
+"""``dra-operator run``: wire the parts together and run Kopf embedded (``kopf.operator``).
+
+Besides Kopf's own tasks, four of ours run beside it: the claim worker, the heartbeat (liveness and
+peering state), the sweeper (slices of vanished nodes, stale reservations), and the HTTP server for
+``/healthz`` and ``/metrics``. They are created before Kopf starts, so Kopf's shutdown leaves them to
+us, and we stop them when Kopf returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+from pathlib import Path
+from typing import Any, cast
+
+import kopf
+import yaml
+
+from dra_api.kube import make_api_client, preferred_resource_version
+from dra_api.names import PROJECT_DOMAIN
+from dra_operator.clustermodel import ClusterModel
+from dra_operator.deviceclasses import DeviceClassKeeper
+from dra_operator.handlers import OperatorParts, build_registry
+from dra_operator.health import Health, heartbeat_loop, make_app, serve
+from dra_operator.kubeapi import KubeApi
+from dra_operator.metrics import Metrics
+from dra_operator.placement import AllocatorPlacer, Placer
+from dra_operator.reconcile.claims import ClaimReconciler
+from dra_operator.reconcile.ownership import allocated_by_us
+from dra_operator.reconcile.slices import OrphanSliceCollector
+from dra_operator.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+KOPF_FINALIZER = f"{PROJECT_DOMAIN}/kopf"
+
+
+def configure_kopf(kopf_settings: kopf.OperatorSettings, settings: Settings) -> None:
+    """Kopf's settings in the project's names and with explicit watch timeouts."""
+    kopf_settings.persistence.finalizer = KOPF_FINALIZER
+    kopf_settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
+        prefix=PROJECT_DOMAIN, v1=False
+    )
+    kopf_settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=PROJECT_DOMAIN, key="last-handled-configuration", v1=False
+    )
+    kopf_settings.watching.server_timeout = settings.watch_server_timeout_s
+    kopf_settings.watching.client_timeout = settings.watch_client_timeout_s
+    kopf_settings.watching.connect_timeout = settings.watch_connect_timeout_s
+    kopf_settings.networking.request_timeout = settings.request_timeout_s
+    kopf_settings.peering.lifetime = 60
+    # The operator posts its own Events (with reasons users can filter on); Kopf's handler
+    # chatter would only add noise on every claim.
+    kopf_settings.posting.enabled = False
+
+
+def _data(user: dict[str, Any], key: str) -> str | None:
+    raw = user.get(f"{key}-data")
+    return base64.b64decode(raw).decode() if raw else None
+
+
+def kubeconfig_login(path: str) -> kopf.ConnectionInfo:
+    """Kopf's connection from a kubeconfig file (current context; certificates, or a token)."""
+    config = yaml.safe_load(Path(path).read_text()) or {}
+    context_name = config.get("current-context")
+    contexts = {c["name"]: c.get("context") or {} for c in config.get("contexts", [])}
+    if context_name not in contexts:
+        raise kopf.LoginError(f"kubeconfig {path}: current-context {context_name!r} is not defined")
+    context = contexts[context_name]
+    cluster = {c["name"]: c.get("cluster") or {} for c in config.get("clusters", [])}[context["cluster"]]
+    user = {u["name"]: u.get("user") or {} for u in config.get("users", [])}.get(context.get("user"), {})
+    return kopf.ConnectionInfo(
+        server=cluster["server"],
+        ca_path=cluster.get("certificate-authority"),
+        ca_data=_data(cluster, "certificate-authority"),
+        insecure=cluster.get("insecure-skip-tls-verify"),
+        token=user.get("token"),
+        scheme="Bearer" if user.get("token") else None,
+        certificate_path=user.get("client-certificate"),
+        certificate_data=_data(user, "client-certificate"),
+        private_key_path=user.get("client-key"),
+        private_key_data=_data(user, "client-key"),
+        default_namespace=context.get("namespace"),
+    )
+
+
+async def run(
+    settings: Settings,
+    *,
+    placer: Placer | None = None,
+    stop_flag: asyncio.Event | None = None,
+    ready_flag: asyncio.Event | None = None,
+) -> None:
+    identity = settings.resolved_identity()
+    api_client = await make_api_client(kubeconfig=settings.kubeconfig)
+    version = await preferred_resource_version(api_client)
+    api = KubeApi(api_client, resource_version=version, instance=identity)
+    model = ClusterModel()
+    metrics = Metrics()
+    claims = ClaimReconciler(
+        model=model, placer=placer or AllocatorPlacer(), api=api, settings=settings, metrics=metrics
+    )
+    metrics.attach_model(model, claims.failing)
+    health = Health(stale_after=settings.liveness_stale_after_s, heartbeat_enabled=not settings.standalone)
+    keeper = DeviceClassKeeper(api=api, settings=settings)
+    orphans = OrphanSliceCollector(model=model, api=api, grace=settings.orphan_slice_grace_s)
+
+    def login(kopf_settings: kopf.OperatorSettings) -> kopf.ConnectionInfo | None:
+        if settings.kubeconfig:
+            return kubeconfig_login(settings.kubeconfig)
+        result: kopf.ConnectionInfo | None = kopf.login_with_service_account(settings=kopf_settings)
+        return result
+
+    parts = OperatorParts(
+        settings=settings,
+        model=model,
+        claims=claims,
+        classes=keeper,
+        health=health,
+        metrics=metrics,
+        login=login,
+        configure=lambda s: configure_kopf(s, settings),
+    )
+    registry = build_registry(parts)
+    kopf_settings = kopf.OperatorSettings()
+    configure_kopf(kopf_settings, settings)
+
+    http = await serve(
+        app=make_app(health=health, metrics=metrics), host=settings.metrics_host, port=settings.metrics_port
+    )
+    background: list[asyncio.Task[Any]] = [
+        asyncio.create_task(_worker(claims=claims, health=health, keeper=keeper), name="claim worker"),
+        asyncio.create_task(
+            _sweeper(claims=claims, orphans=orphans, health=health, settings=settings), name="sweeper"
+        ),
+    ]
+    if not settings.standalone:
+        background.append(
+            asyncio.create_task(
+                heartbeat_loop(
+                    health=health,
+                    api=api,
+                    name=settings.peering_name,
+                    identity=cast(Any, identity),  # Kopf's Identity is a NewType of str
+                    priority=settings.priority,
+                    interval=settings.heartbeat_interval_s,
+                ),
+                name="heartbeat",
+            )
+        )
+    logger.info(
+        "starting: identity %s, priority %d, ownership %s, resource.k8s.io/%s",
+        identity,
+        settings.priority,
+        settings.ownership.value,
+        version,
+    )
+    try:
+        await kopf.operator(
+            registry=registry,
+            settings=kopf_settings,
+            clusterwide=True,
+            standalone=settings.standalone,
+            priority=settings.priority,
+            peering_name=None if settings.standalone else settings.peering_name,
+            identity=cast(Any, identity),  # Kopf's Identity is a NewType of str
+            stop_flag=stop_flag,
+            ready_flag=ready_flag,
+        )
+    finally:
+        for task in background:
+            task.cancel()
+        for task in background:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await http.cleanup()
+        await api_client.close()
+
+
+async def _worker(*, claims: ClaimReconciler, health: Health, keeper: DeviceClassKeeper) -> None:
+    """Allocate while active; after a standby period, list everything again before allocating."""
+    was_active = False
+    while True:
+        if not health.active:
+            was_active = False
+            await asyncio.sleep(1.0)
+            continue
+        if not was_active:
+            was_active = True
+            claims.synced.clear()
+            try:
+                await claims.resync()
+                await keeper.ensure_all()
+            except Exception:
+                logger.exception("initial listing failed; retrying")
+                claims.metrics.reconcile_errors.labels("Resync").inc()
+                was_active = False
+                await asyncio.sleep(2.0)
+                continue
+        worker = asyncio.create_task(claims.run(active=lambda: health.active))
+        while health.active and not worker.done():
+            await asyncio.wait({worker}, timeout=1.0)
+        worker.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await worker
+        if worker.done() and not worker.cancelled() and worker.exception() is not None:
+            logger.error("claim worker died: %s; restarting", worker.exception())
+
+
+async def _sweeper(
+    *, claims: ClaimReconciler, orphans: OrphanSliceCollector, health: Health, settings: Settings
+) -> None:
+    """Cleanup that no watch event announces in time: orphaned slices, stale reservations."""
+    interval = max(1.0, min(settings.orphan_slice_grace_s, settings.stale_reservation_sweep_s) / 2)
+    since_reservations = 0.0
+    while True:
+        await asyncio.sleep(interval)
+        if not health.active or not claims.synced.is_set():
+            continue
+        try:
+            await orphans.sweep()
+        except Exception:
+            logger.exception("orphan slice sweep failed")
+            claims.metrics.reconcile_errors.labels("ResourceSlice").inc()
+        since_reservations += interval
+        if since_reservations >= settings.stale_reservation_sweep_s:
+            since_reservations = 0.0
+            for key, claim in list(claims.model.claims.items()):
+                if allocated_by_us(claim) and claim.status.reserved_for:
+                    claims.mark(key)

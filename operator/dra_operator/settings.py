@@ -1,0 +1,217 @@
+"""The operator's settings: one dataclass, filled from flags and ``DRA_OPERATOR_*`` environment variables.
+
+Precedence: a flag given on the command line wins over the environment, which wins over the default.
+Every field's docstring is the flag's help text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import enum
+import itertools
+import os
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dra_api.names import GPU_CLASS, GPU_DRIVER, MIG_CLASS, TPU_CLASS, TPU_DRIVER
+
+ENV_PREFIX = "DRA_OPERATOR_"
+
+
+class Ownership(enum.StrEnum):
+    """Which ResourceClaims the operator allocates."""
+
+    STANDALONE = "standalone"
+    ALL = "all"
+    NONE = "none"
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Everything ``dra-operator run`` can be told; see each field's docstring."""
+
+    kubeconfig: str | None = None
+    """Kubeconfig file to use; unset means the in-cluster ServiceAccount."""
+
+    ownership: Ownership = Ownership.STANDALONE
+    """Which claims the operator allocates: 'standalone' (claims of its classes that no Pod owns;
+    the scheduler keeps template claims), 'all' (every claim of its classes) or 'none'."""
+
+    gpu_class: str = GPU_CLASS
+    """Name of the DeviceClass for whole NVIDIA GPUs."""
+
+    tpu_class: str = TPU_CLASS
+    """Name of the DeviceClass for Google TPUs."""
+
+    mig_class: str = MIG_CLASS
+    """Name of the DeviceClass for MIG partitions (only managed when mig_enabled)."""
+
+    gpu_driver: str = GPU_DRIVER
+    """Driver name the GPU node agents publish their ResourceSlices under."""
+
+    tpu_driver: str = TPU_DRIVER
+    """Driver name the TPU node agents publish their ResourceSlices under."""
+
+    mig_enabled: bool = False
+    """Whether to create and keep the MIG DeviceClass."""
+
+    manage_device_classes: bool = True
+    """Whether to create the driver's DeviceClasses and repair them when they drift."""
+
+    peering_name: str = "accel-dra-operator"
+    """Name of the ClusterKopfPeering object that keeps a second instance paused."""
+
+    standalone: bool = False
+    """Run without peering (no second-instance protection); for development only."""
+
+    priority: int = field(default_factory=lambda: random.randint(1, 1_000_000))
+    """Peering priority; the live instance with the highest priority is the active one. Random by
+    default, so two instances never tie (Kopf pauses both instances on a tie)."""
+
+    identity: str | None = None
+    """Peering identity; defaults to $POD_ID, or host, pid and a random suffix."""
+
+    metrics_host: str = "0.0.0.0"
+    """Address the /metrics and /healthz server binds to."""
+
+    metrics_port: int = 8080
+    """Port of the /metrics and /healthz server."""
+
+    heartbeat_interval_s: float = 15.0
+    """How often the operator writes a heartbeat to its peering object and expects it back on its watch."""
+
+    liveness_stale_after_s: float = 90.0
+    """/healthz fails when the active operator has seen no heartbeat on its watch for this long."""
+
+    watch_server_timeout_s: float = 300.0
+    """Server-side timeout of each watch request (the API server closes the stream after it)."""
+
+    watch_client_timeout_s: float = 330.0
+    """Client-side total timeout of each watch request, for streams the server never closes."""
+
+    watch_connect_timeout_s: float = 30.0
+    """Timeout for establishing a watch connection."""
+
+    request_timeout_s: float = 60.0
+    """Timeout of any other API request."""
+
+    orphan_slice_grace_s: float = 30.0
+    """How long a ResourceSlice of a deleted node may stay before the operator deletes it."""
+
+    stale_reservation_sweep_s: float = 60.0
+    """How often reservedFor entries of vanished pods are looked for on the claims it allocated."""
+
+    log_level: str = "INFO"
+    """Python log level (DEBUG, INFO, WARNING, ERROR)."""
+
+    @property
+    def drivers(self) -> tuple[str, ...]:
+        """The drivers whose devices this operator's classes select."""
+        return (self.gpu_driver, self.tpu_driver)
+
+    def managed_class_names(self) -> tuple[str, ...]:
+        names = [self.gpu_class, self.tpu_class]
+        if self.mig_enabled:
+            names.append(self.mig_class)
+        return tuple(names)
+
+    def resolved_identity(self) -> str:
+        if self.identity:
+            return self.identity
+        pod = os.environ.get("POD_ID")
+        if pod:
+            return pod
+        return f"{os.uname().nodename}-{os.getpid()}-{random.randint(0, 0xFFFF):04x}"
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected a boolean (true/false), got {text!r}")
+
+
+def _converter(f: dataclasses.Field[Any]) -> Any:
+    kind = str(f.type)
+    if "Ownership" in kind:
+        return Ownership
+    if "bool" in kind:
+        return _parse_bool
+    if "int" in kind and "str" not in kind:
+        return int
+    if "float" in kind:
+        return float
+    return str
+
+
+def _flag(name: str) -> str:
+    return "--" + name.removesuffix("_s").replace("_", "-") + ("-seconds" if name.endswith("_s") else "")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per field; defaults stay None so the environment and dataclass defaults can apply."""
+    for f in dataclasses.fields(Settings):
+        help_text = " ".join(_FIELD_DOCS.get(f.name, "").split())
+        env = ENV_PREFIX + f.name.upper().removesuffix("_S")
+        parser.add_argument(
+            _flag(f.name),
+            dest=f.name,
+            type=_converter(f),
+            default=None,
+            help=f"{help_text} (env {env})",
+        )
+
+
+def from_sources(*, args: argparse.Namespace | None = None, env: Mapping[str, str] | None = None) -> Settings:
+    """Settings from parsed flags over ``DRA_OPERATOR_*`` environment variables over the defaults."""
+    environ = os.environ if env is None else env
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(Settings):
+        given = getattr(args, f.name, None) if args is not None else None
+        if given is not None:
+            values[f.name] = given
+            continue
+        env_name = ENV_PREFIX + f.name.upper().removesuffix("_S")
+        raw = environ.get(env_name)
+        if raw is not None and raw != "":
+            try:
+                values[f.name] = _converter(f)(raw)
+            except ValueError as exc:
+                raise ValueError(f"environment variable {env_name}: {exc}") from exc
+    if "kubeconfig" not in values and environ.get("KUBECONFIG"):
+        values["kubeconfig"] = environ["KUBECONFIG"]
+    return Settings(**values)
+
+
+def parse(argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> Settings:
+    parser = argparse.ArgumentParser(prog="dra-operator run")
+    add_arguments(parser)
+    return from_sources(args=parser.parse_args(list(argv)), env=env)
+
+
+def _field_docs() -> dict[str, str]:
+    """Attribute docstrings, read from this module's source (they are not kept at runtime)."""
+    import ast
+    import inspect
+
+    docs: dict[str, str] = {}
+    tree = ast.parse(inspect.getsource(Settings))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    for node, after in itertools.pairwise(body):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+        ):
+            docs[node.target.id] = after.value.value
+    return docs
+
+
+_FIELD_DOCS = _field_docs()
