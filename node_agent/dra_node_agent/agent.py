@@ -1,0 +1,172 @@
+"""The node agent's main loop: discovery -> ResourceSlices -> kubelet plugin servers, per driver.
+
+Start-up order per driver: discover devices, publish the pool (a failure here is retried in the
+background, the plugin still starts so prepared claims can be unprepared), load the checkpoint,
+then serve the plugin sockets. SIGTERM/SIGINT stops the plugin servers (their sockets are removed,
+so kubelet sees the driver go) and leaves the ResourceSlices in place: a restarted agent finds them
+unchanged and running pods are not disturbed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from dataclasses import dataclass, field
+
+from kubernetes_asyncio import client
+
+from dra_api.kube import make_api_client, preferred_resource_version
+from dra_node_agent.claims import ClaimReader
+from dra_node_agent.discovery.base import DiscoveredInventory, DiscoveryBackend
+from dra_node_agent.discovery.detect import DiscoveryConfig, select_backends
+from dra_node_agent.http_endpoints import HttpEndpoints
+from dra_node_agent.plugin import RunningPlugin, serve_plugin
+from dra_node_agent.prepare import PrepareHandler
+from dra_node_agent.publisher import SlicePublisher
+from dra_node_agent.settings import Settings, describe
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class DriverRuntime:
+    """Everything running for one driver."""
+
+    backend: DiscoveryBackend
+    inventory: DiscoveredInventory
+    publisher: SlicePublisher
+    handler: PrepareHandler
+    plugin: RunningPlugin | None = None
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+
+def discovery_config(settings: Settings) -> DiscoveryConfig:
+    return DiscoveryConfig(
+        node_name=settings.node_name,
+        backends=settings.backends,
+        simulated_profiles=settings.simulate_profile,
+        gpu_driver=settings.gpu_driver_name,
+        tpu_driver=settings.tpu_driver_name,
+        driver_root=str(settings.driver_root),
+        dev_root=str(settings.dev_root),
+        sysfs_root=str(settings.sysfs_root),
+        proc_root=str(settings.proc_root),
+        simulation_dir=str(settings.state_dir / "simulated"),
+    )
+
+
+async def _rediscover(runtime: DriverRuntime, *, interval: float) -> None:
+    """Re-discover every ``interval`` seconds and republish when the devices changed."""
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            inventory = await runtime.backend.discover()
+        except Exception:  # a discovery bug must not stop the agent; the last inventory stays
+            logger.exception("re-discovery of driver %s failed", runtime.backend.driver)
+            continue
+        if not inventory.available:
+            continue
+        if inventory.slice_devices() != runtime.inventory.slice_devices():
+            logger.info("devices of driver %s changed; republishing", inventory.driver)
+            runtime.inventory = inventory
+            runtime.handler.set_inventory(inventory)
+            await runtime.publisher.publish(inventory.slice_devices())
+
+
+async def _start_driver(
+    *, settings: Settings, api: client.ApiClient, api_version: str, backend: DiscoveryBackend
+) -> DriverRuntime:
+    driver = backend.driver
+    inventory = await backend.discover()
+    for problem in inventory.errors:
+        logger.warning("discovery of driver %s: %s", driver, problem)
+    publisher = SlicePublisher(
+        api=api,
+        driver=driver,
+        node_name=settings.node_name,
+        api_version=api_version,
+        resync_delay=settings.slice_resync_delay,
+        resync_interval=settings.resync_interval,
+    )
+    handler = PrepareHandler(
+        driver=driver,
+        node_name=settings.node_name,
+        inventory=inventory,
+        claims=ClaimReader(api=api, driver=driver, api_version=api_version),
+        state_dir=settings.checkpoint_dir(driver=driver),
+        cdi_dir=settings.cdi_dir,
+        proc_root=settings.proc_root,
+    )
+    await handler.start()
+    runtime = DriverRuntime(backend=backend, inventory=inventory, publisher=publisher, handler=handler)
+    try:
+        await publisher.publish(inventory.slice_devices())
+    except Exception as exc:  # retried by the publisher's loop; the plugin must still serve unprepare
+        logger.warning("first publication of driver %s failed (will retry): %s", driver, exc)
+        publisher.mark_dirty()
+    runtime.tasks.append(asyncio.create_task(publisher.run(), name=f"publisher-{driver}"))
+    runtime.tasks.append(
+        asyncio.create_task(
+            _rediscover(runtime, interval=settings.resync_interval), name=f"discover-{driver}"
+        )
+    )
+    runtime.plugin = await serve_plugin(
+        driver=driver,
+        handler=handler,
+        registry_dir=settings.kubelet_registry_dir,
+        plugins_dir=settings.kubelet_plugins_dir,
+        instance=settings.instance or None,
+    )
+    return runtime
+
+
+async def _stop_driver(runtime: DriverRuntime) -> None:
+    if runtime.plugin is not None:
+        await runtime.plugin.stop()
+    for task in runtime.tasks:
+        task.cancel()
+    for task in runtime.tasks:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def _install_signal_handlers(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+
+async def run_agent(settings: Settings, *, stop: asyncio.Event | None = None) -> int:
+    """Run until ``stop`` is set (by SIGTERM/SIGINT when not given); returns the exit status."""
+    if stop is None:
+        stop = asyncio.Event()
+        _install_signal_handlers(stop)
+    logger.info("starting node agent: %s", ", ".join(describe(settings)))
+    endpoints = HttpEndpoints(address=settings.metrics_address)
+    await endpoints.start()
+    api = await make_api_client(kubeconfig=settings.kubeconfig)
+    runtimes: list[DriverRuntime] = []
+    try:
+        api_version = await preferred_resource_version(api)
+        backends = await select_backends(discovery_config(settings))
+        for backend in backends:
+            runtimes.append(
+                await _start_driver(settings=settings, api=api, api_version=api_version, backend=backend)
+            )
+        endpoints.ready = True
+        logger.info(
+            "node agent ready on node %s: drivers %s",
+            settings.node_name,
+            ", ".join(r.backend.driver for r in runtimes) or "none",
+        )
+        await stop.wait()
+        logger.info("stopping: removing plugin sockets, leaving ResourceSlices in place")
+    finally:
+        endpoints.ready = False
+        for runtime in runtimes:
+            await _stop_driver(runtime)
+        await endpoints.stop()
+        await api.close()
+    return 0

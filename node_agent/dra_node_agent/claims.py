@@ -1,0 +1,115 @@
+"""Reading a ResourceClaim for NodePrepareResources: the kubelet only sends namespace, name and UID.
+
+``ClaimReader.read`` GETs the claim in the served ``resource.k8s.io`` version, checks that it is
+still the object the kubelet means (same UID) and that it is allocated, and keeps what this driver
+needs: its own allocation results and the allocation's config entries.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import aiohttp
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from dra_api.kubeletapi.model import ClaimRef
+from dra_api.model import ModelError, ResourceClaim
+from dra_api.names import RESOURCE_GROUP
+
+logger = logging.getLogger(__name__)
+
+
+class ClaimError(Exception):
+    """The claim cannot be prepared as it stands; the message names the claim and why."""
+
+
+@dataclass(frozen=True)
+class AllocatedDevice:
+    """One result of the claim's allocation for this driver."""
+
+    request: str
+    pool: str
+    device: str
+    admin_access: bool = False
+    share_id: str | None = None
+    shared: bool = False  # consumed capacity was allocated: the device serves several claims
+
+
+@dataclass(frozen=True)
+class ClaimAllocation:
+    """What prepare needs of one claim: its identity and this driver's part of the allocation."""
+
+    ref: ClaimRef
+    devices: tuple[AllocatedDevice, ...]
+    # ``status.allocation.devices.config`` as v1 JSON, every driver's (class entries and claim
+    # entries, as the allocator copied them); ``opaqueconfig`` picks and validates this driver's.
+    config_entries: tuple[Mapping[str, Any], ...]
+
+
+def describe(ref: ClaimRef) -> str:
+    return f"ResourceClaim {ref.namespace}/{ref.name} (uid {ref.uid})"
+
+
+def driver_allocation(*, ref: ClaimRef, obj: Mapping[str, Any], driver: str) -> ClaimAllocation:
+    """This driver's results and configs from a claim object (any served version)."""
+    try:
+        claim = ResourceClaim.from_json(obj)
+    except ModelError as exc:
+        raise ClaimError(f"{describe(ref)}: cannot read the claim: {exc}") from exc
+    if claim.metadata.uid != ref.uid:
+        raise ClaimError(
+            f"{describe(ref)}: the API server has a claim of that name with uid {claim.metadata.uid}; "
+            "the kubelet's claim was deleted and replaced"
+        )
+    allocation = claim.status.allocation
+    if allocation is None:
+        raise ClaimError(f"{describe(ref)}: status.allocation is empty; the claim is not allocated")
+    devices = tuple(
+        AllocatedDevice(
+            request=result.request,
+            pool=result.pool,
+            device=result.device,
+            admin_access=bool(result.admin_access),
+            share_id=result.share_id,
+            shared=result.share_id is not None or bool(result.consumed_capacity),
+        )
+        for result in allocation.devices
+        if result.driver == driver
+    )
+    entries = tuple(entry.to_json() for entry in allocation.config)
+    return ClaimAllocation(ref=ref, devices=devices, config_entries=entries)
+
+
+class ClaimSource(Protocol):
+    """Where prepare gets a claim's allocation from (the API server, through ``ClaimReader``)."""
+
+    async def read(self, ref: ClaimRef) -> ClaimAllocation: ...
+
+
+class ClaimReader:
+    """GETs claims for one driver through the served resource.k8s.io version."""
+
+    def __init__(self, *, api: client.ApiClient, driver: str, api_version: str) -> None:
+        self._custom = client.CustomObjectsApi(api)
+        self.driver = driver
+        self.api_version = api_version
+
+    async def get(self, ref: ClaimRef) -> dict[str, Any]:
+        try:
+            obj: Any = await self._custom.get_namespaced_custom_object(
+                RESOURCE_GROUP, self.api_version, ref.namespace, "resourceclaims", ref.name
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                raise ClaimError(f"{describe(ref)}: not found in the API server") from exc
+            raise ClaimError(f"{describe(ref)}: reading it failed: {exc.status} {exc.reason}") from exc
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise ClaimError(f"{describe(ref)}: reading it failed: {exc!r}") from exc
+        return dict(obj)
+
+    async def read(self, ref: ClaimRef) -> ClaimAllocation:
+        return driver_allocation(ref=ref, obj=await self.get(ref), driver=self.driver)

@@ -1,0 +1,87 @@
+"""``dra-node-agent``: the node agent's command line.
+
+``dra-node-agent run [flags]`` runs the agent until SIGTERM/SIGINT; every flag also reads from an
+environment variable (``DRA_AGENT_<FLAG>``), see ``dra-node-agent run --help``.
+``dra-node-agent profiles`` lists the built-in simulated hardware profiles.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Sequence
+
+from dra_node_agent import settings as settings_module
+
+logger = logging.getLogger(__name__)
+
+_RUN_DESCRIPTION = """\
+Run the DRA node agent: discover this node's accelerators (NVIDIA GPUs through NVML, Google TPUs
+through PCI sysfs, or a simulated profile), publish them as ResourceSlices (one pool per driver,
+named after the node), and serve the kubelet plugin sockets (registration, DRA v1 and v1beta1,
+device health) that prepare and unprepare claims: per-claim CDI specs, a checkpoint that survives
+restarts. SIGTERM stops serving and removes the sockets; the ResourceSlices stay so running pods
+are undisturbed by a restart.
+
+Each flag can also be set by environment variable (shown per flag); a flag wins over the
+environment, the environment over the default."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dra-node-agent", description="Kubernetes DRA node agent for NVIDIA GPUs and Google TPUs."
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    run = commands.add_parser(
+        "run",
+        help="run the agent",
+        description=_RUN_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    settings_module.add_arguments(run)
+    commands.add_parser("profiles", help="list the built-in simulated hardware profiles")
+    return parser
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def _profiles() -> int:
+    from dra_node_agent.discovery.simulated import available_profiles, profile_summary
+
+    names = available_profiles()
+    summary = profile_summary(names)
+    width = max((len(n) for n in names), default=4)
+    print(f"{'NAME':<{width}}  DESCRIPTION")
+    for name in names:
+        print(f"{name:<{width}}  {summary[name]}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "profiles":
+        return _profiles()
+    try:
+        settings = settings_module.load_settings(args=args)
+    except settings_module.SettingsError as exc:
+        print(f"dra-node-agent: {exc}", file=sys.stderr)
+        return 2
+    _configure_logging(settings.log_level)
+    from dra_node_agent.agent import run_agent
+
+    try:
+        return asyncio.run(run_agent(settings))
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,331 @@
+"""NodePrepareResources / NodeUnprepareResources for one driver: the ``DRAHandler`` the plugin calls.
+
+Prepare, per claim:
+  1. already ``PrepareCompleted`` in the checkpoint -> the recorded answer, nothing re-written;
+  2. GET the claim, check its UID, keep this driver's allocation results;
+  3. map each result to a device this node published, validate this driver's opaque config
+     (class entries, then claim entries, per request);
+  4. a ``PrepareStarted`` entry left by a crash -> roll its partial work back first;
+  5. record ``PrepareStarted`` (the checkpoint refuses a device held by another claim, unless both
+     use admin access), set the devices up, write the claim's CDI spec, record ``PrepareCompleted``;
+  6. answer with the CDI device IDs per result.
+Unprepare works from the checkpoint alone (the claim may be gone): tear down, remove the CDI spec,
+drop the entry. Unknown UIDs are a no-op. A corrupt checkpoint refuses both, claim by claim.
+
+Every file and checkpoint call runs in a thread (``asyncio.to_thread``). Errors stay per claim.
+
+Fault injection for the crash tests: with ``DRA_AGENT_TEST_PAUSE_AT`` set to ``prepare-started``,
+``devices-set-up`` or ``cdi-written``, prepare stops at that point, writes
+``<state dir>/paused-at-<point>`` and waits forever, so a test can SIGKILL the agent exactly there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Final
+
+from prometheus_client import Counter, Histogram
+
+from dra_api.kubeletapi.model import ClaimRef, PreparedDevice, PrepareResult
+from dra_node_agent import checkpoint as cp
+from dra_node_agent.cdi import CdiWriter
+from dra_node_agent.claims import ClaimAllocation, ClaimError, ClaimSource, describe
+from dra_node_agent.discovery.base import DiscoveredDevice, DiscoveredInventory
+from dra_node_agent.opaqueconfig import OpaqueConfigError, OpaqueConfigParser, RequestConfig, effective
+
+logger = logging.getLogger(__name__)
+
+PAUSE_ENV: Final = "DRA_AGENT_TEST_PAUSE_AT"
+PAUSE_POINTS: Final = ("prepare-started", "devices-set-up", "cdi-written")
+CHECKPOINT_FILE: Final = "checkpoint.json"
+
+PREPARE_SECONDS = Histogram(
+    "dra_agent_claim_operation_seconds",
+    "Time to prepare or unprepare one claim, by driver and operation.",
+    ["driver", "operation"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+OPERATION_ERRORS = Counter(
+    "dra_agent_claim_operation_errors_total",
+    "Claims whose prepare or unprepare failed, by driver and operation.",
+    ["driver", "operation"],
+)
+DEVICE_SETUPS = Counter(
+    "dra_agent_device_setups_total",
+    "Device set-ups done for prepared claims (a repeated prepare does none), by driver.",
+    ["driver"],
+)
+
+
+class PrepareError(Exception):
+    """A claim that cannot be prepared; the message names the claim and the reason."""
+
+
+class PrepareHandler:
+    """Prepares and unprepares one driver's claims on this node."""
+
+    def __init__(
+        self,
+        *,
+        driver: str,
+        node_name: str,
+        inventory: DiscoveredInventory,
+        claims: ClaimSource,
+        state_dir: Path,
+        cdi_dir: Path,
+        proc_root: Path = Path("/proc"),
+        config_parser: OpaqueConfigParser | None = None,
+    ) -> None:
+        self.driver = driver
+        self.node_name = node_name
+        self._inventory = inventory
+        self._devices = inventory.by_name()
+        self._claims = claims
+        self.state_dir = state_dir
+        self.store = cp.CheckpointStore(
+            state_dir / CHECKPOINT_FILE,
+            proc_root / "sys/kernel/random/boot_id",
+            driver=driver,
+        )
+        self.cdi = CdiWriter(driver=driver, cdi_dir=cdi_dir, node_name=node_name)
+        self._parser = config_parser or OpaqueConfigParser()
+        # The plugin serializes calls already; this keeps the handler safe when used directly.
+        self._lock = asyncio.Lock()
+        self.device_setups = 0
+        self._pause_at = os.environ.get(PAUSE_ENV, "")
+
+    def set_inventory(self, inventory: DiscoveredInventory) -> None:
+        """Use a newer discovery result for claims prepared from now on."""
+        self._inventory = inventory
+        self._devices = inventory.by_name()
+
+    # --- start-up --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Load the checkpoint and clean up what a crash or a reboot left behind."""
+        await asyncio.to_thread(self._start_sync)
+
+    def _start_sync(self) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        removed = self.store.remove_stale_temp_files() + self.cdi.remove_stale_temp_files()
+        if removed:
+            logger.info(
+                "driver %s: removed %d temporary files left by an interrupted write", self.driver, removed
+            )
+        try:
+            entries = self.store.load()
+        except cp.CheckpointCorrupt as exc:
+            # Fail closed: prepare and unprepare refuse until an operator looks at the file.
+            logger.error("driver %s: %s; prepare and unprepare will be refused", self.driver, exc)
+            return
+        for entry in self.store.invalidated:
+            self.cdi.remove_claim_spec(entry.uid)
+        known = {entry.uid for entry in entries}
+        for uid in sorted(self.cdi.claim_uids() - known):
+            # A spec without a checkpoint entry belongs to nothing prepared in this boot.
+            logger.info("driver %s: removing CDI spec of claim %s, not in the checkpoint", self.driver, uid)
+            self.cdi.remove_claim_spec(uid)
+        logger.info(
+            "driver %s: checkpoint %s holds %d claims (%d completed)",
+            self.driver,
+            self.store.path,
+            len(entries),
+            sum(1 for e in entries if e.state == cp.ClaimState.PREPARE_COMPLETED),
+        )
+
+    # --- DRAHandler ------------------------------------------------------------------------
+
+    async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareResult]:
+        results: dict[str, PrepareResult] = {}
+        async with self._lock:
+            for claim in claims:
+                began = time.perf_counter()
+                try:
+                    results[claim.uid] = PrepareResult(devices=await self._prepare_one(claim))
+                except (PrepareError, ClaimError) as exc:
+                    results[claim.uid] = self._failed("prepare", claim, str(exc))
+                except cp.CheckpointCorrupt as exc:
+                    results[claim.uid] = self._failed(
+                        "prepare", claim, f"{describe(claim)}: refused, the checkpoint is corrupt: {exc}"
+                    )
+                except cp.DeviceAlreadyPrepared as exc:
+                    results[claim.uid] = self._failed("prepare", claim, f"{describe(claim)}: refused: {exc}")
+                except OSError as exc:
+                    results[claim.uid] = self._failed(
+                        "prepare", claim, f"{describe(claim)}: writing state failed: {exc}"
+                    )
+                except Exception as exc:  # a bug must fail this claim only, with a trace in the log
+                    logger.exception("prepare of %s failed unexpectedly", describe(claim))
+                    results[claim.uid] = self._failed("prepare", claim, f"{describe(claim)}: {exc!r}")
+                PREPARE_SECONDS.labels(self.driver, "prepare").observe(time.perf_counter() - began)
+        return results
+
+    async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
+        errors: dict[str, str] = {}
+        async with self._lock:
+            for claim in claims:
+                began = time.perf_counter()
+                try:
+                    await self._unprepare_one(claim)
+                    errors[claim.uid] = ""
+                except cp.CheckpointCorrupt as exc:
+                    errors[claim.uid] = self._failed(
+                        "unprepare", claim, f"{describe(claim)}: refused, the checkpoint is corrupt: {exc}"
+                    ).error
+                except OSError as exc:
+                    errors[claim.uid] = self._failed(
+                        "unprepare", claim, f"{describe(claim)}: removing state failed: {exc}"
+                    ).error
+                PREPARE_SECONDS.labels(self.driver, "unprepare").observe(time.perf_counter() - began)
+        return errors
+
+    def _failed(self, operation: str, claim: ClaimRef, message: str) -> PrepareResult:
+        OPERATION_ERRORS.labels(self.driver, operation).inc()
+        logger.warning("%s of %s failed: %s", operation, describe(claim), message)
+        return PrepareResult(error=message)
+
+    # --- prepare ---------------------------------------------------------------------------
+
+    async def _prepare_one(self, claim: ClaimRef) -> tuple[PreparedDevice, ...]:
+        existing = await asyncio.to_thread(self.store.get, claim.uid)
+        if existing is not None and existing.state == cp.ClaimState.PREPARE_COMPLETED:
+            logger.debug("%s already prepared; answering from the checkpoint", describe(claim))
+            return answer(existing)
+
+        allocation = await self._claims.read(claim)
+        planned, devices = self.plan(allocation)
+        if not planned:
+            logger.info("%s has no devices of driver %s; nothing to prepare", describe(claim), self.driver)
+            return ()
+        if existing is not None:
+            # PrepareStarted from an interrupted attempt: undo what it may have done, then redo.
+            logger.info("%s: rolling back an interrupted prepare before redoing it", describe(claim))
+            await self._roll_back(existing)
+
+        ref = cp.ClaimRef(uid=claim.uid, namespace=claim.namespace, name=claim.name)
+        entry = await asyncio.to_thread(self.store.begin, ref, planned)
+        if entry.state == cp.ClaimState.PREPARE_COMPLETED:
+            return answer(entry)
+        await self._pause("prepare-started")
+
+        await self._set_up(entry, devices)
+        await self._pause("devices-set-up")
+
+        ids = await asyncio.to_thread(
+            self.cdi.write_claim_spec, claim_uid=claim.uid, devices=devices, inventory=self._inventory
+        )
+        await self._pause("cdi-written")
+
+        by_device = {d.name: cdi_id for d, cdi_id in zip(devices, ids, strict=True)}
+        prepared = [
+            cp.PreparedDevice(
+                request=p.request,
+                pool=p.pool,
+                device=p.device,
+                cdi_device_ids=(by_device[p.device],),
+                admin_access=p.admin_access,
+            )
+            for p in planned
+        ]
+        done = await asyncio.to_thread(self.store.complete, claim.uid, prepared)
+        logger.info(
+            "prepared %s: %s",
+            describe(claim),
+            ", ".join(f"{d.request}={d.pool}/{d.device}" for d in done.devices),
+        )
+        return answer(done)
+
+    def plan(self, allocation: ClaimAllocation) -> tuple[list[cp.PreparedDevice], list[DiscoveredDevice]]:
+        """The checkpoint records for this driver's results, and the distinct devices they use.
+
+        Raises ``PrepareError`` for a device this node does not publish or an invalid config.
+        """
+        where = describe(allocation.ref)
+        try:
+            configs = self._parser.for_driver(
+                driver=self.driver,
+                configs=allocation.config_entries,
+                where=f"{where}: status.allocation.devices",
+            )
+        except OpaqueConfigError as exc:
+            raise PrepareError(f"invalid opaque config: {exc}") from exc
+        planned: list[cp.PreparedDevice] = []
+        devices: dict[str, DiscoveredDevice] = {}
+        for result in allocation.devices:
+            device = self._devices.get(result.device)
+            if result.pool != self.node_name or device is None:
+                raise PrepareError(
+                    f"{where}: allocated device {result.pool}/{result.device} of driver {self.driver} "
+                    f"is not published by node {self.node_name}"
+                )
+            self._apply_config(configs, request=result.request, device=device)
+            planned.append(
+                cp.PreparedDevice(
+                    request=result.request,
+                    pool=result.pool,
+                    device=result.device,
+                    admin_access=result.admin_access,
+                )
+            )
+            devices.setdefault(device.name, device)
+        return planned, list(devices.values())
+
+    def _apply_config(
+        self, configs: Sequence[RequestConfig], *, request: str, device: DiscoveredDevice
+    ) -> None:
+        # Validation happened in for_driver; applying sharing settings is a device set-up step
+        # that simulated and whole devices do not need yet, so this only logs the choice.
+        chosen = effective(configs, request=request, device_kind=device.kind)
+        if chosen is not None:
+            logger.debug("request %s device %s: config %s", request, device.name, chosen)
+
+    async def _set_up(self, entry: cp.ClaimEntry, devices: Sequence[DiscoveredDevice]) -> None:
+        """Device-side preparation (MIG, sharing daemons) goes here; whole GPUs and TPUs need none."""
+        del entry, devices
+        self.device_setups += 1
+        DEVICE_SETUPS.labels(self.driver).inc()
+
+    async def _tear_down(self, entry: cp.ClaimEntry) -> None:
+        """Undo ``_set_up``; must be safe on devices that were never set up."""
+        del entry
+
+    async def _roll_back(self, entry: cp.ClaimEntry) -> None:
+        await self._tear_down(entry)
+        await asyncio.to_thread(self.cdi.remove_claim_spec, entry.uid)
+
+    async def _pause(self, point: str) -> None:
+        if self._pause_at != point:
+            return
+        marker = self.state_dir / f"paused-at-{point}"
+        await asyncio.to_thread(marker.write_text, f"{os.getpid()}\n")
+        logger.warning("test fault injection: pausing prepare at %s until killed", point)
+        await asyncio.Event().wait()
+
+    # --- unprepare -------------------------------------------------------------------------
+
+    async def _unprepare_one(self, claim: ClaimRef) -> None:
+        entry = await asyncio.to_thread(self.store.get, claim.uid)
+        if entry is None:
+            logger.debug("%s is not prepared here; unprepare is a no-op", describe(claim))
+            return
+        await self._roll_back(entry)
+        await asyncio.to_thread(self.store.remove, claim.uid)
+        logger.info("unprepared %s", describe(claim))
+
+
+def answer(entry: cp.ClaimEntry) -> tuple[PreparedDevice, ...]:
+    """The kubelet's answer for a recorded claim: one device per allocation result."""
+    return tuple(
+        PreparedDevice(
+            requests=(d.request,),
+            pool=d.pool,
+            device=d.device,
+            cdi_device_ids=d.cdi_device_ids,
+        )
+        for d in entry.devices
+    )

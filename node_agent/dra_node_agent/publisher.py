@@ -1,0 +1,426 @@
+"""Publishes one driver's devices on this node as ResourceSlices, and keeps them there.
+
+One pool per driver and node, named after the node. The pool is cut into slices of at most 128
+devices (64 when any device has taints, counters or list-type attributes, the apiserver's lower
+limit); ``pool.resourceSliceCount`` is the number of slices, and ``pool.generation`` goes up only
+when the pool's content (devices per slice, slice count) really changes, so a restart or a slice
+recreated after someone deleted it does not make consumers re-read the pool.
+
+Slice names are deterministic, ``<node>-<driver>-<index>``, rather than generateName: a crash
+between a create and recording its result can then never leave a duplicate slice behind, and a
+restarted agent finds its slices by name and leaves them untouched when nothing changed.
+
+Every slice is owned by the Node object (garbage-collected with it). A watch on the slices of this
+node and driver (field selectors ``spec.nodeName`` and ``spec.driver``) triggers a reconcile after
+any change, so a slice deleted by someone else (kubelet wipes a driver's slices 30 s after it
+disappears) is recreated and stale ones are removed. Slices are written in the version the server
+serves: ``v1``/``v1beta2`` as is, ``v1beta1`` with each device's fields under ``basic``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from kubernetes_asyncio import client, watch
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from dra_api.names import RESOURCE_GROUP
+
+logger = logging.getLogger(__name__)
+
+MAX_DEVICES_PER_SLICE: Final = 128
+# resource.k8s.io/v1 validation: a slice whose devices use taints, consumesCounters or list-type
+# attributes may hold at most 64 devices.
+MAX_DEVICES_PER_SLICE_WITH_EXTRAS: Final = 64
+_LIST_ATTRIBUTE_KINDS: Final = frozenset({"ints", "bools", "strings", "versions"})
+MAX_NAME_LENGTH: Final = 253
+PLURAL: Final = "resourceslices"
+
+Device = Mapping[str, Any]
+
+
+def needs_small_slices(devices: Sequence[Device]) -> bool:
+    """Whether any device uses a field that lowers the per-slice device limit to 64."""
+    for device in devices:
+        if device.get("taints") or device.get("consumesCounters"):
+            return True
+        for value in (device.get("attributes") or {}).values():
+            if isinstance(value, Mapping) and _LIST_ATTRIBUTE_KINDS & set(value):
+                return True
+    return False
+
+
+def chunk_devices(devices: Sequence[Device]) -> list[list[Device]]:
+    """The pool's slices in order; an empty pool still gets one (empty) slice, so it is complete."""
+    limit = MAX_DEVICES_PER_SLICE_WITH_EXTRAS if needs_small_slices(devices) else MAX_DEVICES_PER_SLICE
+    if not devices:
+        return [[]]
+    return [list(devices[start : start + limit]) for start in range(0, len(devices), limit)]
+
+
+def slice_name(*, node: str, driver: str, index: int) -> str:
+    """``<node>-<driver>-<index>``; shortened with a hash of the full name if over 253 characters."""
+    name = f"{node}-{driver}-{index}"
+    if len(name) <= MAX_NAME_LENGTH:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:10]
+    suffix = f"-{digest}-{index}"
+    return name[: MAX_NAME_LENGTH - len(suffix)].rstrip("-.") + suffix
+
+
+def to_v1_device(device: Mapping[str, Any]) -> dict[str, Any]:
+    """A device entry as v1 JSON, unwrapping the v1beta1 ``basic`` wrapper."""
+    if "basic" in device:
+        return {"name": device.get("name"), **(device.get("basic") or {})}
+    return dict(device)
+
+
+def for_version(device: Device, *, api_version: str) -> dict[str, Any]:
+    """A v1 device entry in the shape of ``api_version`` (v1beta1 wraps the fields in ``basic``)."""
+    if api_version == "v1beta1":
+        body = {k: v for k, v in device.items() if k != "name"}
+        return {"name": device["name"], "basic": body}
+    return dict(device)
+
+
+def canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def _spec(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    spec = obj.get("spec")
+    return spec if isinstance(spec, Mapping) else {}
+
+
+def _pool(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    pool = _spec(obj).get("pool")
+    return pool if isinstance(pool, Mapping) else {}
+
+
+def _name(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("name", ""))
+
+
+def server_devices(obj: Mapping[str, Any]) -> list[dict[str, Any]]:
+    return [to_v1_device(d) for d in _spec(obj).get("devices") or []]
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    """What to write to make the pool match: deletions first, then updates, then creates."""
+
+    generation: int
+    bumped: bool
+    delete: tuple[str, ...] = ()
+    update: tuple[dict[str, Any], ...] = ()
+    create: tuple[dict[str, Any], ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not (self.delete or self.update or self.create)
+
+
+@dataclass
+class PoolDesign:
+    """The inputs that decide a pool's slices; ``owner`` is the Node ownerReference."""
+
+    driver: str
+    node: str
+    api_version: str
+    owner: Mapping[str, Any] | None
+    chunks: Sequence[Sequence[Device]]
+    # Server-side spellings of device lists seen after our own writes, by the canonical JSON we wrote:
+    # an apiserver that drops a disabled feature's fields must not make every pass look like a change.
+    accepted: dict[str, str] = field(default_factory=dict)
+
+    def same_devices(self, *, desired: Sequence[Device], actual: Sequence[Mapping[str, Any]]) -> bool:
+        want = canonical([dict(d) for d in desired])
+        have = canonical(list(actual))
+        return want == have or self.accepted.get(want) == have
+
+    def body(self, *, index: int, generation: int, resource_version: str | None) -> dict[str, Any]:
+        metadata: dict[str, Any] = {"name": slice_name(node=self.node, driver=self.driver, index=index)}
+        if resource_version is not None:
+            metadata["resourceVersion"] = resource_version
+        if self.owner is not None:
+            metadata["ownerReferences"] = [dict(self.owner)]
+        return {
+            "apiVersion": f"{RESOURCE_GROUP}/{self.api_version}",
+            "kind": "ResourceSlice",
+            "metadata": metadata,
+            "spec": {
+                "driver": self.driver,
+                "nodeName": self.node,
+                "pool": {
+                    "name": self.node,
+                    "generation": generation,
+                    "resourceSliceCount": len(self.chunks),
+                },
+                "devices": [for_version(d, api_version=self.api_version) for d in self.chunks[index]],
+            },
+        }
+
+
+def _owner_matches(obj: Mapping[str, Any], owner: Mapping[str, Any] | None) -> bool:
+    if owner is None:
+        return True
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return any(ref.get("uid") == owner.get("uid") for ref in refs)
+
+
+def plan_pool(*, design: PoolDesign, existing: Sequence[Mapping[str, Any]], last_generation: int) -> PoolPlan:
+    """Compare the pool's slices on the server with the design and say what to write.
+
+    ``existing`` are the slices listed for this node and driver; ``last_generation`` the highest
+    generation this process wrote, so a pool wiped and recreated never goes back in generation.
+    """
+    ours = [
+        s
+        for s in existing
+        if _spec(s).get("driver") == design.driver and _spec(s).get("nodeName") == design.node
+    ]
+    names = [slice_name(node=design.node, driver=design.driver, index=i) for i in range(len(design.chunks))]
+    by_name = {_name(s): s for s in ours if _pool(s).get("name") == design.node and _name(s) in names}
+    stale = tuple(sorted(_name(s) for s in ours if _name(s) not in by_name))
+    generations = [int(_pool(s).get("generation") or 0) for s in ours if _pool(s).get("name") == design.node]
+    current = max([last_generation, *generations])
+
+    changed = current == 0 or len(by_name) == 0
+    for index, name in enumerate(names):
+        obj = by_name.get(name)
+        if obj is None:
+            continue
+        pool = _pool(obj)
+        if int(pool.get("resourceSliceCount") or 0) != len(names) or not design.same_devices(
+            desired=design.chunks[index], actual=server_devices(obj)
+        ):
+            changed = True
+    generation = current + 1 if changed else current
+
+    updates: list[dict[str, Any]] = []
+    creates: list[dict[str, Any]] = []
+    for index, name in enumerate(names):
+        obj = by_name.get(name)
+        if obj is None:
+            creates.append(design.body(index=index, generation=generation, resource_version=None))
+            continue
+        pool = _pool(obj)
+        up_to_date = (
+            not changed
+            and int(pool.get("generation") or 0) == generation
+            and _owner_matches(obj, design.owner)
+            and (obj.get("apiVersion") == f"{RESOURCE_GROUP}/{design.api_version}" or "apiVersion" not in obj)
+        )
+        if not up_to_date:
+            version = str((obj.get("metadata") or {}).get("resourceVersion", "")) or None
+            updates.append(design.body(index=index, generation=generation, resource_version=version))
+    return PoolPlan(
+        generation=generation, bumped=changed, delete=stale, update=tuple(updates), create=tuple(creates)
+    )
+
+
+class SlicePublisher:
+    """Keeps one driver's pool for this node published; ``publish`` sets the devices, ``run`` guards them."""
+
+    def __init__(
+        self,
+        *,
+        api: client.ApiClient,
+        driver: str,
+        node_name: str,
+        api_version: str,
+        resync_delay: float = 1.0,
+        resync_interval: float = 300.0,
+    ) -> None:
+        self.driver = driver
+        self.node_name = node_name
+        self.api_version = api_version
+        self._custom = client.CustomObjectsApi(api)
+        self._core = client.CoreV1Api(api)
+        self._resync_delay = resync_delay
+        self._resync_interval = resync_interval
+        self._devices: list[Device] | None = None
+        self._owner: dict[str, Any] | None = None
+        self._last_generation = 0
+        self._accepted: dict[str, str] = {}
+        self._dirty = asyncio.Event()
+        self._lock = asyncio.Lock()
+        self.syncs = 0  # passes that wrote something; for tests and metrics
+        self.generation = 0
+
+    @property
+    def field_selector(self) -> str:
+        return f"spec.nodeName={self.node_name},spec.driver={self.driver}"
+
+    async def publish(self, devices: Sequence[Device]) -> None:
+        """Set the pool's devices (v1 device dicts, in preference order) and reconcile now."""
+        self._devices = [dict(d) for d in devices]
+        await self.sync()
+
+    async def _node_owner(self) -> dict[str, Any]:
+        if self._owner is None:
+            node: Any = await self._core.read_node(self.node_name)
+            self._owner = {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "name": self.node_name,
+                "uid": node.metadata.uid,
+                "controller": True,
+            }
+        return self._owner
+
+    async def list_slices(self) -> tuple[list[dict[str, Any]], str]:
+        """This node's slices of this driver, and the list's resourceVersion."""
+        result: Any = await self._custom.list_cluster_custom_object(
+            RESOURCE_GROUP, self.api_version, PLURAL, field_selector=self.field_selector
+        )
+        items = [dict(i) for i in result.get("items") or []]
+        for item in items:
+            item.setdefault("apiVersion", f"{RESOURCE_GROUP}/{self.api_version}")
+        return items, str((result.get("metadata") or {}).get("resourceVersion", ""))
+
+    async def sync(self) -> PoolPlan | None:
+        """One reconcile pass; returns what it wrote (None before the first ``publish``)."""
+        if self._devices is None:
+            return None
+        async with self._lock:
+            design = PoolDesign(
+                driver=self.driver,
+                node=self.node_name,
+                api_version=self.api_version,
+                owner=await self._node_owner(),
+                chunks=chunk_devices(self._devices),
+                accepted=self._accepted,
+            )
+            existing, _ = await self.list_slices()
+            plan = plan_pool(design=design, existing=existing, last_generation=self._last_generation)
+            if not plan.empty:
+                await self._apply(plan, design=design)
+            self._last_generation = max(self._last_generation, plan.generation)
+            self.generation = plan.generation
+            return plan
+
+    async def _apply(self, plan: PoolPlan, *, design: PoolDesign) -> None:
+        for name in plan.delete:
+            await self._delete(name)
+        for body in plan.update:
+            await self._write(body, design=design, create=False)
+        for body in plan.create:
+            await self._write(body, design=design, create=True)
+        self.syncs += 1
+        logger.info(
+            "ResourceSlices of driver %s on node %s: pool generation %d%s, %d slices (%d created, %d "
+            "updated, %d stale deleted)",
+            self.driver,
+            self.node_name,
+            plan.generation,
+            " (changed)" if plan.bumped else "",
+            len(design.chunks),
+            len(plan.create),
+            len(plan.update),
+            len(plan.delete),
+        )
+
+    async def _delete(self, name: str) -> None:
+        try:
+            await self._custom.delete_cluster_custom_object(RESOURCE_GROUP, self.api_version, PLURAL, name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    async def _write(self, body: dict[str, Any], *, design: PoolDesign, create: bool) -> None:
+        name = body["metadata"]["name"]
+        written: Any
+        if create:
+            written = await self._custom.create_cluster_custom_object(
+                RESOURCE_GROUP, self.api_version, PLURAL, body
+            )
+        else:
+            written = await self._custom.replace_cluster_custom_object(
+                RESOURCE_GROUP, self.api_version, PLURAL, name, body
+            )
+        sent = canonical([to_v1_device(d) for d in body["spec"]["devices"]])
+        got = canonical(server_devices(written))
+        if sent != got:
+            if self._accepted.get(sent) != got:
+                logger.warning(
+                    "ResourceSlice %s: the API server dropped or changed device fields it was sent "
+                    "(a feature gate off?); publishing what it accepts",
+                    name,
+                )
+            self._accepted[sent] = got
+
+    def mark_dirty(self) -> None:
+        """Ask ``run`` for a reconcile pass soon."""
+        self._dirty.set()
+
+    async def run(self) -> None:
+        """Watch this pool's slices and reconcile after every change, and every resync interval."""
+        watcher = asyncio.create_task(self._watch_loop(), name=f"slice-watch-{self.driver}")
+        backoff = self._resync_delay
+        try:
+            while True:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._dirty.wait(), timeout=self._resync_interval)
+                # Let a burst of events settle into one pass.
+                await asyncio.sleep(self._resync_delay)
+                self._dirty.clear()
+                try:
+                    await self.sync()
+                    backoff = self._resync_delay
+                except Exception as exc:  # any API or network failure: retry with backoff
+                    logger.warning(
+                        "reconciling ResourceSlices of driver %s failed, retrying in %.0f s: %s",
+                        self.driver,
+                        backoff,
+                        _short(exc),
+                    )
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 60.0)
+                    self._dirty.set()
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+
+    async def _watch_loop(self) -> None:
+        backoff = 1.0
+        while True:
+            try:
+                _, version = await self.list_slices()
+                self.mark_dirty()
+                async with watch.Watch() as stream:
+                    async for event in stream.stream(
+                        self._custom.list_cluster_custom_object,
+                        RESOURCE_GROUP,
+                        self.api_version,
+                        PLURAL,
+                        field_selector=self.field_selector,
+                        resource_version=version,
+                        timeout_seconds=300,
+                    ):
+                        kind = event.get("type")
+                        if kind == "ERROR":
+                            break  # 410 Gone and friends: list again
+                        logger.debug("ResourceSlice event %s %s", kind, _name(event.get("object") or {}))
+                        self.mark_dirty()
+                backoff = 1.0
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the watch must survive any API hiccup; it re-lists
+                logger.warning("ResourceSlice watch of driver %s failed: %s", self.driver, _short(exc))
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 30.0)
+
+
+def _short(exc: BaseException) -> str:
+    if isinstance(exc, ApiException):
+        return f"{exc.status} {exc.reason}"
+    return str(exc) or type(exc).__name__

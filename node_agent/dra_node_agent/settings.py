@@ -1,0 +1,262 @@
+"""The node agent's configuration: one ``Settings`` dataclass, loaded from flags and ``DRA_AGENT_*`` env.
+
+Every field carries its help text, its flag and its environment variable in the dataclass metadata,
+so ``dra-node-agent run --help`` is generated from this one place and reads as a configuration
+reference. Precedence: command-line flag, then environment, then the default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from dra_api.names import GPU_DRIVER, TPU_DRIVER
+
+ENV_PREFIX: Final = "DRA_AGENT_"
+BACKENDS: Final = ("nvidia", "tpu")
+AUTO: Final = "auto"
+
+
+class SettingsError(ValueError):
+    """A flag or environment variable has an unusable value."""
+
+
+def _opt(
+    help: str,
+    *,
+    env: tuple[str, ...] = (),
+    metavar: str | None = None,
+) -> dict[str, Any]:
+    return {"help": help, "env": env, "metavar": metavar}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What one node agent needs to know; see ``dra-node-agent run --help`` for each field."""
+
+    node_name: str = field(
+        default="",
+        metadata=_opt(
+            "Name of the Node object this agent serves; its pool and ResourceSlices carry this name "
+            "(set it from the downward API: spec.nodeName).",
+            env=("NODE_NAME",),
+            metavar="NAME",
+        ),
+    )
+    kubeconfig: str | None = field(
+        default=None,
+        metadata=_opt(
+            "Kubeconfig file for the API server; unset means the in-cluster ServiceAccount.",
+            env=("KUBECONFIG",),
+            metavar="PATH",
+        ),
+    )
+    backends: tuple[str, ...] = field(
+        default=(AUTO,),
+        metadata=_opt(
+            "Device backends to enable, comma-separated: 'nvidia', 'tpu', or 'auto' (each one whose "
+            "hardware is present). Ignored with --simulate-profile.",
+            metavar="LIST",
+        ),
+    )
+    simulate_profile: tuple[str, ...] = field(
+        default=(),
+        metadata=_opt(
+            "Publish simulated devices instead of discovering hardware: built-in profile names (e.g. "
+            "h100-80gb-x8, tpu-v6e-2x4) or profile YAML paths, comma-separated, at most one per driver.",
+            metavar="NAME|PATH",
+        ),
+    )
+    gpu_driver_name: str = field(
+        default=GPU_DRIVER,
+        metadata=_opt(
+            "DRA driver name for NVIDIA GPUs (ResourceSlices, sockets, CDI vendor).", metavar="NAME"
+        ),
+    )
+    tpu_driver_name: str = field(
+        default=TPU_DRIVER,
+        metadata=_opt(
+            "DRA driver name for Google TPUs (ResourceSlices, sockets, CDI vendor).", metavar="NAME"
+        ),
+    )
+    kubelet_registry_dir: Path = field(
+        default=Path("/var/lib/kubelet/plugins_registry"),
+        metadata=_opt(
+            "Kubelet's plugin registration folder, where the registration sockets go.", metavar="DIR"
+        ),
+    )
+    kubelet_plugins_dir: Path = field(
+        default=Path("/var/lib/kubelet/plugins"),
+        metadata=_opt(
+            "Kubelet's plugins folder; each driver's DRA socket goes in <DIR>/<driver>/.", metavar="DIR"
+        ),
+    )
+    cdi_dir: Path = field(
+        default=Path("/var/run/cdi"),
+        metadata=_opt("Folder for the per-claim CDI spec files the container runtime reads.", metavar="DIR"),
+    )
+    state_dir: Path = field(
+        default=Path("/var/lib/accel-dra"),
+        metadata=_opt(
+            "Folder for the agent's state: each driver's prepared-claims checkpoint in "
+            "<DIR>/<driver>/, and the fake hardware trees of simulated profiles. It must survive "
+            "agent restarts (a hostPath).",
+            metavar="DIR",
+        ),
+    )
+    sysfs_root: Path = field(
+        default=Path("/sys"),
+        metadata=_opt("Where the host's sysfs is mounted (PCI topology, TPU chips).", metavar="DIR"),
+    )
+    dev_root: Path = field(
+        default=Path("/dev"),
+        metadata=_opt("Where the host's /dev is mounted (device nodes for CDI specs).", metavar="DIR"),
+    )
+    proc_root: Path = field(
+        default=Path("/proc"),
+        metadata=_opt("Where the host's /proc is mounted (MIG capability minors, boot ID).", metavar="DIR"),
+    )
+    driver_root: Path = field(
+        default=Path("/"),
+        metadata=_opt(
+            "Root of the NVIDIA driver installation (e.g. /run/nvidia/driver for a containerised "
+            "driver); NVML is loaded from there.",
+            metavar="DIR",
+        ),
+    )
+    metrics_address: str = field(
+        default=":8081",
+        metadata=_opt(
+            "Address for the Prometheus /metrics endpoint; empty disables it.", metavar="HOST:PORT"
+        ),
+    )
+    resync_interval: float = field(
+        default=300.0,
+        metadata=_opt(
+            "Seconds between full re-discovery and ResourceSlice reconciliation, beside the watch on "
+            "the agent's own slices.",
+            metavar="SECONDS",
+        ),
+    )
+    slice_resync_delay: float = field(
+        default=1.0,
+        metadata=_opt(
+            "Seconds to wait after a change to the agent's ResourceSlices (e.g. one deleted by "
+            "someone else) before reconciling them, so bursts of events cause one pass.",
+            metavar="SECONDS",
+        ),
+    )
+    instance: str = field(
+        default="",
+        metadata=_opt(
+            "Per-instance suffix for socket names (the pod UID) so two agent pods can overlap during "
+            "a rolling update; empty uses the fixed names.",
+            env=("POD_UID",),
+            metavar="ID",
+        ),
+    )
+    log_level: str = field(
+        default="INFO",
+        metadata=_opt("Log level: DEBUG, INFO, WARNING or ERROR.", metavar="LEVEL"),
+    )
+
+    def checkpoint_dir(self, *, driver: str) -> Path:
+        """The folder holding ``driver``'s checkpoint."""
+        return self.state_dir / driver
+
+    def driver_names(self) -> dict[str, str]:
+        """Backend kind -> DRA driver name."""
+        return {"nvidia": self.gpu_driver_name, "tpu": self.tpu_driver_name}
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def env_names(f: dataclasses.Field[Any]) -> tuple[str, ...]:
+    """Environment variables for a field: DRA_AGENT_<FIELD> first, then its conventional aliases."""
+    aliases: tuple[str, ...] = f.metadata.get("env", ())
+    return (ENV_PREFIX + f.name.upper(), *aliases)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per Settings field; the help names its environment variables and default."""
+    for f in dataclasses.fields(Settings):
+        default = f.default
+        shown = ",".join(default) if isinstance(default, tuple) else default
+        if shown is None or shown == "":
+            shown = "unset"
+        envs = " or ".join(f"${e}" for e in env_names(f))
+        parser.add_argument(
+            _flag(f.name),
+            dest=f.name,
+            default=None,
+            metavar=f.metadata.get("metavar"),
+            help=f"{f.metadata['help']} Env: {envs}. Default: {shown!s}.",
+        )
+
+
+def _convert(name: str, raw: str, *, default: Any) -> Any:
+    if name == "kubeconfig":
+        return raw or None
+    if isinstance(default, Path):
+        return Path(raw)
+    if isinstance(default, float):
+        try:
+            value = float(raw)
+        except ValueError:
+            raise SettingsError(f"setting {name}: {raw!r} is not a number") from None
+        if value <= 0:
+            raise SettingsError(f"setting {name}: must be greater than 0, not {raw}")
+        return value
+    if isinstance(default, tuple):
+        return tuple(item.strip() for item in raw.split(",") if item.strip())
+    return raw
+
+
+def load_settings(
+    *, args: argparse.Namespace | None = None, environ: Mapping[str, str] | None = None
+) -> Settings:
+    """Settings from parsed flags (those left unset fall back to env, then to the defaults)."""
+    env = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(Settings):
+        raw: str | None = getattr(args, f.name, None) if args is not None else None
+        if raw is None:
+            raw = next((env[e] for e in env_names(f) if e in env), None)
+        if raw is not None:
+            values[f.name] = _convert(f.name, raw, default=f.default)
+    settings = Settings(**values)
+    validate(settings)
+    return settings
+
+
+def validate(settings: Settings) -> None:
+    """Reject settings the agent cannot run with, naming the field."""
+    if not settings.node_name:
+        raise SettingsError(
+            "setting node_name is empty: pass --node-name or set NODE_NAME (downward API spec.nodeName)"
+        )
+    if not settings.simulate_profile:
+        unknown = [b for b in settings.backends if b not in (*BACKENDS, AUTO)]
+        if unknown or not settings.backends:
+            raise SettingsError(
+                f"setting backends: {','.join(settings.backends) or 'empty'} is not a list of "
+                f"{', '.join((*BACKENDS, AUTO))}"
+            )
+    if settings.gpu_driver_name == settings.tpu_driver_name:
+        raise SettingsError(
+            f"settings gpu_driver_name and tpu_driver_name are both {settings.gpu_driver_name!r}"
+        )
+    if settings.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise SettingsError(f"setting log_level: {settings.log_level!r} is not DEBUG, INFO, WARNING or ERROR")
+
+
+def describe(settings: Settings) -> Sequence[str]:
+    """``name=value`` lines for the start-up log."""
+    return [f"{f.name}={getattr(settings, f.name)}" for f in dataclasses.fields(Settings)]

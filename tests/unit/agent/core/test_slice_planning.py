@@ -1,0 +1,228 @@
+"""Pool planning without a cluster: chunking, slice names, generation and stale-slice rules."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from dra_node_agent.publisher import (
+    MAX_DEVICES_PER_SLICE,
+    MAX_DEVICES_PER_SLICE_WITH_EXTRAS,
+    PoolDesign,
+    PoolPlan,
+    chunk_devices,
+    for_version,
+    plan_pool,
+    slice_name,
+)
+
+DRIVER = "gpu.nvidia.com"
+NODE = "node-a"
+OWNER = {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": "node-uid", "controller": True}
+
+
+def devices(count: int, **extra: Any) -> list[dict[str, Any]]:
+    return [{"name": f"gpu-{i}", "attributes": {"index": {"int": i}}, **extra} for i in range(count)]
+
+
+def design(chunks: Sequence[Sequence[Mapping[str, Any]]], *, api_version: str = "v1") -> PoolDesign:
+    return PoolDesign(driver=DRIVER, node=NODE, api_version=api_version, owner=OWNER, chunks=chunks)
+
+
+def server_copy(plan: PoolPlan, *, version: int = 1) -> list[dict[str, Any]]:
+    """What the server would hold after applying the plan (creates and updates)."""
+    out = []
+    for body in (*plan.update, *plan.create):
+        obj = {**body, "metadata": {**body["metadata"], "resourceVersion": str(version)}}
+        out.append(obj)
+    return out
+
+
+def test_small_pool_is_one_slice() -> None:
+    assert [len(c) for c in chunk_devices(devices(8))] == [8]
+
+
+def test_empty_pool_still_gets_one_empty_slice() -> None:
+    assert chunk_devices([]) == [[]]
+
+
+def test_chunks_hold_at_most_128_devices() -> None:
+    sizes = [len(c) for c in chunk_devices(devices(300))]
+    assert sizes == [128, 128, 44]
+    assert MAX_DEVICES_PER_SLICE == 128
+
+
+def test_taints_lower_the_limit_to_64() -> None:
+    tainted = devices(100)
+    tainted[5]["taints"] = [{"key": "gpu.nvidia.com/xid", "effect": "NoSchedule"}]
+    assert [len(c) for c in chunk_devices(tainted)] == [64, 36]
+    assert MAX_DEVICES_PER_SLICE_WITH_EXTRAS == 64
+
+
+def test_counters_and_list_attributes_lower_the_limit_to_64() -> None:
+    counted = devices(
+        65, consumesCounters=[{"counterSet": "gpu-0", "counters": {"memory": {"value": "1Gi"}}}]
+    )
+    assert [len(c) for c in chunk_devices(counted)] == [64, 1]
+    listed = devices(65)
+    listed[64]["attributes"]["links"] = {"ints": [1, 2]}
+    assert [len(c) for c in chunk_devices(listed)] == [64, 1]
+
+
+def test_chunking_keeps_the_device_order() -> None:
+    chunks = chunk_devices(devices(130))
+    names = [d["name"] for chunk in chunks for d in chunk]
+    assert names == [f"gpu-{i}" for i in range(130)]
+
+
+def test_slice_names_are_deterministic_and_bounded() -> None:
+    assert slice_name(node=NODE, driver=DRIVER, index=0) == "node-a-gpu.nvidia.com-0"
+    long_node = "n" * 250
+    first = slice_name(node=long_node, driver=DRIVER, index=0)
+    second = slice_name(node=long_node, driver=DRIVER, index=1)
+    assert len(first) <= 253
+    assert len(second) <= 253
+    assert first != second
+    assert first == slice_name(node=long_node, driver=DRIVER, index=0)
+
+
+def test_v1beta1_wraps_device_fields_in_basic() -> None:
+    device = {"name": "gpu-0", "attributes": {"index": {"int": 0}}, "capacity": {"memory": {"value": "80Gi"}}}
+    assert for_version(device, api_version="v1beta1") == {
+        "name": "gpu-0",
+        "basic": {"attributes": {"index": {"int": 0}}, "capacity": {"memory": {"value": "80Gi"}}},
+    }
+    assert for_version(device, api_version="v1") == device
+
+
+def test_first_publication_creates_every_slice_at_generation_1() -> None:
+    plan = plan_pool(design=design(chunk_devices(devices(200))), existing=[], last_generation=0)
+    assert plan.generation == 1
+    assert plan.bumped
+    assert [b["metadata"]["name"] for b in plan.create] == [f"{NODE}-{DRIVER}-0", f"{NODE}-{DRIVER}-1"]
+    for body in plan.create:
+        assert body["spec"]["pool"] == {"name": NODE, "generation": 1, "resourceSliceCount": 2}
+        assert body["spec"]["nodeName"] == NODE
+        assert body["metadata"]["ownerReferences"] == [OWNER]
+
+
+def test_unchanged_pool_writes_nothing_and_keeps_the_generation() -> None:
+    d = design(chunk_devices(devices(8)))
+    first = plan_pool(design=d, existing=[], last_generation=0)
+    again = plan_pool(design=d, existing=server_copy(first), last_generation=0)
+    assert again.empty
+    assert again.generation == 1
+    assert not again.bumped
+
+
+def test_restart_with_unchanged_devices_keeps_slices() -> None:
+    # A new process has no memory of the generation: it reads it from the slices.
+    first = plan_pool(design=design(chunk_devices(devices(8))), existing=[], last_generation=0)
+    stored = server_copy(first)
+    for obj in stored:
+        obj["spec"]["pool"]["generation"] = 7
+    again = plan_pool(design=design(chunk_devices(devices(8))), existing=stored, last_generation=0)
+    assert again.empty
+    assert again.generation == 7
+
+
+def test_changed_devices_bump_the_generation_of_every_slice() -> None:
+    first = plan_pool(design=design(chunk_devices(devices(200))), existing=[], last_generation=0)
+    changed = devices(200)
+    changed[150]["attributes"]["index"] = {"int": 999}
+    plan = plan_pool(design=design(chunk_devices(changed)), existing=server_copy(first), last_generation=1)
+    assert plan.generation == 2
+    assert plan.bumped
+    # Consumers only read the newest generation: the unchanged slice must move up too.
+    assert len(plan.update) == 2
+    assert not plan.create
+    assert all(b["spec"]["pool"]["generation"] == 2 for b in plan.update)
+    assert all(b["metadata"]["resourceVersion"] == "1" for b in plan.update)
+
+
+def test_a_deleted_slice_is_recreated_without_a_bump() -> None:
+    first = plan_pool(design=design(chunk_devices(devices(200))), existing=[], last_generation=0)
+    remaining = server_copy(first)[1:]
+    plan = plan_pool(design=design(chunk_devices(devices(200))), existing=remaining, last_generation=1)
+    assert not plan.bumped
+    assert plan.generation == 1
+    assert [b["metadata"]["name"] for b in plan.create] == [f"{NODE}-{DRIVER}-0"]
+    assert not plan.update
+
+
+def test_a_wiped_pool_comes_back_at_a_higher_generation() -> None:
+    plan = plan_pool(design=design(chunk_devices(devices(8))), existing=[], last_generation=4)
+    assert plan.generation == 5
+    assert len(plan.create) == 1
+
+
+def test_growing_from_one_to_two_slices_changes_the_count() -> None:
+    first = plan_pool(design=design(chunk_devices(devices(100))), existing=[], last_generation=0)
+    plan = plan_pool(
+        design=design(chunk_devices(devices(150))), existing=server_copy(first), last_generation=1
+    )
+    assert plan.bumped
+    assert plan.generation == 2
+    assert len(plan.update) == 1
+    assert len(plan.create) == 1
+    assert plan.update[0]["spec"]["pool"]["resourceSliceCount"] == 2
+
+
+def test_stale_slices_are_deleted() -> None:
+    big = plan_pool(design=design(chunk_devices(devices(200))), existing=[], last_generation=0)
+    stored = server_copy(big)
+    foreign_pool = {
+        "metadata": {"name": "leftover", "resourceVersion": "3"},
+        "spec": {"driver": DRIVER, "nodeName": NODE, "pool": {"name": "old-pool", "generation": 1}},
+    }
+    other_driver = {
+        "metadata": {"name": "tpu-slice"},
+        "spec": {"driver": "tpu.google.com", "nodeName": NODE, "pool": {"name": NODE, "generation": 1}},
+    }
+    plan = plan_pool(
+        design=design(chunk_devices(devices(100))),
+        existing=[*stored, foreign_pool, other_driver],
+        last_generation=1,
+    )
+    assert set(plan.delete) == {f"{NODE}-{DRIVER}-1", "leftover"}
+    assert plan.bumped
+    assert plan.generation == 2
+
+
+def test_missing_owner_reference_is_fixed_without_a_bump() -> None:
+    first = plan_pool(design=design(chunk_devices(devices(8))), existing=[], last_generation=0)
+    stored = server_copy(first)
+    del stored[0]["metadata"]["ownerReferences"]
+    plan = plan_pool(design=design(chunk_devices(devices(8))), existing=stored, last_generation=1)
+    assert not plan.bumped
+    assert len(plan.update) == 1
+    assert plan.update[0]["metadata"]["ownerReferences"] == [OWNER]
+
+
+def test_v1beta1_slices_compare_equal_to_the_v1_design() -> None:
+    d = design(chunk_devices(devices(8)), api_version="v1beta1")
+    first = plan_pool(design=d, existing=[], last_generation=0)
+    assert "basic" in first.create[0]["spec"]["devices"][0]
+    again = plan_pool(design=d, existing=server_copy(first), last_generation=1)
+    assert again.empty
+
+
+def test_fields_the_server_dropped_do_not_cause_endless_bumps() -> None:
+    tainted = devices(2)
+    tainted[0]["taints"] = [{"key": "k", "effect": "NoSchedule"}]
+    d = design(chunk_devices(tainted))
+    first = plan_pool(design=d, existing=[], last_generation=0)
+    stored = server_copy(first)
+    dropped = [dict(dev) for dev in stored[0]["spec"]["devices"]]
+    dropped[0].pop("taints")
+    stored[0]["spec"]["devices"] = dropped
+    # Without knowing the server dropped it, this looks like a change...
+    assert plan_pool(design=d, existing=stored, last_generation=1).bumped
+    # ...but the publisher records what the server accepted for what it sent.
+    sent = [dict(dev) for dev in tainted]
+    import json
+
+    d.accepted[json.dumps(sent, sort_keys=True, separators=(",", ":"))] = json.dumps(
+        dropped, sort_keys=True, separators=(",", ":")
+    )
+    assert plan_pool(design=d, existing=stored, last_generation=1).empty
