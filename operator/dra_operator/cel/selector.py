@@ -135,23 +135,57 @@ def _check_attributes(device: DeviceInput) -> None:
             raise CelRuntimeError(f"attribute {key}: {value.reason}")
 
 
-def _to_cel(device: DeviceInput) -> celtypes.MapType:
-    attributes: dict[str, dict[Any, Any]] = {}
-    for key, value in _domain_entries(device.attributes, driver=device.driver, domain=None).items():
+def _domain_maps(
+    mapping: Mapping[str, Any],
+    *,
+    driver: str,
+    convert: Any,
+    entries: set[tuple[str, str]] | None,
+    domains: set[str] | None,
+) -> DomainMap:
+    """Build ``device.attributes`` or ``device.capacity``.
+
+    With ``entries``/``domains`` given, only those parts are converted: the projection analysis
+    guarantees the expression reads nothing else, and conversion dominates the cost otherwise.
+    """
+    maps: dict[str, dict[Any, Any]] = {}
+    for key, value in _domain_entries(mapping, driver=driver, domain=None).items():
         dom, _, name = key.partition("/")
-        attributes.setdefault(dom, {})[celtypes.StringType(name)] = attribute_to_cel(value)
-    capacity: dict[str, dict[Any, Any]] = {}
-    for key, quantity in _domain_entries(device.capacity, driver=device.driver, domain=None).items():
-        dom, _, name = key.partition("/")
-        capacity.setdefault(dom, {})[celtypes.StringType(name)] = quantity
+        if entries is not None and domains is not None and (dom, name) not in entries and dom not in domains:
+            continue
+        maps.setdefault(dom, {})[celtypes.StringType(name)] = convert(value)
+    return DomainMap({celtypes.StringType(d): celtypes.MapType(m) for d, m in maps.items()})
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+def _to_cel(device: DeviceInput, reads: DeviceReads) -> celtypes.MapType:
+    def part(kind: str) -> tuple[set[tuple[str, str]] | None, set[str] | None]:
+        if reads.whole_device or kind in reads.whole_kind:
+            return None, None
+        entries = {(d, n) for k, d, n in reads.entries if k == kind}
+        return entries, {d for k, d in reads.domains if k == kind}
+
+    attr_entries, attr_domains = part("attributes")
+    cap_entries, cap_domains = part("capacity")
     return celtypes.MapType(
         {
             celtypes.StringType("driver"): celtypes.StringType(device.driver),
-            celtypes.StringType("attributes"): DomainMap(
-                {celtypes.StringType(d): celtypes.MapType(m) for d, m in attributes.items()}
+            celtypes.StringType("attributes"): _domain_maps(
+                device.attributes,
+                driver=device.driver,
+                convert=attribute_to_cel,
+                entries=attr_entries,
+                domains=attr_domains,
             ),
-            celtypes.StringType("capacity"): DomainMap(
-                {celtypes.StringType(d): celtypes.MapType(m) for d, m in capacity.items()}
+            celtypes.StringType("capacity"): _domain_maps(
+                device.capacity,
+                driver=device.driver,
+                convert=_identity,
+                entries=cap_entries,
+                domains=cap_domains,
             ),
             celtypes.StringType("allowMultipleAllocations"): celtypes.BoolType(
                 device.allow_multiple_allocations
@@ -252,7 +286,7 @@ class CompiledSelector:
         _count_one()
         evaluator = DraEvaluator(self._ast, activation=self._activation)
         try:
-            result = evaluator.evaluate({"device": _to_cel(device)})
+            result = evaluator.evaluate({"device": _to_cel(device, self.reads)})
         except CELEvalError as exc:
             return CelRuntimeError(_eval_message(exc))
         except RecursionError:

@@ -8,6 +8,7 @@ the upstream overloads do.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from celpy import celtypes
@@ -91,11 +92,17 @@ def cel_values_equal(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
+@functools.lru_cache(maxsize=8192)
+def _cached_int(value: int) -> celtypes.IntType:
+    # celtypes.IntType() is slow (it builds a checking wrapper on every call); values are immutable.
+    return celtypes.IntType(value)
+
+
 def _scalar_to_cel(value: AttributeScalar) -> Any:
     if isinstance(value, bool):
         return celtypes.BoolType(value)
     if isinstance(value, int):
-        return celtypes.IntType(value)
+        return _cached_int(value)
     if isinstance(value, str):
         return celtypes.StringType(value)
     return CelSemver(value)
