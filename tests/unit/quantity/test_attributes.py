@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from dra_api.attributes import (
     UnsupportedAttribute,
     Version,

@@ -6,6 +6,7 @@ import fractions
 import pickle
 
 import pytest
+
 from dra_api.quantity import Format, Quantity, is_on_step, round_up_to_step
 
 
