@@ -99,12 +99,17 @@ async def run(
     api = KubeApi(api_client, resource_version=version, instance=identity)
     model = ClusterModel()
     metrics = Metrics()
+    keeper = DeviceClassKeeper(api=api, settings=settings)
     claims = ClaimReconciler(
-        model=model, placer=placer or AllocatorPlacer(), api=api, settings=settings, metrics=metrics
+        model=model,
+        placer=placer or AllocatorPlacer(),
+        api=api,
+        settings=settings,
+        metrics=metrics,
+        compiler=keeper.compiler,
     )
     metrics.attach_model(model, claims.failing)
     health = Health(stale_after=settings.liveness_stale_after_s, heartbeat_enabled=not settings.standalone)
-    keeper = DeviceClassKeeper(api=api, settings=settings)
     orphans = OrphanSliceCollector(model=model, api=api, grace=settings.orphan_slice_grace_s)
 
     def login(kopf_settings: kopf.OperatorSettings) -> kopf.ConnectionInfo | None:

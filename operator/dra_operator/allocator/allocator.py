@@ -135,10 +135,22 @@ class Allocator:
         self.allocated = allocated or AllocatedState()
         self._in_use = self.allocated.in_use_ids()
         self._available_counters: dict[tuple[PoolID, int], dict[tuple[str, str], Quantity]] = {}
-        # (device ID, class name) -> class selectors matched; pure, so valid for this allocator's life.
-        self._class_matches: dict[tuple[DeviceID, str], bool] = {}
         #: ``allocateOne`` invocations of the last :meth:`allocate` call (search effort).
         self.last_invocations = 0
+
+    def note_allocated(self, allocation: AllocationResult) -> None:
+        """Record an allocation made with this allocator's results (keeps its caches coherent)."""
+        self.allocated.add_allocation(allocation)
+        for result in allocation.devices:
+            if not result.admin_access:
+                self._in_use.add(result.device_id)
+        self._available_counters.clear()
+
+    def note_released(self, allocation: AllocationResult) -> None:
+        """Forget an allocation (the claim was deallocated)."""
+        self.allocated.remove_allocation(allocation)
+        self._in_use = self.allocated.in_use_ids()
+        self._available_counters.clear()
 
     def pools(self, node: Node) -> tuple[Pool, ...]:
         """The node's pools in search order (hook for explanations and placement)."""
@@ -367,8 +379,10 @@ class _Run:
 
     def _class_matches(self, spec: Spec, entry: DeviceEntry) -> bool:
         device_class = spec.device_class
-        key = (entry.id, device_class.name)
-        found = self.alloc._class_matches.get(key)
+        cache = entry.class_matches
+        if cache is None:
+            cache = entry.class_matches = {}
+        found = cache.get(device_class.selectors)
         if found is None:
             found = True
             for i, selector in enumerate(device_class.selectors):
@@ -377,7 +391,7 @@ class _Run:
                 ):
                     found = False
                     break
-            self.alloc._class_matches[key] = found
+            cache[device_class.selectors] = found
         return found
 
     def _is_selectable(self, spec: Spec, se: SliceEntry, index: int) -> bool:

@@ -14,7 +14,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from dra_api.attributes import UnsupportedAttribute
-from dra_api.model import Device, Node, ResourceSlice
+from dra_api.model import Device, DeviceSelector, Node, ResourceSlice
 from dra_api.model._json import empty_map
 from dra_api.quantity import Quantity
 from dra_operator.allocator.state import DeviceID
@@ -28,13 +28,16 @@ PoolID = tuple[str, str]  # (driver, pool name)
 class DeviceEntry:
     """One device of one slice, with what the allocator derives from it once."""
 
-    __slots__ = ("_input", "device", "id", "slice", "unsupported_attribute")
+    __slots__ = ("_input", "class_matches", "device", "id", "slice", "unsupported_attribute")
 
     def __init__(self, *, slice_: ResourceSlice, device: Device) -> None:
         self.slice = slice_
         self.device = device
         self.id: DeviceID = (slice_.driver, slice_.pool.name, device.name)
         self._input: DeviceInput | None = None
+        # Class selectors (by value) -> whether this device matches them all; a pure function of the
+        # device and the selectors, so it stays valid for as long as this entry exists.
+        self.class_matches: dict[tuple[DeviceSelector, ...], bool] | None = None
         # Upstream fails every CEL evaluation on a device with an unusable attribute value.
         self.unsupported_attribute: str | None = next(
             (name for name, value in device.attributes.items() if isinstance(value, UnsupportedAttribute)),

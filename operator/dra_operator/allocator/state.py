@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from dra_api.model import ResourceClaim
+from dra_api.model import AllocationResult, ResourceClaim
 from dra_api.quantity import Quantity
 
 # (driver, pool, device); strings are interned by the model so hashing and comparing is cheap.
@@ -53,9 +53,15 @@ class AllocatedState:
         return state
 
     def add_claim(self, claim: ResourceClaim) -> None:
-        allocation = claim.status.allocation
-        if allocation is None:
-            return
+        if claim.status.allocation is not None:
+            self.add_allocation(claim.status.allocation)
+
+    def remove_claim(self, claim: ResourceClaim) -> None:
+        if claim.status.allocation is not None:
+            self.remove_allocation(claim.status.allocation)
+
+    def add_allocation(self, allocation: AllocationResult) -> None:
+        """Record an allocation (admin-access results do not block a device)."""
         for result in allocation.devices:
             if result.admin_access:
                 continue
@@ -67,10 +73,7 @@ class AllocatedState:
             if result.consumed_capacity:
                 self._add_capacity(device_id, result.consumed_capacity, sign=1)
 
-    def remove_claim(self, claim: ResourceClaim) -> None:
-        allocation = claim.status.allocation
-        if allocation is None:
-            return
+    def remove_allocation(self, allocation: AllocationResult) -> None:
         for result in allocation.devices:
             if result.admin_access:
                 continue

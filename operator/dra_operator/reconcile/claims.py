@@ -73,8 +73,32 @@ def _age_seconds(created: str, *, now: float) -> float | None:
     return max(0.0, now - stamp.timestamp())
 
 
-def validate_claim(claim: ResourceClaim, *, known_drivers: set[str]) -> Unallocatable | None:
-    """Checks the allocator does not make: opaque configuration for drivers nobody runs."""
+def validate_claim(
+    claim: ResourceClaim, *, known_drivers: set[str], compiler: Callable[[str], object] | None = None
+) -> Unallocatable | None:
+    """Checks made before placement, for messages that name the field: request selectors that do
+    not compile, and opaque configuration for drivers nobody runs."""
+    if compiler is not None:
+        for i, request in enumerate(claim.spec.requests):
+            specs = [(f"spec.devices.requests[{i}].exactly", request.exactly)] if request.exactly else []
+            specs += [
+                (f"spec.devices.requests[{i}].firstAvailable[{j}]", sub.spec)
+                for j, sub in enumerate(request.first_available)
+            ]
+            for path, spec in specs:
+                assert spec is not None
+                for k, selector in enumerate(spec.selectors):
+                    expression = selector.cel
+                    if expression is None:
+                        continue
+                    try:
+                        compiler(expression)
+                    except Exception as exc:
+                        return Unallocatable(
+                            reason="InvalidSelector",
+                            message=f"ResourceClaim {claim.ref}: {path}.selectors[{k}].cel.expression "
+                            f"{expression!r} does not compile: {' '.join(str(exc).split())}",
+                        )
     for i, config in enumerate(claim.spec.config):
         if config.opaque is not None and config.opaque.driver not in known_drivers:
             return Unallocatable(
@@ -120,6 +144,7 @@ class ClaimReconciler:
         settings: Settings,
         metrics: Metrics,
         clock: Callable[[], float] = time.time,
+        compiler: Callable[[str], object] | None = None,
     ) -> None:
         self.model = model
         self.placer = placer
@@ -128,6 +153,7 @@ class ClaimReconciler:
         self.metrics = metrics
         self.clock = clock
         self.classes = settings.managed_class_names()
+        self.compiler = compiler
         self._dirty: dict[ClaimKey, None] = {}
         self._busy: set[ClaimKey] = set()
         self._wake = asyncio.Event()
@@ -314,7 +340,9 @@ class ClaimReconciler:
     async def _allocate(self, claim: ResourceClaim) -> None:
         key = ClaimKey(claim.namespace, claim.name)
         known = set(self.settings.drivers) | {s.driver for s in self.model.slices.values()}
-        outcome: Placement | Unallocatable | None = validate_claim(claim, known_drivers=known)
+        outcome: Placement | Unallocatable | None = validate_claim(
+            claim, known_drivers=known, compiler=self.compiler
+        )
         if outcome is None:
             outcome = self.placer.place(claims=[claim], model=self.model)
         if isinstance(outcome, Unallocatable):

@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+from dra_api.model import AllocationResult
+from dra_operator.clustermodel import ClaimKey, ClusterModel
+from tests.unit.operator.helpers import allocation, claim, gpu_class, gpu_slice
+
+
+def test_older_watch_event_does_not_roll_back_an_allocation() -> None:
+    model = ClusterModel()
+    model.upsert_claim(claim("a", rv="10", allocation=allocation("n1", "gpu-0")))
+    assert model.upsert_claim(claim("a", rv="9")) is None
+    assert ("gpu.nvidia.com", "n1", "gpu-0") in model.devices_in_use()
+
+
+def test_devices_are_released_when_allocation_is_cleared_or_claim_removed() -> None:
+    model = ClusterModel()
+    model.upsert_claim(claim("a", rv="1", allocation=allocation("n1", "gpu-0")))
+    model.upsert_claim(claim("b", rv="2", allocation=allocation("n1", "gpu-1")))
+    model.upsert_claim(claim("a", rv="3"))
+    assert model.devices_in_use() == {("gpu.nvidia.com", "n1", "gpu-1")}
+    model.remove_claim(ClaimKey("ns", "b"))
+    assert model.devices_in_use() == frozenset()
+
+
+def test_assumed_allocation_holds_devices_until_written() -> None:
+    model = ClusterModel()
+    model.upsert_claim(claim("a", rv="1"))
+    key = ClaimKey("ns", "a")
+    model.assume(key, AllocationResult.from_json(allocation("n1", "gpu-3")))
+    assert ("gpu.nvidia.com", "n1", "gpu-3") in model.devices_in_use()
+    assert [c.name for c in model.allocated_claims()] == ["a"]
+    model.upsert_claim(claim("a", rv="2", allocation=allocation("n1", "gpu-3")))
+    assert model.assumed(key) is None
+    assert ("gpu.nvidia.com", "n1", "gpu-3") in model.devices_in_use()
+
+
+def test_double_booking_is_detected() -> None:
+    model = ClusterModel()
+    model.upsert_claim(claim("a", rv="1", allocation=allocation("n1", "gpu-0")))
+    model.upsert_claim(claim("b", rv="2", allocation=allocation("n1", "gpu-0")))
+    assert model.double_booked() == {
+        ("gpu.nvidia.com", "n1", "gpu-0"): {ClaimKey("ns", "a"), ClaimKey("ns", "b")}
+    }
+
+
+def test_unparsable_claim_is_kept_as_invalid_with_the_reason() -> None:
+    model = ClusterModel()
+    bad = claim("bad")
+    bad["spec"]["devices"]["requests"][0] = {"name": "r"}  # neither exactly nor firstAvailable
+    result = model.upsert_claim(bad)
+    assert ClaimKey("ns", "bad") in model.invalid_claims
+    assert result is not None
+    assert "bad" in model.invalid_claims[ClaimKey("ns", "bad")].message
+
+
+def test_generation_moves_with_slices_and_classes() -> None:
+    model = ClusterModel()
+    g0 = model.generation
+    model.upsert_class(gpu_class())
+    model.upsert_slice(gpu_slice("n1", 2))
+    assert model.generation == g0 + 2
+    model.remove_slice("n1-gpu")
+    assert model.slices == {}

@@ -1,0 +1,71 @@
+from __future__ import annotations
+
+from dra_api.model import ResourceClaim
+from dra_operator.cel import compile_selector
+from dra_operator.clustermodel import ClusterModel
+from dra_operator.placement import AllocatorPlacer, Placement, Unallocatable
+from dra_operator.reconcile.claims import validate_claim
+from tests.unit.operator.helpers import allocation, claim, gpu_class, gpu_slice, node
+
+
+def _model(*nodes: tuple[str, int]) -> ClusterModel:
+    model = ClusterModel()
+    model.upsert_class(gpu_class())
+    for name, count in nodes:
+        model.upsert_node(node(name))
+        model.upsert_slice(gpu_slice(name, count))
+    return model
+
+
+def test_places_on_a_node_with_enough_free_devices() -> None:
+    model = _model(("n1", 2), ("n2", 4))
+    model.upsert_claim(claim("busy", allocation=allocation("n2", "gpu-0")))
+    result = AllocatorPlacer().place(claims=[ResourceClaim.from_json(claim("a", count=3))], model=model)
+    assert isinstance(result, Placement)
+    assert result.node == "n2"
+    devices = {r.device for r in result.allocations[0].devices}
+    assert len(devices) == 3
+    assert "gpu-0" not in devices
+
+
+def test_count_larger_than_any_node_is_explained() -> None:
+    model = _model(("n1", 2), ("n2", 4))
+    result = AllocatorPlacer().place(claims=[ResourceClaim.from_json(claim("a", count=5))], model=model)
+    assert isinstance(result, Unallocatable)
+    assert result.reason == "NoFit"
+    assert "needs 5 devices on one node" in result.message
+    assert "most: 4" in result.message
+
+
+def test_unknown_class_is_named() -> None:
+    model = _model(("n1", 2))
+    result = AllocatorPlacer().place(claims=[ResourceClaim.from_json(claim("a", cls="nope"))], model=model)
+    assert isinstance(result, Unallocatable)
+    assert result.reason == "DeviceClassNotFound"
+    assert "DeviceClass nope not found" in result.message
+
+
+def test_invalid_request_selector_is_named_with_its_field_and_error() -> None:
+    model = _model(("n1", 2))
+    bad = ResourceClaim.from_json(claim("a", selector="device.driver ==="))
+    # The allocator refuses it too; validation names the field and the expression.
+    assert isinstance(AllocatorPlacer().place(claims=[bad], model=model), Unallocatable)
+    why = validate_claim(bad, known_drivers={"gpu.nvidia.com"}, compiler=compile_selector)
+    assert why is not None
+    assert why.reason == "InvalidSelector"
+    assert "spec.devices.requests[0].exactly.selectors[0].cel.expression 'device.driver ==='" in why.message
+
+
+def test_opaque_config_for_unknown_driver_is_refused() -> None:
+    bad = ResourceClaim.from_json(claim("a", config_driver="fpga.example.com"))
+    why = validate_claim(bad, known_drivers={"gpu.nvidia.com"})
+    assert why is not None
+    assert why.reason == "UnknownConfigDriver"
+    assert "spec.devices.config[0].opaque.driver 'fpga.example.com'" in why.message
+    assert (
+        validate_claim(
+            ResourceClaim.from_json(claim("b", config_driver="gpu.nvidia.com")),
+            known_drivers={"gpu.nvidia.com"},
+        )
+        is None
+    )

@@ -1,0 +1,46 @@
+from __future__ import annotations
+
+import pytest
+
+from dra_operator.settings import Ownership, parse
+
+
+def test_flags_win_over_environment_and_defaults() -> None:
+    settings = parse(
+        ["--ownership", "all", "--gpu-class", "flag-gpu"],
+        env={"DRA_OPERATOR_GPU_CLASS": "env-gpu", "DRA_OPERATOR_TPU_CLASS": "env-tpu"},
+    )
+    assert settings.ownership is Ownership.ALL
+    assert settings.gpu_class == "flag-gpu"
+    assert settings.tpu_class == "env-tpu"
+    assert settings.mig_class == "mig.nvidia.com"
+
+
+def test_environment_types_are_converted() -> None:
+    settings = parse(
+        [],
+        env={
+            "DRA_OPERATOR_MIG_ENABLED": "true",
+            "DRA_OPERATOR_HEARTBEAT_INTERVAL": "2.5",
+            "DRA_OPERATOR_METRICS_PORT": "9090",
+        },
+    )
+    assert settings.mig_enabled is True
+    assert settings.heartbeat_interval_s == 2.5
+    assert settings.metrics_port == 9090
+    assert settings.managed_class_names() == ("gpu.nvidia.com", "tpu.google.com", "mig.nvidia.com")
+
+
+def test_bad_environment_value_names_the_variable() -> None:
+    with pytest.raises(ValueError, match="DRA_OPERATOR_MIG_ENABLED"):
+        parse([], env={"DRA_OPERATOR_MIG_ENABLED": "maybe"})
+
+
+def test_manifest_peering_flag_is_accepted() -> None:
+    # The Deployment passes --peering=accel-dra-operator (an unambiguous prefix of --peering-name).
+    assert parse(["--peering=other"], env={}).peering_name == "other"
+
+
+def test_default_priorities_differ_between_instances() -> None:
+    priorities = {parse([], env={}).priority for _ in range(5)}
+    assert len(priorities) > 1
