@@ -95,6 +95,8 @@ class QueueHealth:
         finally:
             self._queues.remove(queue)
             self.closed += 1
+            async with self.watchers:
+                self.watchers.notify_all()
 
     @property
     def open_streams(self) -> int:
