@@ -1,0 +1,174 @@
+"""Allocator behaviour beyond the upstream table: gates, state bookkeeping, caches, node selection."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from dra_api.model import DeviceClass, Node, ResourceClaim, ResourceSlice
+from dra_operator.allocator import (
+    AllocatedState,
+    AllocationError,
+    Allocator,
+    FeatureGates,
+    SliceIndex,
+    parse_device_id,
+)
+
+V1 = "resource.k8s.io/v1"
+GPU_CLASS = DeviceClass.from_json(
+    {
+        "apiVersion": V1,
+        "kind": "DeviceClass",
+        "metadata": {"name": "gpu"},
+        "spec": {"selectors": [{"cel": {"expression": 'device.driver == "gpu.example.com"'}}]},
+    }
+)
+
+
+def _slice(name: str, *, devices: int, **placement: Any) -> ResourceSlice:
+    return ResourceSlice.from_json(
+        {
+            "apiVersion": V1,
+            "kind": "ResourceSlice",
+            "metadata": {"name": name},
+            "spec": {
+                "driver": "gpu.example.com",
+                "pool": {"name": name, "generation": 1, "resourceSliceCount": 1},
+                **placement,
+                "devices": [
+                    {
+                        "name": f"gpu-{i}",
+                        "attributes": {"index": {"int": i}},
+                        "capacity": {"memory": {"value": "80Gi"}},
+                    }
+                    for i in range(devices)
+                ],
+            },
+        }
+    )
+
+
+def _claim(name: str, *, count: int = 1, selector: str | None = None) -> ResourceClaim:
+    exactly: dict[str, Any] = {"deviceClassName": "gpu", "count": count}
+    if selector:
+        exactly["selectors"] = [{"cel": {"expression": selector}}]
+    return ResourceClaim.from_json(
+        {
+            "apiVersion": V1,
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": "ns"},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
+        }
+    )
+
+
+def test_feature_gates() -> None:
+    defaults = FeatureGates()
+    assert defaults.consumable_capacity
+    assert defaults.device_binding_and_status
+    assert not defaults.list_type_attributes
+    gates = FeatureGates.from_flag("DRAConsumableCapacity=false,SomeOtherGate=true")
+    assert not gates.consumable_capacity
+    assert gates.admin_access
+    only = FeatureGates.only(["DRADeviceBindingConditions+DRAResourceClaimDeviceStatus"])
+    assert only.device_binding_and_status
+    assert not only.prioritized_list
+    assert only.to_mapping()["DRADeviceBindingConditions"]
+    with pytest.raises(ValueError, match="unknown feature gate 'DRAPrioritisedList'"):
+        FeatureGates.from_mapping({"DRAPrioritisedList": True})
+    with pytest.raises(ValueError, match="expected Name=true"):
+        FeatureGates.from_flag("DRAAdminAccess")
+
+
+def test_parse_device_id_keeps_slashes_in_pool() -> None:
+    assert parse_device_id("d/a/b/dev") == ("d", "a/b", "dev")
+    with pytest.raises(ValueError, match="driver/pool/device"):
+        parse_device_id("d/dev")
+
+
+def test_note_allocated_and_released_keep_the_allocator_coherent() -> None:
+    index = SliceIndex([_slice("node-1", devices=2, nodeName="node-1")])
+    allocator = Allocator(classes=[GPU_CLASS], slices=index)
+    node = Node.make("node-1")
+    first = allocator.allocate(node=node, claims=[_claim("a")])
+    assert first is not None
+    allocator.note_allocated(first[0])
+    second = allocator.allocate(node=node, claims=[_claim("b")])
+    assert second is not None
+    assert second[0].devices[0].device != first[0].devices[0].device
+    allocator.note_allocated(second[0])
+    assert allocator.allocate(node=node, claims=[_claim("c")]) is None
+    allocator.note_released(first[0])
+    third = allocator.allocate(node=node, claims=[_claim("c")])
+    assert third is not None
+    assert third[0].devices[0].device == first[0].devices[0].device
+
+
+def test_state_from_claims_ignores_admin_access_and_unallocated() -> None:
+    index = SliceIndex([_slice("node-1", devices=2, nodeName="node-1")])
+    allocator = Allocator(classes=[GPU_CLASS], slices=index)
+    results = allocator.allocate(node=Node.make("node-1"), claims=[_claim("a")])
+    assert results is not None
+    allocated = _claim("a").to_json()
+    allocated["status"] = {"allocation": results[0].to_json()}
+    state = AllocatedState.from_claims([ResourceClaim.from_json(allocated), _claim("b")])
+    assert state.devices == {("gpu.example.com", "node-1", "gpu-0")}
+    state.remove_claim(ResourceClaim.from_json(allocated))
+    assert not state.devices
+
+
+def test_node_selection_and_result_node_selector() -> None:
+    slices = [
+        _slice("node-1", devices=1, nodeName="node-1"),
+        _slice(
+            "rack-a",
+            devices=1,
+            nodeSelector={
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "rack", "operator": "In", "values": ["a"]}]}
+                ]
+            },
+        ),
+        _slice("everywhere", devices=1, allNodes=True),
+    ]
+    allocator = Allocator(classes=[GPU_CLASS], slices=SliceIndex(slices))
+    in_rack = Node.make("node-2", {"rack": "a"})
+    assert [p.id[1] for p in allocator.pools(in_rack)] == ["everywhere", "rack-a"]
+    results = allocator.allocate(node=in_rack, claims=[_claim("a", count=2)])
+    assert results is not None
+    selector = results[0].to_json()["nodeSelector"]
+    assert selector == {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "rack", "operator": "In", "values": ["a"]}]}]
+    }
+    everywhere = allocator.allocate(node=Node.make("node-3"), claims=[_claim("b")])
+    assert everywhere is not None
+    assert everywhere[0].node_selector is None
+    assert allocator.allocate(node=Node.make("node-3"), claims=[_claim("c", count=2)]) is None
+
+
+def test_class_results_are_cached_across_allocators_sharing_an_index() -> None:
+    from dra_operator.cel import evaluation_count
+
+    index = SliceIndex([_slice("node-1", devices=4, nodeName="node-1")])
+    node = Node.make("node-1")
+    assert Allocator(classes=[GPU_CLASS], slices=index).allocate(node=node, claims=[_claim("a", count=4)])
+    before = evaluation_count()
+    assert Allocator(classes=[GPU_CLASS], slices=index).allocate(node=node, claims=[_claim("a", count=4)])
+    assert evaluation_count() == before
+
+
+def test_cel_runtime_error_is_fatal_and_names_the_device() -> None:
+    allocator = Allocator(classes=[GPU_CLASS], slices=[_slice("node-1", devices=1, nodeName="node-1")])
+    claim = _claim("a", selector='device.attributes["gpu.example.com"].missing == 1')
+    with pytest.raises(
+        AllocationError, match=r"claim ns/a: selector #0 on device gpu.example.com/node-1/gpu-0"
+    ):
+        allocator.allocate(node=Node.make("node-1"), claims=[claim])
+
+
+def test_search_effort_is_reported() -> None:
+    allocator = Allocator(classes=[GPU_CLASS], slices=[_slice("node-1", devices=4, nodeName="node-1")])
+    assert allocator.allocate(node=Node.make("node-1"), claims=[_claim("a", count=5)]) is None
+    assert allocator.last_invocations == 16  # combinations of 4 devices, as upstream incubating
