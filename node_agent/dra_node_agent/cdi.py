@@ -22,6 +22,7 @@ from typing import Any
 from .checkpoint import atomic_write_file, fsync_directory, remove_temp_files
 from .discovery.base import ContainerEdits, DiscoveredDevice, DiscoveredInventory, TpuHostInfo
 from .discovery.tpu import GENERATIONS, chips_per_host_bounds, host_topology
+from .opaqueconfig import DriverConfig, TpuConfig
 
 log = logging.getLogger(__name__)
 
@@ -91,12 +92,20 @@ def tpu_topology_wrap(*, generation: str, dims: Sequence[int]) -> str:
     return ",".join("true" if d == 16 else "false" for d in padded)
 
 
-def tpu_claim_env(*, host: TpuHostInfo, chips: int, driver: str, node_name: str | None) -> tuple[str, ...]:
+def tpu_claim_env(
+    *,
+    host: TpuHostInfo,
+    chips: int,
+    driver: str,
+    node_name: str | None,
+    config: TpuConfig | None = None,
+) -> tuple[str, ...]:
     """The TPU_* environment a container needs for `chips` chips of this host.
 
     With every chip of the host the slice is the host's slice (possibly multi-host). With fewer, the
     container gets a single-host sub-slice of its own. TPU_VISIBLE_CHIPS counts from 0 because a
-    container only sees its own chips and libtpu numbers those from 0.
+    container only sees its own chips and libtpu numbers those from 0. A claim's `TpuConfig`
+    supplies the worker identity of a multi-host slice and the ICI resiliency switch.
     """
     gen = GENERATIONS.get(host.generation)
     dims_count = gen.dims if gen is not None else len(host.dims)
@@ -133,13 +142,20 @@ def tpu_claim_env(*, host: TpuHostInfo, chips: int, driver: str, node_name: str 
         "ALT=false",
         f"DRA_RESOURCE_DRIVER_NAME={driver}",
     ]
+    worker_id = config.worker_id if config and config.worker_id is not None else host.worker_id
+    hostnames = config.worker_hostnames if config and config.worker_hostnames else host.worker_hostnames
     if single_host:
         env += ["TPU_WORKER_ID=0", "TPU_WORKER_HOSTNAMES=localhost"]
-    elif host.worker_id is not None:
+    elif worker_id is not None:
         # Multi-host identity normally comes from the workload controller; set it only when known.
-        env.append(f"TPU_WORKER_ID={host.worker_id}")
-        if host.worker_hostnames:
-            env.append(f"TPU_WORKER_HOSTNAMES={','.join(host.worker_hostnames)}")
+        env.append(f"TPU_WORKER_ID={worker_id}")
+        if hostnames:
+            env.append(f"TPU_WORKER_HOSTNAMES={','.join(hostnames)}")
+    resilient = dims_count == 3 and len(dims) == 3 and all(d >= 4 for d in dims)
+    if config is not None and config.ici_resiliency is not None:
+        resilient = config.ici_resiliency
+    if resilient or (config is not None and config.ici_resiliency is not None):
+        env.append(f"ENABLE_ICI_RESILIENCY={'true' if resilient else 'false'}")
     if node_name:
         env.append(f"KUBERNETES_NODE_NAME={node_name}")
     return tuple(env)
@@ -157,8 +173,11 @@ def build_claim_spec(
     devices: Sequence[DiscoveredDevice],
     inventory: DiscoveredInventory,
     node_name: str | None = None,
+    config: DriverConfig | None = None,
 ) -> dict[str, Any]:
     """The CDI spec for one claim's devices of `inventory.driver` (pure; no I/O).
+
+    `config` is the claim's validated opaque config, if any; a `TpuConfig` shapes the TPU env.
 
     Simulated inventories describe device nodes that do not exist on the host, so their specs
     carry environment only (a runtime fails to create a container whose device node is missing).
@@ -186,7 +205,13 @@ def build_claim_spec(
         )
     if inventory.tpu_host is not None:
         claim_edits = ContainerEdits(
-            env=tpu_claim_env(host=inventory.tpu_host, chips=len(devices), driver=driver, node_name=node_name)
+            env=tpu_claim_env(
+                host=inventory.tpu_host,
+                chips=len(devices),
+                driver=driver,
+                node_name=node_name,
+                config=config if isinstance(config, TpuConfig) else None,
+            )
         )
     else:
         claim_edits = gpu_claim_edits(devices)
@@ -219,7 +244,12 @@ class CdiWriter:
         return self.cdi_dir / spec_file_name(driver=self.driver, claim_uid=claim_uid)
 
     def write_claim_spec(
-        self, *, claim_uid: str, devices: Sequence[DiscoveredDevice], inventory: DiscoveredInventory
+        self,
+        *,
+        claim_uid: str,
+        devices: Sequence[DiscoveredDevice],
+        inventory: DiscoveredInventory,
+        config: DriverConfig | None = None,
     ) -> list[str]:
         """Write the claim's spec atomically; returns the CDI device IDs in `devices` order.
 
@@ -228,7 +258,7 @@ class CdiWriter:
         if inventory.driver != self.driver:
             raise ValueError(f"CDI writer for {self.driver}: inventory is for driver {inventory.driver}")
         spec = build_claim_spec(
-            claim_uid=claim_uid, devices=devices, inventory=inventory, node_name=self.node_name
+            claim_uid=claim_uid, devices=devices, inventory=inventory, node_name=self.node_name, config=config
         )
         self.cdi_dir.mkdir(parents=True, exist_ok=True)
         data = _encode(spec)

@@ -17,6 +17,7 @@ from dra_node_agent.discovery.fakehw import FakeGpu, FakeNvml
 from dra_node_agent.discovery.nvml import NvmlBackend
 from dra_node_agent.discovery.simulated import SimulatedBackend
 from dra_node_agent.discovery.tpu import TpuBackend
+from dra_node_agent.opaqueconfig import TpuConfig
 
 SYSFS = Path(__file__).parents[3] / "fixtures" / "sysfs"
 UID = "5f0c2e5a-8d8c-4c8e-9d55-1a2b3c4d5e6f"
@@ -249,3 +250,31 @@ def test_writer_refuses_another_drivers_inventory(tmp_path: Path) -> None:
     writer = CdiWriter(driver="tpu.google.com", cdi_dir=tmp_path)
     with pytest.raises(ValueError, match=r"inventory is for driver gpu\.nvidia\.com"):
         writer.write_claim_spec(claim_uid=UID, devices=inventory.devices, inventory=inventory)
+
+
+def test_tpu_config_supplies_multi_host_identity_and_ici_resiliency() -> None:
+    inventory = tpu_inventory("tpu-v5p-host")
+    config = TpuConfig(worker_id=2, worker_hostnames=("w-0", "w-1", "w-2", "w-3"), ici_resiliency=True)
+    spec = build_claim_spec(claim_uid=UID, devices=inventory.devices, inventory=inventory, config=config)
+    env = env_of(spec["containerEdits"])
+    assert env["TPU_WORKER_ID"] == "2"
+    assert env["TPU_WORKER_HOSTNAMES"] == "w-0,w-1,w-2,w-3"
+    assert env["ENABLE_ICI_RESILIENCY"] == "true"
+    without = env_of(
+        build_claim_spec(claim_uid=UID, devices=inventory.devices, inventory=inventory)["containerEdits"]
+    )
+    assert "ENABLE_ICI_RESILIENCY" not in without  # 2x2x4 is below 4x4x4
+
+
+def test_large_3d_slices_default_to_ici_resiliency() -> None:
+    host = TpuHostInfo("v5p", "tpu-v5p-slice", 2, 4, "4x4x4", (2, 2, 1))
+    env = dict(
+        e.split("=", 1) for e in tpu_claim_env(host=host, chips=4, driver="tpu.google.com", node_name=None)
+    )
+    assert env["ENABLE_ICI_RESILIENCY"] == "true"
+    off = TpuConfig(ici_resiliency=False)
+    env = dict(
+        e.split("=", 1)
+        for e in tpu_claim_env(host=host, chips=4, driver="tpu.google.com", node_name=None, config=off)
+    )
+    assert env["ENABLE_ICI_RESILIENCY"] == "false"
