@@ -29,7 +29,7 @@ once per device), and the per-allocator class-selector cache.
 
 from __future__ import annotations
 
-from dra_operator.allocator.allocator import MAX_DEVICES_PER_CLAIM, Allocator
+from dra_operator.allocator.allocator import MAX_DEVICES_PER_CLAIM, Allocator, RequestFunnel
 from dra_operator.allocator.errors import AllocationError, FailedAllocationOnNode
 from dra_operator.allocator.gates import GATE_FIELDS, FeatureGates
 from dra_operator.allocator.pools import DeviceEntry, Pool, PoolID, SliceEntry, SliceIndex
@@ -53,6 +53,7 @@ __all__ = [
     "FeatureGates",
     "Pool",
     "PoolID",
+    "RequestFunnel",
     "SharedDeviceID",
     "SliceEntry",
     "SliceIndex",

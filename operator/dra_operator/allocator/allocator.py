@@ -34,6 +34,7 @@ from dra_operator.allocator.errors import AllocationError, FailedAllocationOnNod
 from dra_operator.allocator.gates import FeatureGates
 from dra_operator.allocator.pools import DeviceEntry, Pool, PoolID, SliceEntry, SliceIndex
 from dra_operator.allocator.state import AllocatedState, DeviceID, device_id_text
+from dra_operator.cel import CelCompileError, CelRuntimeError, compile_selector
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +112,41 @@ class _Pick:
     consumed: dict[str, Quantity] | None
 
 
+@dataclass(frozen=True, slots=True)
+class RequestFunnel:
+    """How many of a node's devices survive each check, in order, for one (sub)request.
+
+    Each count is a subset of the previous one: ``devices`` (in complete, valid pools, reachable from
+    the node) -> ``class_matched`` -> ``selectors_kept`` (request selectors) -> ``free`` (not
+    allocated to another claim) -> ``untainted`` -> ``within_counters`` -> ``within_capacity``.
+    ``wanted`` is the count asked for (for All: the devices that qualify).
+    """
+
+    claim: str
+    request: str
+    device_class: str
+    mode: str
+    wanted: int
+    devices: int
+    class_matched: int
+    selectors_kept: int
+    free: int
+    untainted: int
+    within_counters: int
+    within_capacity: int
+    binding_excluded: int = 0  # devices with binding conditions while the feature is off
+    unavailable_pools: tuple[str, ...] = ()  # "driver/pool (reason)" for incomplete or invalid pools
+
+
+def _counters_fit(available: Mapping[tuple[str, str], Quantity], entry: DeviceEntry) -> bool:
+    need: dict[tuple[str, str], Quantity] = {}
+    for consumption in entry.device.consumes_counters:
+        for name, value in consumption.counters.items():
+            key = (consumption.counter_set, name)
+            need[key] = need[key] + value if key in need else value
+    return all((value - need[key] if key in need else value).sign() >= 0 for key, value in available.items())
+
+
 class Allocator:
     """Allocates claims on one node at a time, like upstream ``Allocator.Allocate``.
 
@@ -137,6 +173,8 @@ class Allocator:
         self._available_counters: dict[tuple[PoolID, int], dict[tuple[str, str], Quantity]] = {}
         #: ``allocateOne`` invocations of the last :meth:`allocate` call (search effort).
         self.last_invocations = 0
+        #: (claim ref, constraint index) -> devices that constraint turned away in the last call.
+        self.last_constraint_rejections: dict[tuple[str, int], int] = {}
 
     def note_allocated(self, allocation: AllocationResult) -> None:
         """Record an allocation made with this allocator's results (keeps its caches coherent)."""
@@ -168,6 +206,24 @@ class Allocator:
             return run.run()
         finally:
             self.last_invocations = run.invocations
+            self.last_constraint_rejections = {
+                (c.ref, k.index): k.rejections for c in run.claims for k in c.constraints if k.rejections
+            }
+
+    def funnel(self, *, node: Node, claims: Sequence[ResourceClaim]) -> list[RequestFunnel]:
+        """Per request and subrequest, how many devices of ``node`` survive each check (for
+        explaining why claims do not fit). Raises the same errors as :meth:`allocate`."""
+        run = _Run(self, node, claims)
+        if not claims:
+            return []
+        run.prepare()
+        return [
+            run.funnel(spec)
+            for c in run.claims
+            for r in c.requests
+            for spec in (r.subs or (r.single,))
+            if spec
+        ]
 
     # ---- caches shared by runs -----------------------------------------------------------------
 
@@ -223,14 +279,18 @@ class _Run:
 
     # ---- entry point -----------------------------------------------------------------------------
 
-    def run(self) -> list[AllocationResult] | None:
-        if not self.input_claims:
-            return None
+    def prepare(self) -> None:
+        """Validate the claims and compute request data (the part of ``run`` before the search)."""
         self.pools = self.alloc.pools(self.node)
         for ci, claim in enumerate(self.input_claims):
             self.claims.append(self._prepare_claim(ci, claim))
         self.results = [[] for _ in self.claims]
         self.selected = [[None] * len(c.requests) for c in self.claims]
+
+    def run(self) -> list[AllocationResult] | None:
+        if not self.input_claims:
+            return None
+        self.prepare()
         try:
             done = self._one(0, 0, 0, 0, False, None)
         except _MaxSizeExceeded:
@@ -357,8 +417,6 @@ class _Run:
     # ---- device checks -------------------------------------------------------------------------
 
     def _evaluate(self, *, prefix: str, index: int, expression: str | None, entry: DeviceEntry) -> bool:
-        from dra_operator.cel import CelCompileError, CelRuntimeError, compile_selector
-
         if expression is None:
             raise AllocationError(
                 f"{prefix}: selector #{index}: CEL expression empty (unsupported selector type?)"
@@ -404,8 +462,7 @@ class _Run:
             return found
         found = self._class_matches(spec, entry)
         if found:
-            ref = self.claims[spec.claim_index].ref if spec.claim_index < len(self.claims) else None
-            prefix = f"claim {ref or self.input_claims[spec.claim_index].ref}"
+            prefix = f"claim {self.input_claims[spec.claim_index].ref}"
             for i, selector in enumerate(spec.request.selectors):
                 if not self._evaluate(prefix=prefix, index=i, expression=selector.cel, entry=entry):
                     found = False
@@ -476,6 +533,7 @@ class _Run:
             if constraint.add(spec.parent, spec.full, entry):
                 added.append(constraint)
                 continue
+            constraint.rejections += 1
             for c in reversed(added):
                 c.remove(spec.parent, spec.full, entry)
             if counted:
@@ -528,6 +586,68 @@ class _Run:
                 self._add_counters(self.consumed_counters[pool.id], entry, sign=-1)
 
         return undo
+
+    def funnel(self, spec: Spec) -> RequestFunnel:
+        counts = [0] * 7
+        binding_excluded = 0
+        unavailable: list[str] = []
+        taints = self.gates.device_taints
+        for pool in self.pools:
+            if pool.unusable:
+                unavailable.append(
+                    f"{pool.text} ({'incomplete' if pool.incomplete else pool.invalid_reason})"
+                )
+                continue
+            available = self.alloc.available_counters(pool)
+            for se in pool.slices:
+                for i, entry in enumerate(se.entries):
+                    if se.node_ok is not None and not se.node_ok[i]:
+                        continue
+                    device = entry.device
+                    counts[0] += 1
+                    if device.binding_conditions and not self.gates.device_binding_and_status:
+                        binding_excluded += 1
+                        continue
+                    if not self._class_matches(spec, entry):
+                        continue
+                    counts[1] += 1
+                    if not self._is_selectable(spec, se, i):
+                        continue
+                    counts[2] += 1
+                    multi = self.cc and device.allow_multiple_allocations
+                    if not spec.admin and entry.id in self.alloc.allocated.devices:
+                        continue
+                    counts[3] += 1
+                    if taints and device.taints and not _tolerated(device.taints, spec.tolerations):
+                        continue
+                    counts[4] += 1
+                    if device.consumes_counters:
+                        if not self.gates.partitionable_devices:
+                            continue
+                        if not (multi and entry.id in self.alloc._in_use) and not _counters_fit(
+                            available, entry
+                        ):
+                            continue
+                    counts[5] += 1
+                    if self.cc and not self._capacity_fits(spec, entry):
+                        continue
+                    counts[6] += 1
+        return RequestFunnel(
+            claim=self.input_claims[spec.claim_index].ref,
+            request=spec.full,
+            device_class=spec.device_class.name,
+            mode=spec.mode,
+            wanted=spec.num_devices,
+            devices=counts[0],
+            class_matched=counts[1],
+            selectors_kept=counts[2],
+            free=counts[3],
+            untainted=counts[4],
+            within_counters=counts[5],
+            within_capacity=counts[6],
+            binding_excluded=binding_excluded,
+            unavailable_pools=tuple(unavailable),
+        )
 
     # ---- the search ----------------------------------------------------------------------------
 

@@ -53,7 +53,7 @@ def attribute_set(
 class Constraint:
     """Base: which requests a constraint covers (empty = all requests of the claim)."""
 
-    __slots__ = ("attribute", "index", "lists", "requests")
+    __slots__ = ("attribute", "index", "lists", "rejections", "requests")
 
     kind = ""
 
@@ -62,6 +62,7 @@ class Constraint:
         self.requests = frozenset(requests)
         self.attribute = attribute
         self.lists = lists
+        self.rejections = 0  # devices this constraint turned away (for explanations)
 
     def covers(self, parent: str, full: str) -> bool:
         return not self.requests or parent in self.requests or full in self.requests

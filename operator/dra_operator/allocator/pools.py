@@ -11,16 +11,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING
 
 from dra_api.attributes import UnsupportedAttribute
 from dra_api.model import Device, DeviceSelector, Node, ResourceSlice
 from dra_api.model._json import empty_map
 from dra_api.quantity import Quantity
 from dra_operator.allocator.state import DeviceID
-
-if TYPE_CHECKING:
-    from dra_operator.cel import DeviceInput
+from dra_operator.cel import DeviceInput
 
 PoolID = tuple[str, str]  # (driver, pool name)
 
@@ -47,8 +44,6 @@ class DeviceEntry:
     @property
     def cel_input(self) -> DeviceInput:
         if self._input is None:
-            from dra_operator.cel import DeviceInput
-
             device = self.device
             self._input = DeviceInput(
                 driver=self.slice.driver,

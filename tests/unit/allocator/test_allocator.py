@@ -172,3 +172,25 @@ def test_search_effort_is_reported() -> None:
     allocator = Allocator(classes=[GPU_CLASS], slices=[_slice("node-1", devices=4, nodeName="node-1")])
     assert allocator.allocate(node=Node.make("node-1"), claims=[_claim("a", count=5)]) is None
     assert allocator.last_invocations == 16  # combinations of 4 devices, as upstream incubating
+
+
+def test_funnel_counts_each_check() -> None:
+    tainted = _slice("node-1", devices=4, nodeName="node-1").to_json()
+    tainted["spec"]["devices"][3]["taints"] = [{"key": "bad", "effect": "NoSchedule"}]
+    index = SliceIndex([ResourceSlice.from_json(tainted)])
+    state = AllocatedState(devices={("gpu.example.com", "node-1", "gpu-0")})
+    allocator = Allocator(classes=[GPU_CLASS], slices=index, allocated=state)
+    claim = _claim("a", count=3, selector='device.attributes["gpu.example.com"].index >= 1')
+    assert allocator.allocate(node=Node.make("node-1"), claims=[claim]) is None
+    (funnel,) = allocator.funnel(node=Node.make("node-1"), claims=[claim])
+    assert (funnel.claim, funnel.request, funnel.wanted) == ("ns/a", "gpu", 3)
+    assert (funnel.devices, funnel.class_matched, funnel.selectors_kept) == (4, 4, 3)
+    assert (funnel.free, funnel.untainted, funnel.within_counters, funnel.within_capacity) == (3, 2, 2, 2)
+
+
+def test_constraint_rejections_are_counted() -> None:
+    allocator = Allocator(classes=[GPU_CLASS], slices=[_slice("node-1", devices=3, nodeName="node-1")])
+    body = _claim("a", count=2).to_json()
+    body["spec"]["devices"]["constraints"] = [{"matchAttribute": "gpu.example.com/index"}]
+    assert allocator.allocate(node=Node.make("node-1"), claims=[ResourceClaim.from_json(body)]) is None
+    assert allocator.last_constraint_rejections[("ns/a", 0)] > 0
