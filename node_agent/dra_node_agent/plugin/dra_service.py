@@ -9,9 +9,9 @@ that claim's ``error`` instead of a failed RPC.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TypeVar
 
 import grpc
 
@@ -20,6 +20,8 @@ from dra_api.kubeletapi.model import ClaimRef, PreparedDevice, PrepareResult
 from dra_node_agent.plugin.handler import DRAHandler
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 def _describe(claim: ClaimRef) -> str:
@@ -95,14 +97,36 @@ class ClaimService:
         self._driver = driver
         self._handler = handler
         self._lock: asyncio.Lock | None = asyncio.Lock() if serialize else None
+        self._running: set[asyncio.Task[Mapping[str, object]]] = set()
 
-    @contextlib.asynccontextmanager
-    async def _serialized(self) -> AsyncIterator[None]:
-        if self._lock is None:
-            yield
-            return
-        async with self._lock:
-            yield
+    async def _call(self, work: Callable[[], Awaitable[Mapping[str, T]]]) -> Mapping[str, object]:
+        """Run one handler call to completion, even if kubelet gives up waiting for it.
+
+        kubelet cancels a call after 45 s and retries later; cancelling the handler halfway through
+        device setup would leave it in a state nobody recorded, so the call runs in its own task and
+        only the waiting is cancelled. ``drain`` lets shutdown wait for such calls.
+        """
+
+        async def serialized() -> Mapping[str, T]:
+            if self._lock is None:
+                return await work()
+            async with self._lock:
+                return await work()
+
+        task = asyncio.create_task(serialized())
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+        returned = await asyncio.shield(task)
+        if not isinstance(returned, Mapping):
+            raise TypeError(f"driver returned a {type(returned).__name__} instead of a mapping")
+        return returned
+
+    async def drain(self, *, grace: float) -> None:
+        """Wait up to ``grace`` seconds for handler calls still running after their RPC ended."""
+        if self._running:
+            _done, pending = await asyncio.wait(set(self._running), timeout=grace)
+            if pending:
+                logger.warning("stopping with %d %s handler calls still running", len(pending), self._driver)
 
     @staticmethod
     def _split(claims: Sequence[ClaimRef]) -> tuple[dict[str, str], list[ClaimRef]]:
@@ -132,10 +156,7 @@ class ClaimService:
             return results
         returned: Mapping[str, object]
         try:
-            async with self._serialized():
-                returned = await self._handler.prepare(valid)
-            if not isinstance(returned, Mapping):
-                raise TypeError(f"driver returned a {type(returned).__name__} instead of a mapping")
+            returned = await self._call(lambda: self._handler.prepare(valid))
         except Exception as exc:
             logger.exception("prepare for driver %s failed for %d claims", self._driver, len(valid))
             text = _exception_text(exc)
@@ -156,10 +177,7 @@ class ClaimService:
             return errors
         returned: Mapping[str, object]
         try:
-            async with self._serialized():
-                returned = await self._handler.unprepare(valid)
-            if not isinstance(returned, Mapping):
-                raise TypeError(f"driver returned a {type(returned).__name__} instead of a mapping")
+            returned = await self._call(lambda: self._handler.unprepare(valid))
         except Exception as exc:
             logger.exception("unprepare for driver %s failed for %d claims", self._driver, len(valid))
             text = _exception_text(exc)

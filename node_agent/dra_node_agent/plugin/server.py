@@ -53,6 +53,7 @@ class RunningPlugin:
         registration_server: grpc.aio.Server,
         registration_inode: int,
         registration: RegistrationServicer,
+        service: ClaimService,
         stopping: asyncio.Event,
         grace_period: float,
     ) -> None:
@@ -64,6 +65,7 @@ class RunningPlugin:
         self._registration_server = registration_server
         self._registration_inode = registration_inode
         self._registration = registration
+        self._service = service
         self._stopping = stopping
         self._grace_period = grace_period
         self._stopped = False
@@ -91,7 +93,11 @@ class RunningPlugin:
         return self._registration.registered
 
     async def stop(self, *, grace: float | None = None) -> None:
-        """Stop serving and remove both sockets; in-flight calls get ``grace`` seconds. Idempotent."""
+        """Stop serving and remove both sockets; in-flight calls get ``grace`` seconds. Idempotent.
+
+        Each step waits up to ``grace``: the registration server, the DRA server, then handler calls
+        that outlived a cancelled RPC.
+        """
         if self._stopped:
             return
         self._stopped = True
@@ -104,6 +110,8 @@ class RunningPlugin:
         await self._registration_server.stop(grace)
         await self._dra_server.stop(grace)
         await asyncio.to_thread(sockets.remove_socket, self.paths.dra_socket, inode=self._dra_inode)
+        # Handler calls whose RPC was cancelled still run; let them finish within the same grace.
+        await self._service.drain(grace=grace)
         logger.info("stopped kubelet plugin of driver %s", self.driver)
 
     async def __aenter__(self) -> RunningPlugin:
@@ -196,6 +204,7 @@ async def serve_plugin(
         registration_server=registration_server,
         registration_inode=registration_inode,
         registration=registration,
+        service=service,
         stopping=stopping,
         grace_period=grace_period,
     )

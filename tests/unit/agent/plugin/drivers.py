@@ -60,6 +60,7 @@ class GatedHandler(RecordingHandler):
         self.inside = 0
         self.most_inside = 0
         self.entered = asyncio.Condition()
+        self.cancelled = 0
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareResult]:
         async with self.entered:
@@ -69,6 +70,9 @@ class GatedHandler(RecordingHandler):
         try:
             await self.release.wait()
             return await super().prepare(claims)
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
         finally:
             self.inside -= 1
 

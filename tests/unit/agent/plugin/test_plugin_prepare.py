@@ -9,7 +9,7 @@ from typing import get_args
 import pytest
 
 from dra_api.kubeletapi.model import DRAVersion
-from dra_api.localcluster.kubelet import KubeletPluginClient
+from dra_api.localcluster.kubelet import KubeletPluginClient, PluginCallError
 from dra_node_agent.plugin import ClaimRef, PreparedDevice, PrepareResult, serve_plugin
 from dra_node_agent.plugin.dra_service import ClaimService
 
@@ -224,3 +224,22 @@ async def test_serialize_holds_the_second_call_until_the_first_returns(
     assert (await first)["uid-a"].error == ""
     assert (await second)["uid-b"].error == ""
     assert gated.most_inside == inside_while_blocked
+
+
+async def test_a_call_kubelet_gave_up_on_still_completes(registry_dir: Path, plugins_dir: Path) -> None:
+    gated = GatedHandler()
+    running = await serve_plugin(
+        driver=DRIVER, handler=gated, registry_dir=registry_dir, plugins_dir=plugins_dir
+    )
+    client = await KubeletPluginClient.register(running.registration_socket)
+    try:
+        # The handler is held, so this deadline always expires first, as kubelet's 45 s would.
+        with pytest.raises(PluginCallError, match="DEADLINE_EXCEEDED"):
+            await client.prepare([CLAIM_A], deadline=0.2)
+        gated.release.set()
+    finally:
+        await client.close()
+        await running.stop(grace=30)  # waits for the abandoned handler call
+
+    assert gated.cancelled == 0
+    assert gated.prepared == [[CLAIM_A]]
