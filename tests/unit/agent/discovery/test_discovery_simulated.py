@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pynvml
 import pytest
+import yaml
 
 from dra_node_agent.discovery.base import MAX_ATTRIBUTES_AND_CAPACITIES, check_inventory
 from dra_node_agent.discovery.detect import DiscoveryConfig, select_backends
@@ -190,3 +191,13 @@ async def test_explicit_and_simulated_backend_selection(tmp_path: Path) -> None:
         )
     with pytest.raises(ValueError, match="unknown backend 'amd'"):
         DiscoveryConfig(node_name="n", backends=("amd",))
+
+
+def test_command_line_prints_the_slice_devices(capsys: pytest.CaptureFixture[str]) -> None:
+    from dra_node_agent.discovery.__main__ import main
+
+    assert main(["--profile", "tpu-v5e-2x2", "--node-name", "n1"]) == 0
+    (document,) = list(yaml.safe_load_all(capsys.readouterr().out))
+    assert document["driver"] == "tpu.google.com"
+    assert [d["name"] for d in document["devices"]] == ["tpu-0", "tpu-1", "tpu-2", "tpu-3"]
+    assert document["errors"] == []
