@@ -1,0 +1,196 @@
+"""The node agent as a real subprocess, and the node it serves, for tests against the local cluster.
+
+``AgentProcess`` runs ``python -m dra_node_agent.cli run`` with a simulated profile, the kubelet
+folders in a short temporary directory (unix socket paths are limited to 107 bytes), and the
+agent's own ServiceAccount credentials (the project's ClusterRole, so RBAC is exercised for real).
+It can be stopped with SIGTERM or killed with SIGKILL, and started again on the same folders.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dra_api.localcluster import LocalCluster
+
+REPO = Path(__file__).resolve().parents[3]
+GPU = "gpu.nvidia.com"
+TPU = "tpu.google.com"
+AGENT_NAMESPACE = "accel-dra"
+AGENT_SERVICE_ACCOUNT = "accel-dra-node-agent"
+
+
+@dataclass
+class AgentDirs:
+    """One node's host folders: kubelet's, CDI, agent state, and a fake /proc for the boot ID."""
+
+    root: Path
+
+    @property
+    def registry(self) -> Path:
+        return self.root / "reg"
+
+    @property
+    def plugins(self) -> Path:
+        return self.root / "plg"
+
+    @property
+    def cdi(self) -> Path:
+        return self.root / "cdi"
+
+    @property
+    def state(self) -> Path:
+        return self.root / "state"
+
+    @property
+    def proc(self) -> Path:
+        return self.root / "proc"
+
+    @property
+    def boot_id(self) -> Path:
+        return self.proc / "sys/kernel/random/boot_id"
+
+    def checkpoint(self, driver: str = GPU) -> Path:
+        return self.state / driver / "checkpoint.json"
+
+    def checkpoint_claims(self, driver: str = GPU) -> dict[str, Any]:
+        doc = json.loads(self.checkpoint(driver).read_text())
+        claims: dict[str, Any] = doc["data"]["preparedClaims"]
+        return claims
+
+    def registration_socket(self, driver: str = GPU) -> Path:
+        return self.registry / f"{driver}-reg.sock"
+
+    def cdi_spec(self, claim_uid: str, driver: str = GPU) -> Path:
+        return self.cdi / f"k8s.{driver}-claim_{claim_uid}.json"
+
+    def create(self) -> None:
+        for folder in (self.registry, self.plugins, self.cdi, self.state, self.boot_id.parent):
+            folder.mkdir(parents=True, exist_ok=True)
+        if not self.boot_id.exists():
+            self.boot_id.write_text("boot-one\n")
+
+
+def agent_kubeconfig(cluster: LocalCluster) -> Path:
+    """A kubeconfig with the node agent ServiceAccount's token, bound to the project's ClusterRole."""
+    cluster.kubectl("create", "namespace", AGENT_NAMESPACE, check=False)
+    cluster.apply(
+        [
+            {
+                "apiVersion": "v1",
+                "kind": "ServiceAccount",
+                "metadata": {"name": AGENT_SERVICE_ACCOUNT, "namespace": AGENT_NAMESPACE},
+            }
+        ]
+    )
+    for name in ("node-agent-clusterrole.yaml", "node-agent-clusterrolebinding.yaml"):
+        cluster.apply((REPO / "manifests/base" / name).read_text())
+    token = cluster.kubectl(
+        "create", "token", AGENT_SERVICE_ACCOUNT, "-n", AGENT_NAMESPACE, "--duration=2h"
+    ).stdout.strip()
+    return cluster.kubeconfig_for_token(token, name="node-agent")
+
+
+@dataclass
+class AgentProcess:
+    """One agent subprocess for ``node``; ``start`` may be called again after ``kill``/``stop``."""
+
+    node: str
+    dirs: AgentDirs
+    kubeconfig: Path
+    profiles: Sequence[str] = ("h100-80gb-x8",)
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    process: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+
+    @property
+    def log_path(self) -> Path:
+        return self.dirs.root / "agent.log"
+
+    def argv(self) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "dra_node_agent.cli",
+            "run",
+            f"--node-name={self.node}",
+            f"--kubeconfig={self.kubeconfig}",
+            f"--simulate-profile={','.join(self.profiles)}",
+            f"--kubelet-registry-dir={self.dirs.registry}",
+            f"--kubelet-plugins-dir={self.dirs.plugins}",
+            f"--cdi-dir={self.dirs.cdi}",
+            f"--state-dir={self.dirs.state}",
+            f"--proc-root={self.dirs.proc}",
+            "--metrics-address=",
+            "--slice-resync-delay=0.2",
+            "--log-level=DEBUG",
+        ]
+
+    def start(self, *, env: Mapping[str, str] | None = None, wait: bool = True) -> None:
+        assert self.process is None or self.process.poll() is not None, "agent already running"
+        self.dirs.create()
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("DRA_AGENT_")}
+        full_env.pop("KUBECONFIG", None)
+        full_env.pop("NODE_NAME", None)
+        full_env.update(self.extra_env)
+        full_env.update(env or {})
+        self.starts += 1
+        log = self.log_path.open("ab")
+        log.write(f"\n===== start #{self.starts} =====\n".encode())
+        log.flush()
+        self.process = subprocess.Popen(self.argv(), stdout=log, stderr=subprocess.STDOUT, env=full_env)
+        log.close()
+        if wait:
+            self.wait_serving()
+
+    def wait_serving(self, *, timeout: float = 60) -> None:
+        """Wait until every driver's registration socket exists (the agent creates it last)."""
+        drivers = [GPU if not p.startswith("tpu") else TPU for p in self.profiles]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(f"agent exited with {self.process.returncode}:\n{self.log_tail()}")
+            if all(_is_socket(self.dirs.registration_socket(d)) for d in drivers):
+                return
+            time.sleep(0.1)
+        raise TimeoutError(f"agent on {self.node} did not serve within {timeout} s:\n{self.log_tail()}")
+
+    def kill(self) -> None:
+        """SIGKILL: no clean-up at all, as after an OOM kill or a node-level crash."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(timeout=30)
+
+    def stop(self) -> int:
+        """SIGTERM and wait; returns the exit status."""
+        assert self.process is not None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            self.process.wait(timeout=30)
+        return int(self.process.returncode)
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def log_tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+
+def _is_socket(path: Path) -> bool:
+    import stat
+
+    try:
+        return stat.S_ISSOCK(path.lstat().st_mode)
+    except FileNotFoundError:
+        return False
