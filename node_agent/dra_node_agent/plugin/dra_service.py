@@ -98,6 +98,7 @@ class ClaimService:
         self._handler = handler
         self._lock: asyncio.Lock | None = asyncio.Lock() if serialize else None
         self._running: set[asyncio.Task[Mapping[str, object]]] = set()
+        self._abandoned: set[asyncio.Task[Mapping[str, object]]] = set()
 
     async def _call(self, work: Callable[[], Awaitable[Mapping[str, T]]]) -> Mapping[str, object]:
         """Run one handler call to completion, even if kubelet gives up waiting for it.
@@ -115,11 +116,27 @@ class ClaimService:
 
         task = asyncio.create_task(serialized())
         self._running.add(task)
-        task.add_done_callback(self._running.discard)
-        returned = await asyncio.shield(task)
+        task.add_done_callback(self._finished)
+        try:
+            returned = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            self._abandoned.add(task)
+            raise
         if not isinstance(returned, Mapping):
             raise TypeError(f"driver returned a {type(returned).__name__} instead of a mapping")
         return returned
+
+    def _finished(self, task: asyncio.Task[Mapping[str, object]]) -> None:
+        self._running.discard(task)
+        if task in self._abandoned:
+            # Nobody awaits this one any more, so its failure is reported here.
+            self._abandoned.discard(task)
+            if not task.cancelled() and task.exception() is not None:
+                logger.warning(
+                    "%s handler call that kubelet stopped waiting for failed: %s",
+                    self._driver,
+                    task.exception(),
+                )
 
     async def drain(self, *, grace: float) -> None:
         """Wait up to ``grace`` seconds for handler calls still running after their RPC ended."""

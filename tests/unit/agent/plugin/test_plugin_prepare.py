@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 from typing import get_args
 
@@ -243,3 +244,24 @@ async def test_a_call_kubelet_gave_up_on_still_completes(registry_dir: Path, plu
 
     assert gated.cancelled == 0
     assert gated.prepared == [[CLAIM_A]]
+
+
+async def test_a_failure_nobody_waits_for_is_logged(
+    registry_dir: Path, plugins_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    gated = GatedHandler()
+    gated.raise_error = RuntimeError("device reset failed")
+    running = await serve_plugin(
+        driver=DRIVER, handler=gated, registry_dir=registry_dir, plugins_dir=plugins_dir
+    )
+    client = await KubeletPluginClient.register(running.registration_socket)
+    try:
+        with pytest.raises(PluginCallError, match="DEADLINE_EXCEEDED"):
+            await client.prepare([CLAIM_A], deadline=0.2)
+        gated.release.set()
+    finally:
+        await client.close()
+        await running.stop(grace=30)
+
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("stopped waiting for failed: device reset failed" in m for m in warnings)
