@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -269,3 +270,23 @@ def test_stale_prepare_started_entries(path: Path, boot_id: Path) -> None:
 def test_unreadable_boot_id_is_a_clear_error(path: Path, tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match=r"boot ID .*missing: cannot read"):
         CheckpointStore(path, tmp_path / "missing").load()
+
+
+def test_concurrent_writers_lose_no_update(path: Path, boot_id: Path) -> None:
+    # Two stores (as two agent pods would) writing from threads at once: flock serializes them.
+    stores = [store(path, boot_id), store(path, boot_id)]
+
+    def prepare(which: int) -> None:
+        for i in range(15):
+            uid = f"claim-{which}-{i}"
+            device = PreparedDevice(request="r", pool="node-1", device=f"dev-{which}-{i}")
+            stores[which].begin(ClaimRef(uid=uid, namespace="ns", name=uid), [device])
+            stores[which].complete(uid, [device])
+
+    threads = [threading.Thread(target=prepare, args=(w,)) for w in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    entries = store(path, boot_id).entries(ClaimState.PREPARE_COMPLETED)
+    assert len(entries) == 30
