@@ -10,6 +10,7 @@ allocator must (type first, versions by semver precedence).
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -81,13 +82,20 @@ class Version:
 
     def precedence_key(self) -> tuple[int, int, int, int, tuple[tuple[int, int, str], ...]]:
         """A sort key giving SemVer precedence: a release sorts after its pre-releases."""
-        pre = self.prerelease
-        # Numeric identifiers sort before alphanumeric ones, numerically among themselves.
-        pre_key = tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in pre)
-        return (self.major, self.minor, self.patch, 0 if pre else 1, pre_key)
+        return _precedence_key(self.text)
 
     def __str__(self) -> str:
         return self.text
+
+
+@functools.lru_cache(maxsize=4096)
+def _precedence_key(text: str) -> tuple[int, int, int, int, tuple[tuple[int, int, str], ...]]:
+    match = _SEMVER_RE.match(text)
+    assert match is not None  # only called for validated versions
+    major, minor, patch, pre = match.group(1), match.group(2), match.group(3), match.group(4)
+    # Numeric identifiers sort before alphanumeric ones, numerically among themselves.
+    pre_key = tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in pre.split(".")) if pre else ()
+    return (int(major), int(minor), int(patch), 0 if pre else 1, pre_key)
 
 
 def _cmp(a: Any, b: Any) -> int:

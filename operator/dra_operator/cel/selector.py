@@ -19,15 +19,14 @@ from typing import Any, Final
 
 from celpy import celtypes
 from celpy.celparser import CELParseError, CELParser
-from celpy.evaluation import Activation, CELEvalError
+from celpy.evaluation import CELEvalError
 
 from dra_api.attributes import AttributeValue, UnsupportedAttribute, Version
 from dra_api.quantity import Quantity
 
 from .checker import Tree, check
+from .compiler import DomainMap, Program, compile_program
 from .errors import CelCompileError, CelRuntimeError
-from .evaluator import DomainMap, DraEvaluator
-from .library import FUNCTIONS
 from .projection import DeviceReads, analyse
 from .values import attribute_to_cel, cel_kind
 
@@ -129,6 +128,8 @@ def _domain_entries(mapping: Mapping[str, Any], *, driver: str, domain: str | No
 
 
 def _check_attributes(device: DeviceInput) -> None:
+    if not any(isinstance(v, UnsupportedAttribute) for v in device.attributes.values()):
+        return
     for key in sorted(device.attributes):
         value = device.attributes[key]
         if isinstance(value, UnsupportedAttribute):
@@ -149,12 +150,25 @@ def _domain_maps(
     guarantees the expression reads nothing else, and conversion dominates the cost otherwise.
     """
     maps: dict[str, dict[Any, Any]] = {}
-    for key, value in _domain_entries(mapping, driver=driver, domain=None).items():
-        dom, _, name = key.partition("/")
-        if entries is not None and domains is not None and (dom, name) not in entries and dom not in domains:
-            continue
-        maps.setdefault(dom, {})[celtypes.StringType(name)] = convert(value)
-    return DomainMap({celtypes.StringType(d): celtypes.MapType(m) for d, m in maps.items()})
+    if entries is None or domains is None:
+        for key, value in _domain_entries(mapping, driver=driver, domain=None).items():
+            dom, _, name = key.partition("/")
+            maps.setdefault(dom, {})[celtypes.StringType(name)] = convert(value)
+    else:
+        for dom in domains:
+            for name, value in _domain_entries(mapping, driver=driver, domain=dom).items():
+                maps.setdefault(dom, {})[celtypes.StringType(name)] = convert(value)
+        for dom, name in entries:
+            value = _lookup(mapping, driver=driver, domain=dom, name=name)
+            if value is not _MISSING:
+                maps.setdefault(dom, {})[celtypes.StringType(name)] = convert(value)
+    out = DomainMap()
+    # dict.update: MapType's own constructor checks every key in Python, which is slow.
+    for dom, entries_of_domain in maps.items():
+        inner = celtypes.MapType()
+        dict.update(inner, entries_of_domain)
+        dict.__setitem__(out, celtypes.StringType(dom), inner)
+    return out
 
 
 def _identity(value: Any) -> Any:
@@ -170,28 +184,37 @@ def _to_cel(device: DeviceInput, reads: DeviceReads) -> celtypes.MapType:
 
     attr_entries, attr_domains = part("attributes")
     cap_entries, cap_domains = part("capacity")
-    return celtypes.MapType(
+    out = celtypes.MapType()
+    dict.update(
+        out,
         {
-            celtypes.StringType("driver"): celtypes.StringType(device.driver),
-            celtypes.StringType("attributes"): _domain_maps(
+            _DRIVER: celtypes.StringType(device.driver),
+            _ATTRIBUTES: _domain_maps(
                 device.attributes,
                 driver=device.driver,
                 convert=attribute_to_cel,
                 entries=attr_entries,
                 domains=attr_domains,
             ),
-            celtypes.StringType("capacity"): _domain_maps(
+            _CAPACITY: _domain_maps(
                 device.capacity,
                 driver=device.driver,
                 convert=_identity,
                 entries=cap_entries,
                 domains=cap_domains,
             ),
-            celtypes.StringType("allowMultipleAllocations"): celtypes.BoolType(
-                device.allow_multiple_allocations
-            ),
-        }
+            _ALLOW_MULTIPLE: _TRUE if device.allow_multiple_allocations else _FALSE,
+        },
     )
+    return out
+
+
+_DRIVER: Final = celtypes.StringType("driver")
+_ATTRIBUTES: Final = celtypes.StringType("attributes")
+_CAPACITY: Final = celtypes.StringType("capacity")
+_ALLOW_MULTIPLE: Final = celtypes.StringType("allowMultipleAllocations")
+_TRUE: Final = celtypes.BoolType(True)
+_FALSE: Final = celtypes.BoolType(False)
 
 
 class _Projector:
@@ -247,13 +270,12 @@ class _Projector:
 class CompiledSelector:
     """A compiled CEL device selector. ``matches`` is safe to call from several threads."""
 
-    def __init__(self, *, expression: str, ast: Tree, reads: DeviceReads) -> None:
+    def __init__(self, *, expression: str, program: Program, reads: DeviceReads) -> None:
         self.expression = expression
         self.reads = reads
         self.evaluations = 0
-        self._ast = ast
+        self._program = program
         self._projector = _Projector(reads)
-        self._activation = Activation(functions=FUNCTIONS)
         self._memo: OrderedDict[Hashable, bool | CelRuntimeError] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -284,16 +306,15 @@ class CompiledSelector:
     def _evaluate(self, device: DeviceInput) -> bool | CelRuntimeError:
         self.evaluations += 1
         _count_one()
-        evaluator = DraEvaluator(self._ast, activation=self._activation)
         try:
-            result = evaluator.evaluate({"device": _to_cel(device, self.reads)})
-        except CELEvalError as exc:
-            return CelRuntimeError(_eval_message(exc))
+            result = self._program({"device": _to_cel(device, self.reads)})
         except RecursionError:
             return CelRuntimeError("expression nested too deeply")
         except Exception as exc:  # a cel-python internal failure must not take the allocator down
             logger.warning("CEL evaluation of %r failed unexpectedly", self.expression, exc_info=True)
             return CelRuntimeError(f"evaluation failed: {type(exc).__name__}: {exc}")
+        if isinstance(result, CELEvalError):
+            return CelRuntimeError(_eval_message(result))
         if isinstance(result, celtypes.BoolType | bool):
             return bool(result)
         return CelRuntimeError(f"expression result is {cel_kind(result)}, not bool")
@@ -338,6 +359,11 @@ def compile_selector(expression: str) -> CompiledSelector:
         tree = _parse(expression)
         check(tree, expression)
         reads = analyse(tree)
+        program = compile_program(tree)
     except RecursionError:
         raise CelCompileError("compilation failed: expression nested too deeply") from None
-    return CompiledSelector(expression=expression, ast=tree, reads=reads)
+    except ValueError as exc:
+        if isinstance(exc, CelCompileError):
+            raise
+        raise CelCompileError(f"compilation failed: {exc}") from None
+    return CompiledSelector(expression=expression, program=program, reads=reads)

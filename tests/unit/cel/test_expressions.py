@@ -176,7 +176,7 @@ RUNTIME_ERRORS = [
     ('quantity("bad") == quantity("1")', "quantity"),
     ('semver("1.2") == semver("1.2.0")', "semver"),
     ('$C.memory.add(quantity("0.5")).asInteger() == 1', "cannot convert"),
-    ("$A.model == 1", "no matching overload"),
+    ("$A.model == 1", "no such overload: _==_"),
     ("$A.model", "not bool"),
     ('$A.driverVersion == "1.2.3"', "overload"),
     ("$A.big.includes(1)", "more than the limit of 48"),
