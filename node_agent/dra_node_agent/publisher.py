@@ -265,15 +265,16 @@ class SlicePublisher:
         await self.sync()
 
     async def _node_owner(self) -> dict[str, Any]:
-        if self._owner is None:
-            node: Any = await self._core.read_node(self.node_name)
-            self._owner = {
-                "apiVersion": "v1",
-                "kind": "Node",
-                "name": self.node_name,
-                "uid": node.metadata.uid,
-                "controller": True,
-            }
+        # Read on every pass: a Node deleted and re-created under the same name has a new UID, and
+        # slices owned by the old one would be garbage-collected as soon as they are written.
+        node: Any = await self._core.read_node(self.node_name)
+        self._owner = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "name": self.node_name,
+            "uid": node.metadata.uid,
+            "controller": True,
+        }
         return self._owner
 
     async def list_slices(self) -> tuple[list[dict[str, Any]], str]:

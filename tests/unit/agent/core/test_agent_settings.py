@@ -1,0 +1,73 @@
+"""Settings: flags over environment over defaults, and clear errors naming the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dra_node_agent.cli import build_parser
+from dra_node_agent.settings import Settings, SettingsError, load_settings
+
+
+def load(argv: list[str], env: dict[str, str]) -> Settings:
+    return load_settings(args=build_parser().parse_args(["run", *argv]), environ=env)
+
+
+def test_defaults_with_node_name_from_the_downward_api_variable() -> None:
+    settings = load([], {"NODE_NAME": "node-a"})
+    assert settings.node_name == "node-a"
+    assert settings.kubeconfig is None
+    assert settings.backends == ("auto",)
+    assert settings.simulate_profile == ()
+    assert settings.gpu_driver_name == "gpu.nvidia.com"
+    assert settings.tpu_driver_name == "tpu.google.com"
+    assert settings.kubelet_registry_dir == Path("/var/lib/kubelet/plugins_registry")
+    assert settings.kubelet_plugins_dir == Path("/var/lib/kubelet/plugins")
+    assert settings.cdi_dir == Path("/var/run/cdi")
+    assert settings.metrics_address == ":8081"
+    assert settings.checkpoint_dir(driver="gpu.nvidia.com") == Path("/var/lib/accel-dra/gpu.nvidia.com")
+
+
+def test_flag_beats_prefixed_env_beats_alias() -> None:
+    env = {"NODE_NAME": "alias", "DRA_AGENT_NODE_NAME": "prefixed", "DRA_AGENT_RESYNC_INTERVAL": "30"}
+    assert load([], env).node_name == "prefixed"
+    settings = load(["--node-name=flag", "--resync-interval=5"], env)
+    assert settings.node_name == "flag"
+    assert settings.resync_interval == 5.0
+    assert load([], env).resync_interval == 30.0
+
+
+def test_lists_and_paths() -> None:
+    settings = load(
+        ["--simulate-profile=h100-80gb-x8, tpu-v6e-2x4", "--cdi-dir=/tmp/cdi", "--kubeconfig=/k"],
+        {"NODE_NAME": "n", "DRA_AGENT_BACKENDS": "nvidia,tpu"},
+    )
+    assert settings.simulate_profile == ("h100-80gb-x8", "tpu-v6e-2x4")
+    assert settings.backends == ("nvidia", "tpu")
+    assert settings.cdi_dir == Path("/tmp/cdi")
+    assert settings.kubeconfig == "/k"
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        ([], {}, "node_name is empty"),
+        (["--backends=cuda"], {"NODE_NAME": "n"}, "setting backends"),
+        (["--resync-interval=soon"], {"NODE_NAME": "n"}, "resync_interval: 'soon' is not a number"),
+        (["--resync-interval=0"], {"NODE_NAME": "n"}, "must be greater than 0"),
+        (["--tpu-driver-name=gpu.nvidia.com"], {"NODE_NAME": "n"}, "are both"),
+        (["--log-level=LOUD"], {"NODE_NAME": "n"}, "log_level"),
+    ],
+)
+def test_bad_values_name_the_field(argv: list[str], env: dict[str, str], message: str) -> None:
+    with pytest.raises(SettingsError, match=message):
+        load(argv, env)
+
+
+def test_help_reads_like_a_reference(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["run", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for needle in ("--node-name", "$NODE_NAME", "--simulate-profile", "$DRA_AGENT_CDI_DIR", "Default: :8081"):
+        assert needle in text
