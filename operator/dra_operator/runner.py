@@ -50,7 +50,7 @@ def configure_kopf(kopf_settings: kopf.OperatorSettings, settings: Settings) -> 
     kopf_settings.watching.client_timeout = settings.watch_client_timeout_s
     kopf_settings.watching.connect_timeout = settings.watch_connect_timeout_s
     kopf_settings.networking.request_timeout = settings.request_timeout_s
-    kopf_settings.peering.lifetime = 60
+    kopf_settings.peering.lifetime = settings.peering_lifetime_s
     # The operator posts its own Events (with reasons users can filter on); Kopf's handler
     # chatter would only add noise on every claim.
     kopf_settings.posting.enabled = False

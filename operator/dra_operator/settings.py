@@ -71,6 +71,9 @@ class Settings:
     """Peering priority; the live instance with the highest priority is the active one. Random by
     default, so two instances never tie (Kopf pauses both instances on a tie)."""
 
+    peering_lifetime_s: int = 60
+    """How long a peer's keep-alive counts; a standby takes over this long after the active one died."""
+
     identity: str | None = None
     """Peering identity; defaults to $POD_ID, or host, pid and a random suffix."""
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -474,7 +475,8 @@ class _Run:
 
     def _capacity_fits(self, spec: Spec, entry: DeviceEntry) -> bool:
         device = entry.device
-        if not device.capacity and not spec.capacity:
+        if not spec.capacity and (not device.capacity or not device.allow_multiple_allocations):
+            # A dedicated device without capacity requests consumes all of its capacity: always fits.
             return True
         return cap.fits(
             device=device,
@@ -801,7 +803,7 @@ class _Run:
             d = pick.entry.device
             per_device = s.per_device_node_selection
             if s.node_name or (per_device and d.node_name) or (binding and d.binds_to_node):
-                return NodeSelector.for_node(self.node.name)
+                return _node_selector_for(self.node.name)
             selector = (
                 s.node_selector if s.node_selector is not None else (d.node_selector if per_device else None)
             )
@@ -819,6 +821,11 @@ class _Run:
         return NodeSelector(
             terms=(NodeSelectorTerm(match_expressions=tuple(expressions), match_fields=tuple(fields)),)
         )
+
+
+@functools.lru_cache(maxsize=4096)
+def _node_selector_for(node_name: str) -> NodeSelector:
+    return NodeSelector.for_node(node_name)
 
 
 def _merge(into: list[NodeSelectorRequirement], requirements: Iterable[NodeSelectorRequirement]) -> None:

@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from dra_api.attributes import UnsupportedAttribute
-from dra_api.model import Device, DeviceSelector, Node, ResourceSlice
-from dra_api.model._json import empty_map
+from dra_api.model import Device, DeviceSelector, Node, ResourceSlice, empty_map, shared_map
 from dra_api.quantity import Quantity
 from dra_operator.allocator.state import DeviceID
 from dra_operator.cel import DeviceInput
@@ -48,7 +47,7 @@ class DeviceEntry:
             self._input = DeviceInput(
                 driver=self.slice.driver,
                 attributes=device.attributes,
-                capacity=MappingProxyType({k: c.value for k, c in device.capacity.items()}),
+                capacity=shared_map({k: c.value for k, c in device.capacity.items()}),
                 allow_multiple_allocations=device.allow_multiple_allocations,
             )
         return self._input
