@@ -76,7 +76,9 @@ def _rss_mib(pid: int) -> float:
     return float("nan")
 
 
-async def bench(cluster: LocalCluster, *, nodes: int, gpus: int, claims: int) -> None:
+async def bench(
+    cluster: LocalCluster, proc: subprocess.Popen[bytes], *, nodes: int, gpus: int, claims: int
+) -> None:
     api = await make_api_client(kubeconfig=cluster.kubeconfig)
     core: Any = client.CoreV1Api(api)
     custom: Any = client.CustomObjectsApi(api)
@@ -95,25 +97,6 @@ async def bench(cluster: LocalCluster, *, nodes: int, gpus: int, claims: int) ->
         32,
     )
 
-    port = free_port()
-    log = Path(tempfile.mkdtemp(prefix="bench-operator-")) / "operator.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "dra_operator.cli",
-                "run",
-                f"--kubeconfig={cluster.kubeconfig}",
-                f"--metrics-port={port}",
-                "--metrics-host=127.0.0.1",
-                f"--gpu-class={GPU_CLASS}",
-                "--standalone=true",
-                "--log-level=WARNING",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
     try:
         # The class exists once the operator has listed the cluster and ensured its classes.
         deadline = time.monotonic() + 120
@@ -219,12 +202,29 @@ async def bench(cluster: LocalCluster, *, nodes: int, gpus: int, claims: int) ->
         print(f"operator RSS: {rss_idle:.0f} MiB idle, {rss_busy:.0f} MiB after allocating")
         print(f"raw claim status updates (one client, 16 in flight): {raw_rate:.0f}/s")
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
         await api.close()
+
+
+def start_operator(cluster: LocalCluster) -> subprocess.Popen[bytes]:
+    port = free_port()
+    log = Path(tempfile.mkdtemp(prefix="bench-operator-")) / "operator.log"
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "dra_operator.cli",
+                "run",
+                f"--kubeconfig={cluster.kubeconfig}",
+                f"--metrics-port={port}",
+                "--metrics-host=127.0.0.1",
+                f"--gpu-class={GPU_CLASS}",
+                "--standalone=true",
+                "--log-level=WARNING",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
 
 
 def main() -> None:
@@ -236,7 +236,15 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="bench-cluster-"))
     with LocalCluster(workdir=workdir) as cluster:
         os.environ.pop("KUBECONFIG", None)
-        asyncio.run(bench(cluster, nodes=args.nodes, gpus=args.gpus, claims=args.claims))
+        proc = start_operator(cluster)
+        try:
+            asyncio.run(bench(cluster, proc, nodes=args.nodes, gpus=args.gpus, claims=args.claims))
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
 
 
 if __name__ == "__main__":
