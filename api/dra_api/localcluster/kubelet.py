@@ -363,7 +363,11 @@ class KubeletPluginClient:
     async def health_reports(
         self, *, idle_timeout: float = HEALTH_IDLE_TIMEOUT
     ) -> AsyncIterator[list[DeviceHealth]]:
-        """Iterate health reports until the stream ends; raises if the plugin stays silent too long."""
+        """Iterate health reports until the stream ends; raises if the plugin stays silent too long.
+
+        Breaking out early leaves the stream open until the generator is closed: wrap it in
+        ``contextlib.aclosing`` for that.
+        """
         async with self.watch_health() as stream:
             while True:
                 report = await stream.next(idle_timeout=idle_timeout)
