@@ -22,11 +22,11 @@ from typing import Any, Final
 
 import lark
 from celpy import celtypes
-from celpy.evaluation import CELEvalError, Evaluator, base_functions, operator_in
+from celpy.evaluation import CELEvalError, Evaluator, base_functions
 
 from .checker import NAMESPACES, Tree, as_tree, bare_ident, unwrap
 from .library import FUNCTIONS
-from .values import cel_kind
+from .values import cel_kind, cel_values_equal
 
 __all__ = ["DomainMap", "Program", "compile_program"]
 
@@ -62,14 +62,34 @@ def _comparison(op: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
     return compare
 
 
+def _equals(a: Any, b: Any) -> bool:
+    """CEL heterogeneous equality: values of different built-in types are unequal, numbers compare
+    by value; a quantity or semver compared with another type has no overload (as upstream)."""
+    ka, kb = cel_kind(a), cel_kind(b)
+    if ka != kb and "null" not in (ka, kb) and ({ka, kb} & {"Quantity", "Semver"}):
+        raise TypeError("no such overload")
+    return cel_values_equal(a, b)
+
+
+def _in(item: Any, container: Any) -> Any:
+    if isinstance(container, list):
+        return _TRUE if any(cel_values_equal(item, c) for c in container) else _FALSE
+    if isinstance(container, dict):
+        try:
+            return _TRUE if dict.__contains__(container, item) else _FALSE
+        except TypeError:
+            return _FALSE
+    raise TypeError("no such overload")
+
+
 _OPERATORS: Final[Mapping[str, Callable[..., Any]]] = {
     "_<_": _comparison(operator.lt),
     "_<=_": _comparison(operator.le),
     "_>_": _comparison(operator.gt),
     "_>=_": _comparison(operator.ge),
-    "_==_": _comparison(operator.eq),
-    "_!=_": _comparison(operator.ne),
-    "_in_": operator_in,
+    "_==_": lambda a, b: _TRUE if _equals(a, b) else _FALSE,
+    "_!=_": lambda a, b: _FALSE if _equals(a, b) else _TRUE,
+    "_in_": _in,
 }
 
 

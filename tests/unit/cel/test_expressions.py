@@ -143,6 +143,8 @@ TRUE_EXPRESSIONS = [
     "dyn($A.numa) == 0",
     "type($A.numa) == int",
     "7 / 2 == 3 && 7 % 2 == 1 && -7 / 2 == -3",
+    "$A.numa == 0.0 && dyn(1u) == 1 && [1, 2.0] == [1.0, 2]",
+    '$A.model != 1 && [1, "a"] != [1, "b"]',
 ]
 
 FALSE_EXPRESSIONS = [
@@ -153,6 +155,11 @@ FALSE_EXPRESSIONS = [
     '$C.memory.compareTo(quantity("81Gi")) >= 0',
     "!device.allowMultipleAllocations",
     '"model" in device.attributes["unknown.example.com"]',
+    # heterogeneous equality: different types are unequal, not an error
+    "$A.model == 1",
+    "$A.sharing == 0",
+    '$A.numa == "0"',
+    '"0" in $A.cores',
 ]
 
 
@@ -176,7 +183,6 @@ RUNTIME_ERRORS = [
     ('quantity("bad") == quantity("1")', "quantity"),
     ('semver("1.2") == semver("1.2.0")', "semver"),
     ('$C.memory.add(quantity("0.5")).asInteger() == 1', "cannot convert"),
-    ("$A.model == 1", "no such overload: _==_"),
     ("$A.model", "not bool"),
     ('$A.driverVersion == "1.2.3"', "overload"),
     ("$A.big.includes(1)", "more than the limit of 48"),
@@ -206,6 +212,7 @@ COMPILE_ERRORS = [
     ('quantity("1") < quantity("2")', "no matching overload for '_<_'"),
     ('semver("1.0.0") > semver("0.1.0")', "no matching overload for '_>_'"),
     ("device.driver == 1", "no matching overload for '_==_'"),
+    ('$C.memory == "80Gi"', "no matching overload for '_==_'"),
     ('device.driver.compareTo("x") == 0', "no matching overload for 'compareTo'"),
     ('quantity("1").major() == 1', "no matching overload for 'major'"),
     ('"a".split() == []', "no matching overload for 'split'"),
