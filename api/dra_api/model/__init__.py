@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from dra_api.model._json import API_VERSIONS, V1, V1BETA1, V1BETA2
+from dra_api.model._json import API_VERSIONS, V1, V1BETA1, V1BETA2, empty_map, shared_map
 from dra_api.model.allocation import (
     FROM_CLAIM,
     FROM_CLASS,
@@ -129,5 +129,7 @@ __all__ = [
     "ResourcePool",
     "ResourceSlice",
     "ValidRange",
+    "empty_map",
     "from_json",
+    "shared_map",
 ]

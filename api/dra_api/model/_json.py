@@ -40,11 +40,9 @@ def shared_map(items: dict[K, V]) -> Mapping[K, V]:
     """A read-only view of ``items``, shared with every other map of identical content."""
     if not items:
         return EMPTY_MAP
-    try:
-        key = tuple(items.items())
-        found = _maps.get(key)
-    except TypeError:  # unhashable values: do not share
-        return MappingProxyType(items)
+    # repr() keeps types and spellings apart: True vs 1, "1Gi" vs "1073741824".
+    key = tuple((k, type(v), repr(v)) for k, v in items.items())
+    found = _maps.get(key)
     if found is None:
         if len(_maps) >= _CACHE_LIMIT:
             _maps.clear()

@@ -27,17 +27,14 @@ from dra_api.model.nodes import NodeSelector
 from dra_api.quantity import Quantity
 
 # Attribute values are interned so that equal values across devices share one object.
-_values: dict[tuple[type, Any], Any] = {}
+_values: dict[tuple[type, str], Any] = {}
 
 
 def _intern_value(value: Any) -> Any:
     if isinstance(value, str):
         return intern(value)
-    try:
-        key = (type(value), value)
-        found = _values.get(key)
-    except TypeError:
-        return value
+    key = (type(value), repr(value))  # repr keeps (True,) and (1,) apart
+    found = _values.get(key)
     if found is None:
         if len(_values) > 200_000:
             _values.clear()

@@ -258,3 +258,28 @@ def test_identical_maps_are_shared() -> None:
     s = ResourceSlice.from_json(body)
     assert s.devices[0].attributes is s.devices[2].attributes
     assert s.devices[0].capacity is s.devices[1].capacity
+
+
+def test_maps_are_not_shared_across_types() -> None:
+    body = copy.deepcopy(SLICE_V1)
+    body["spec"]["devices"] = [
+        {"name": "a", "attributes": {"x": {"int": 1}}},
+        {"name": "b", "attributes": {"x": {"bool": True}}},
+        {"name": "c", "capacity": {"m": {"value": "1Gi"}}},
+        {"name": "d", "capacity": {"m": {"value": "1073741824"}}},
+    ]
+    s = ResourceSlice.from_json(body)
+    assert s.devices[0].attributes["x"] is not True
+    assert s.devices[1].attributes["x"] is True
+    assert s.to_json()["spec"]["devices"] == body["spec"]["devices"]
+
+
+def test_list_values_keep_their_types() -> None:
+    body = copy.deepcopy(SLICE_V1)
+    body["spec"]["devices"] = [
+        {"name": "a", "attributes": {"x": {"ints": [1]}, "y": {"string": "s"}}},
+        {"name": "b", "attributes": {"x": {"bools": [True]}, "y": {"string": "s"}}},
+    ]
+    s = ResourceSlice.from_json(body)
+    assert s.devices[1].attributes["x"][0] is True  # type: ignore[index]
+    assert s.to_json()["spec"]["devices"] == body["spec"]["devices"]
