@@ -130,13 +130,15 @@ class ClusterModel:
             self.generation += 1
         self._forget("slice", name)
 
-    def upsert_node(self, obj: Mapping[str, Any]) -> Node:
+    def upsert_node(self, obj: Mapping[str, Any]) -> bool:
+        """Whether what allocation sees of the node (name, labels) changed; status updates do not."""
         node = Node.from_json(obj)
         old = self.nodes.get(node.name)
         self.nodes[node.name] = node
         if old != node:
             self.generation += 1
-        return node
+            return True
+        return False
 
     def remove_node(self, name: str) -> None:
         if self.nodes.pop(name, None) is not None:

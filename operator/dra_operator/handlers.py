@@ -100,8 +100,8 @@ def build_registry(parts: OperatorParts) -> kopf.OperatorRegistry:
         health.event_seen()
         if type == "DELETED":
             model.remove_node(name)
-        else:
-            model.upsert_node(_plain(body))
+        elif not model.upsert_node(_plain(body)):
+            return  # a status update (heartbeat, conditions): nothing allocation depends on
         parts.claims.on_cluster_change()
 
     @kopf.on.event("", "v1", "pods", registry=registry)

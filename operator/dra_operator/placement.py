@@ -11,10 +11,13 @@ import logging
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from dra_api.model import ALL, AllocationResult, Node, ResourceClaim
 from dra_operator.clustermodel import ClusterModel
+
+if TYPE_CHECKING:
+    from dra_operator.allocator.pools import SliceIndex
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +87,17 @@ def free_devices_per_node(model: ClusterModel) -> tuple[Counter[str], bool]:
 class AllocatorPlacer:
     """First fit over nodes in name order with the structured allocator."""
 
+    def __init__(self) -> None:
+        # The slice index depends only on slices and is rebuilt when the model's generation moves.
+        self._index: tuple[int, SliceIndex] | None = None
+
+    def _slice_index(self, model: ClusterModel) -> SliceIndex:
+        from dra_operator.allocator.pools import SliceIndex
+
+        if self._index is None or self._index[0] != model.generation:
+            self._index = (model.generation, SliceIndex(list(model.slices.values())))
+        return self._index[1]
+
     def place(self, *, claims: Sequence[ResourceClaim], model: ClusterModel) -> Placement | Unallocatable:
         try:
             from dra_operator.allocator import AllocationError, Allocator
@@ -104,7 +118,7 @@ class AllocatorPlacer:
         free, node_local_only = free_devices_per_node(model)
         allocator = Allocator(
             classes=model.classes,
-            slices=list(model.slices.values()),
+            slices=self._slice_index(model),
             allocated=AllocatedState.from_claims(model.allocated_claims()),
         )
         tried = 0

@@ -161,8 +161,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for f in dataclasses.fields(Settings):
         help_text = " ".join(_FIELD_DOCS.get(f.name, "").split())
         env = ENV_PREFIX + f.name.upper().removesuffix("_S")
+        # --peering is what Kopf calls it (and what the Deployment passes).
+        aliases = ["--peering"] if f.name == "peering_name" else []
         parser.add_argument(
             _flag(f.name),
+            *aliases,
             dest=f.name,
             type=_converter(f),
             default=None,
