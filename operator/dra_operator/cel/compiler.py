@@ -28,7 +28,19 @@ from .checker import NAMESPACES, Tree, as_tree, bare_ident, unwrap
 from .library import FUNCTIONS
 from .values import cel_kind, cel_values_equal
 
-__all__ = ["DomainMap", "Program", "compile_program"]
+__all__ = ["COST_KEY", "MAX_ITERATIONS", "CostLimitExceeded", "DomainMap", "Program", "compile_program"]
+
+# Upstream stops an evaluation whose runtime cost passes 1,000,000 units. Iterations of the
+# comprehension macros are what can grow without bound here, so they are counted against a budget
+# (each iteration costs upstream several units, hence the lower figure). The counter travels in the
+# environment under a key no CEL identifier can spell.
+MAX_ITERATIONS: Final = 100_000
+COST_KEY: Final = "#iterations"
+
+
+class CostLimitExceeded(Exception):
+    """An evaluation ran past the iteration budget; it is aborted, not absorbed by || or &&."""
+
 
 Env = Mapping[str, Any]
 Program = Callable[[Env], Any]
@@ -522,6 +534,13 @@ _MISSING: Final = object()
 
 
 def _iterate(target: Any, names: list[str], env: Env) -> Iterator[dict[str, Any]]:
+    budget = env.get(COST_KEY)
+    if budget is not None:
+        budget[0] += len(target)
+        if budget[0] > MAX_ITERATIONS:
+            raise CostLimitExceeded(
+                f"operation cancelled: actual cost limit exceeded ({MAX_ITERATIONS} iterations)"
+            )
     if isinstance(target, dict):
         for key in list(dict.keys(target)):
             if len(names) == 1:

@@ -31,6 +31,9 @@ __all__ = ["FUNCTIONS", "MAX_INCLUDES_LIST"]
 # includes() refuses longer lists, as upstream (ResourceSliceMaxAttributeValuesPerDevice).
 MAX_INCLUDES_LIST: Final = 48
 
+# lists.range() beyond this would exceed upstream's runtime cost limit anyway.
+MAX_RANGE: Final = 1_000_000
+
 CelFunction = Callable[..., Any]
 
 
@@ -513,6 +516,8 @@ def flatten(items: Any, depth: Any = 1) -> celtypes.ListType:
 
 def lists_range(count: Any) -> celtypes.ListType:
     _require_int("lists.range", count)
+    if count > MAX_RANGE:
+        raise _Fail(f"lists.range({count}): operation cancelled: actual cost limit exceeded")
     return celtypes.ListType([_int(i) for i in range(max(0, int(count)))])
 
 

@@ -25,7 +25,7 @@ from dra_api.attributes import AttributeValue, UnsupportedAttribute, Version
 from dra_api.quantity import Quantity
 
 from .checker import Tree, check
-from .compiler import DomainMap, Program, compile_program
+from .compiler import COST_KEY, CostLimitExceeded, DomainMap, Program, compile_program
 from .errors import CelCompileError, CelRuntimeError
 from .projection import DeviceReads, analyse
 from .values import attribute_to_cel, cel_kind
@@ -307,7 +307,9 @@ class CompiledSelector:
         self.evaluations += 1
         _count_one()
         try:
-            result = self._program({"device": _to_cel(device, self.reads)})
+            result = self._program({"device": _to_cel(device, self.reads), COST_KEY: [0]})
+        except CostLimitExceeded as exc:
+            return CelRuntimeError(str(exc))
         except RecursionError:
             return CelRuntimeError("expression nested too deeply")
         except Exception as exc:  # a cel-python internal failure must not take the allocator down

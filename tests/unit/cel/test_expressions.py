@@ -120,6 +120,7 @@ TRUE_EXPRESSIONS = [
     "[1, 2, 3].reverse() == [3, 2, 1]",
     "[1, 2, 3, 4].slice(1, 3) == [2, 3]",
     "lists.range(3) == [0, 1, 2]",
+    "lists.range(200).all(i, lists.range(200).all(j, i + j >= 0))",
     "sets.contains([1, 2, 3], [3, 1]) && !sets.contains([1], [2])",
     "sets.equivalent([1, 2, 2], [2, 1]) && sets.intersects([1, 2], [2, 5])",
     # includes() on scalar and list-type attributes
@@ -192,6 +193,9 @@ RUNTIME_ERRORS = [
     ("[].max() == 1", "empty list"),
     ("1 / 0 == 1", "divide by zero"),
     ('"%d".format(["x"]) == ""', "format"),
+    ("lists.range(400).all(i, lists.range(400).all(j, true))", "cost limit exceeded"),
+    ("lists.range(400).all(i, lists.range(400).all(j, true)) || true", "cost limit exceeded"),
+    ("lists.range(2000000).size() > 0", "cost limit exceeded"),
 ]
 
 
