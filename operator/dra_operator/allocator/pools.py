@@ -119,7 +119,10 @@ def slice_matches_node(slice_: ResourceSlice, node: Node) -> bool:
 class SliceIndex:
     """ResourceSlices indexed by node and by pool; pools gathered per node are cached."""
 
-    def __init__(self, slices: Iterable[ResourceSlice]) -> None:
+    def __init__(self, slices: Iterable[ResourceSlice], *, previous: SliceIndex | None = None) -> None:
+        """Index ``slices``. With ``previous`` (the index of an earlier set of slices), devices that
+        did not change keep their CEL input and cached class-selector results, so a slice update
+        does not re-run CEL over the whole cluster."""
         self.slices: tuple[ResourceSlice, ...] = tuple(slices)
         self.on_node: dict[str, list[ResourceSlice]] = {}
         self.shared: list[ResourceSlice] = []
@@ -133,6 +136,18 @@ class SliceIndex:
                 self.shared.append(s)
             self.by_pool.setdefault((s.driver, s.pool.name), []).append(s)
             self._entries[id(s)] = tuple(DeviceEntry(slice_=s, device=d) for d in s.devices)
+        if previous is not None:
+            self._inherit(previous)
+
+    def _inherit(self, previous: SliceIndex) -> None:
+        before = {entry.id: entry for entry in previous.all_entries() if entry._input or entry.class_matches}
+        if not before:
+            return
+        for entry in self.all_entries():
+            old = before.get(entry.id)
+            if old is not None and (old.device is entry.device or old.device == entry.device):
+                entry._input = old._input
+                entry.class_matches = old.class_matches
 
     def entries(self, slice_: ResourceSlice) -> tuple[DeviceEntry, ...]:
         return self._entries[id(slice_)]

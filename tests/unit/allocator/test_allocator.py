@@ -151,11 +151,24 @@ def test_node_selection_and_result_node_selector() -> None:
 def test_class_results_are_cached_across_allocators_sharing_an_index() -> None:
     from dra_operator.cel import evaluation_count
 
+    # The selector reads a per-device attribute, so CEL's own projection memo cannot hide evaluations.
+    by_index = DeviceClass.from_json(
+        {
+            "apiVersion": V1,
+            "kind": "DeviceClass",
+            "metadata": {"name": "gpu"},
+            "spec": {
+                "selectors": [{"cel": {"expression": 'device.attributes["gpu.example.com"].index < 40'}}]
+            },
+        }
+    )
     index = SliceIndex([_slice("node-1", devices=4, nodeName="node-1")])
     node = Node.make("node-1")
-    assert Allocator(classes=[GPU_CLASS], slices=index).allocate(node=node, claims=[_claim("a", count=4)])
     before = evaluation_count()
-    assert Allocator(classes=[GPU_CLASS], slices=index).allocate(node=node, claims=[_claim("a", count=4)])
+    assert Allocator(classes=[by_index], slices=index).allocate(node=node, claims=[_claim("a", count=4)])
+    assert evaluation_count() - before == 4
+    before = evaluation_count()
+    assert Allocator(classes=[by_index], slices=index).allocate(node=node, claims=[_claim("a", count=4)])
     assert evaluation_count() == before
 
 
@@ -194,3 +207,23 @@ def test_constraint_rejections_are_counted() -> None:
     body["spec"]["devices"]["constraints"] = [{"matchAttribute": "gpu.example.com/index"}]
     assert allocator.allocate(node=Node.make("node-1"), claims=[ResourceClaim.from_json(body)]) is None
     assert allocator.last_constraint_rejections[("ns/a", 0)] > 0
+
+
+def test_rebuilt_index_keeps_cel_results_of_unchanged_devices() -> None:
+    unchanged = _slice("node-1", devices=2, nodeName="node-1")
+    first = SliceIndex([unchanged, _slice("node-2", devices=2, nodeName="node-2")])
+    claim = _claim("a", count=2)
+    for name in ("node-1", "node-2"):
+        assert Allocator(classes=[GPU_CLASS], slices=first).allocate(node=Node.make(name), claims=[claim])
+    changed = _slice("node-2", devices=2, nodeName="node-2").to_json()
+    changed["spec"]["devices"][1]["attributes"]["index"] = {"int": 7}
+    second = SliceIndex([unchanged, ResourceSlice.from_json(changed)], previous=first)
+    cached = {"/".join(e.id): e.class_matches is not None for e in second.all_entries()}
+    assert cached == {
+        "gpu.example.com/node-1/gpu-0": True,
+        "gpu.example.com/node-1/gpu-1": True,
+        "gpu.example.com/node-2/gpu-0": True,
+        "gpu.example.com/node-2/gpu-1": False,  # changed: evaluated again on first use
+    }
+    for name in ("node-1", "node-2"):
+        assert Allocator(classes=[GPU_CLASS], slices=second).allocate(node=Node.make(name), claims=[claim])
