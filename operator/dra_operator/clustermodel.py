@@ -99,8 +99,13 @@ class ClusterModel:
             self._versions[(kind, name)] = rv
         return True
 
-    def _forget(self, kind: str, name: str) -> None:
-        self._versions.pop((kind, name), None)
+    def _forget(self, kind: str, name: str, *, deleted_at: str = "") -> None:
+        # With the deletion's resourceVersion kept as a tombstone, a listing taken before the
+        # deletion cannot bring the object back; a re-created object has a newer version.
+        if deleted_at:
+            self._versions[(kind, name)] = deleted_at
+        else:
+            self._versions.pop((kind, name), None)
 
     # -- classes, slices, nodes, pods ----------------------------------------------------------
 
@@ -125,10 +130,10 @@ class ClusterModel:
         self.generation += 1
         return sl
 
-    def remove_slice(self, name: str) -> None:
+    def remove_slice(self, name: str, *, resource_version: str = "") -> None:
         if self.slices.pop(name, None) is not None:
             self.generation += 1
-        self._forget("slice", name)
+        self._forget("slice", name, deleted_at=resource_version)
 
     def upsert_node(self, obj: Mapping[str, Any]) -> bool:
         """Whether what allocation sees of the node (name, labels) changed; status updates do not."""
@@ -186,13 +191,13 @@ class ClusterModel:
                 self._in_use[result.device_id].add(key)
         return claim
 
-    def remove_claim(self, key: ClaimKey) -> None:
+    def remove_claim(self, key: ClaimKey, *, resource_version: str = "") -> None:
         self.forget_assumed(key)
         self._release(key)
         self.claims.pop(key, None)
         self.invalid_claims.pop(key, None)
         self.claim_created.pop(key, None)
-        self._forget("claim", str(key))
+        self._forget("claim", str(key), deleted_at=resource_version)
 
     def _release(self, key: ClaimKey) -> None:
         old = self.claims.get(key)

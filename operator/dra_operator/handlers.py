@@ -67,7 +67,9 @@ def build_registry(parts: OperatorParts) -> kopf.OperatorRegistry:
         metrics.watch_events.labels("resourceslices").inc()
         health.event_seen()
         if type == "DELETED":
-            model.remove_slice(name)
+            model.remove_slice(
+                name, resource_version=str(body.get("metadata", {}).get("resourceVersion", ""))
+            )
         else:
             try:
                 if model.upsert_slice(_plain(body)) is None:

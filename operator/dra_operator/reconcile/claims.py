@@ -178,7 +178,9 @@ class ClaimReconciler:
         before = self.model.claims.get(key)
         held_before = before is not None and before.status.allocation is not None
         if deleted:
-            self.model.remove_claim(key)
+            self.model.remove_claim(
+                key, resource_version=str((obj.get("metadata") or {}).get("resourceVersion", ""))
+            )
             self._failing.pop(key, None)
             self._was_reserved.discard(key)
             if held_before:

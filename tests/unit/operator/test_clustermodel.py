@@ -61,3 +61,12 @@ def test_generation_moves_with_slices_and_classes() -> None:
     assert model.generation == g0 + 2
     model.remove_slice("n1-gpu")
     assert model.slices == {}
+
+
+def test_listing_older_than_a_deletion_does_not_resurrect_the_claim() -> None:
+    model = ClusterModel()
+    model.upsert_claim(claim("a", rv="5", allocation=allocation("n1", "gpu-0")))
+    model.remove_claim(ClaimKey("ns", "a"), resource_version="7")
+    assert model.upsert_claim(claim("a", rv="5", allocation=allocation("n1", "gpu-0"))) is None
+    assert model.devices_in_use() == frozenset()
+    assert model.upsert_claim(claim("a", rv="9")) is not None  # re-created later
