@@ -149,3 +149,10 @@ def test_round_up_to_step() -> None:
     assert is_on_step(value=Quantity.parse("3Gi"), minimum=gi, step=gi)
     assert not is_on_step(value=Quantity.parse("1.5Gi"), minimum=gi, step=gi)
     assert not is_on_step(value=Quantity.parse("512Mi"), minimum=gi, step=gi)
+
+
+def test_from_fraction_rounds_up_to_nano() -> None:
+    assert Quantity.from_fraction(fractions.Fraction(1, 3)).value == fractions.Fraction(333333334, 10**9)
+    assert Quantity.from_fraction(fractions.Fraction(-1, 3)).value == fractions.Fraction(-333333334, 10**9)
+    assert str(Quantity.from_fraction(2, format=Format.BINARY_SI)) == "2"
+    assert str(Quantity.from_int(2048, format=Format.BINARY_SI)) == "2Ki"
