@@ -19,6 +19,7 @@ from dra_operator.allocator.state import DeviceID
 from dra_operator.cel import DeviceInput
 
 PoolID = tuple[str, str]  # (driver, pool name)
+_POOL_CACHE_LIMIT = 50_000
 
 
 class DeviceEntry:
@@ -161,6 +162,8 @@ class SliceIndex:
         key = (node.cache_key(), partitionable)
         found = self._pools.get(key)
         if found is None:
+            if len(self._pools) >= _POOL_CACHE_LIMIT:  # label churn must not grow it without bound
+                self._pools.clear()
             found = self._pools[key] = self._gather(node, partitionable=partitionable)
         return found
 
