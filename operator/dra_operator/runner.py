@@ -4,6 +4,15 @@ Besides Kopf's own tasks, four of ours run beside it: the claim worker, the hear
 peering state), the sweeper (slices of vanished nodes, stale reservations), and the HTTP server for
 ``/healthz`` and ``/metrics``. They are created before Kopf starts, so Kopf's shutdown leaves them to
 us, and we stop them when Kopf returns.
+
+One active instance: Kopf peering (ClusterKopfPeering ``accel-dra-operator``) rather than a
+coordination Lease. Kopf pauses its watch streams while a live peer has a higher priority, so a
+standby neither handles events nor writes anything; a Lease would have to be wired around Kopf's
+own streams to get the same effect. Priorities are random per instance, because Kopf pauses *both*
+instances on a tie. The claim worker follows the same verdict (computed from the peering status in
+the heartbeat, see :mod:`dra_operator.health`), and lists the cluster again whenever it becomes
+active. Correctness does not rest on it: every allocation write carries a resourceVersion
+precondition, so two briefly active instances can race but not double-write a claim.
 """
 
 from __future__ import annotations
