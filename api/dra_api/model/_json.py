@@ -29,7 +29,7 @@ EMPTY_MAP: Mapping[Any, Any] = MappingProxyType({})
 # Interning caches; bounded so a long-running process cannot grow them without limit.
 _CACHE_LIMIT = 200_000
 _quantities: dict[str, Quantity] = {}
-_maps: dict[tuple[Any, ...], Mapping[Any, Any]] = {}
+_maps: dict[int, list[Mapping[Any, Any]]] = {}
 
 
 def intern(text: str) -> str:
@@ -37,17 +37,46 @@ def intern(text: str) -> str:
 
 
 def shared_map(items: dict[K, V]) -> Mapping[K, V]:
-    """A read-only view of ``items``, shared with every other map of identical content."""
+    """A read-only view of ``items``, shared with every other map of identical content.
+
+    The cache is keyed by hash only (keys cost memory on big clusters); candidates are then compared
+    strictly, so True and 1, or "1Gi" and "1073741824", never share a map.
+    """
     if not items:
         return EMPTY_MAP
-    # repr() keeps types and spellings apart: True vs 1, "1Gi" vs "1073741824".
-    key = tuple((k, type(v), repr(v)) for k, v in items.items())
-    found = _maps.get(key)
-    if found is None:
+    try:
+        key = hash(tuple(items.items()))
+    except TypeError:  # unhashable values: do not share
+        return MappingProxyType(items)
+    bucket = _maps.get(key)
+    if bucket is not None:
+        for candidate in bucket:
+            if _same(candidate, items):
+                return candidate
+    view: Mapping[K, V] = MappingProxyType(items)
+    if bucket is None:
         if len(_maps) >= _CACHE_LIMIT:
             _maps.clear()
-        found = _maps[key] = MappingProxyType(items)
-    return found
+        _maps[key] = [view]
+    elif len(bucket) < 8:
+        bucket.append(view)
+    return view
+
+
+_SIMPLE = (str, int, bool)
+_MISSING = object()
+
+
+def _same(a: Mapping[Any, Any], b: Mapping[Any, Any]) -> bool:
+    if len(a) != len(b):
+        return False
+    for k, v in b.items():
+        w = a.get(k, _MISSING)
+        if type(w) is not type(v) or w != v:
+            return False
+        if not isinstance(v, _SIMPLE) and repr(w) != repr(v):
+            return False
+    return True
 
 
 class Ctx:

@@ -9,6 +9,7 @@ from typing import Any
 from dra_api.attributes import (
     AttributeValue,
     UnsupportedAttribute,
+    Version,
     attribute_to_json,
     device_attribute_from_json,
 )
@@ -31,8 +32,11 @@ _values: dict[tuple[type, str], Any] = {}
 
 
 def _intern_value(value: Any) -> Any:
+    """Share equal versions and lists between devices; strings go through sys.intern."""
     if isinstance(value, str):
         return intern(value)
+    if not isinstance(value, Version | tuple):
+        return value  # bools and small ints are shared by Python already
     key = (type(value), repr(value))  # repr keeps (True,) and (1,) apart
     found = _values.get(key)
     if found is None:
