@@ -44,7 +44,8 @@ _TYPE_NAMES: Final = frozenset(
     {"int", "uint", "double", "string", "bool", "bytes", "list", "map", "null_type", "type"}
 )
 # Namespaces of functions called as ``ns.name(...)``.
-NAMESPACES: Final = frozenset({"cel", "sets", "lists", "strings"})
+NAMESPACES: Final = frozenset({"cel", "sets", "lists", "strings", "optional"})
+OPTIONAL: Final = "optional"
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +131,30 @@ _SIGNATURES: Final[Mapping[str, tuple[_Sig, ...]]] = {
     "sets.equivalent": (_g([2], "bool"),),
     "sets.intersects": (_g([2], "bool"),),
     "strings.quote": (_g([1], "string"),),
+    # optional types
+    "hasValue": (_m(OPTIONAL, [0], "bool"),),
+    "value": (_m(OPTIONAL, [0], DYN),),
+    "orValue": (_m(OPTIONAL, [1], DYN),),
+    "or": (_m(OPTIONAL, [1], OPTIONAL),),
+    "optional.of": (_g([1], OPTIONAL),),
+    "optional.none": (_g([0], OPTIONAL),),
+    "optional.ofNonZeroValue": (_g([1], OPTIONAL),),
+    # timestamps and durations (base environment)
+    **{
+        name: (_m("timestamp duration", [0, 1], "int"),)
+        for name in (
+            "getDate",
+            "getDayOfMonth",
+            "getDayOfWeek",
+            "getDayOfYear",
+            "getFullYear",
+            "getHours",
+            "getMilliseconds",
+            "getMinutes",
+            "getMonth",
+            "getSeconds",
+        )
+    },
 }
 
 _MACROS: Final = {
@@ -344,7 +369,22 @@ class _Checker:
         target = self.check(target_node, scope)
         return self._select(node, target, name)
 
+    def _member_dot_opt(self, node: Tree, scope: Mapping[str, str]) -> str:
+        target = self.check(as_tree(node.children[0]), scope)
+        if target != OPTIONAL:
+            self._select(node, target, str(node.children[1]))
+        return OPTIONAL
+
+    def _member_index_opt(self, node: Tree, scope: Mapping[str, str]) -> str:
+        target = self.check(as_tree(node.children[0]), scope)
+        self.check(as_tree(node.children[1]), scope)
+        if target not in (OPTIONAL, DYN, "list") and not _is_map(target):
+            raise self.fail(node, f"found no matching overload for '_[?_]' applied to '({target})'")
+        return OPTIONAL
+
     def _select(self, node: Tree, target: str, name: str) -> str:
+        if target == OPTIONAL:
+            return OPTIONAL
         if target == DEVICE:
             if name not in _DEVICE_FIELDS:
                 raise self.fail(node, f"undefined field '{name}'")
@@ -377,8 +417,8 @@ class _Checker:
             if index not in ("int", "uint", DYN):
                 raise self.fail(node, f"found no matching overload for '_[_]' applied to '(list, {index})'")
             return DYN
-        if target == DYN:
-            return DYN
+        if target in (DYN, OPTIONAL):
+            return target
         raise self.fail(node, f"found no matching overload for '_[_]' applied to '({target}, {index})'")
 
     def _member_object(self, node: Tree, scope: Mapping[str, str]) -> str:

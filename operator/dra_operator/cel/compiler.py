@@ -26,7 +26,7 @@ from celpy.evaluation import CELEvalError, Evaluator, base_functions
 
 from .checker import NAMESPACES, Tree, as_tree, bare_ident, unwrap
 from .library import FUNCTIONS
-from .values import cel_kind, cel_values_equal
+from .values import NONE, CelOptional, cel_kind, cel_values_equal
 
 __all__ = ["COST_KEY", "MAX_ITERATIONS", "CostLimitExceeded", "DomainMap", "Program", "compile_program"]
 
@@ -125,6 +125,12 @@ def _overload(name: str, *values: Any) -> CELEvalError:
 def _select(target: Any, key: Any) -> Any:
     if isinstance(target, CELEvalError):
         return target
+    if isinstance(target, CelOptional):
+        # Selection through an optional stays optional: none.f is none, of(x).f is of(x.f).
+        if not target.has_value:
+            return target
+        inner = _select(target.value, key)
+        return inner if isinstance(inner, CELEvalError) else CelOptional(inner, has_value=True)
     if isinstance(target, dict):
         try:
             return target[key]
@@ -139,6 +145,29 @@ def _select(target: Any, key: Any) -> Any:
             return _err(f"index out of range: {key}")
         return target[key]
     return _err(f"type '{cel_kind(target)}' does not support field selection or indexing")
+
+
+def _select_optional(target: Any, key: Any) -> Any:
+    """``target.?key`` / ``target[?key]``: optional.of(the value) if present, else optional.none()."""
+    if isinstance(target, CELEvalError):
+        return target
+    if isinstance(target, CelOptional):
+        if not target.has_value:
+            return target
+        target = target.value
+    if isinstance(target, dict):
+        try:
+            present = dict.__contains__(target, key) or (
+                isinstance(target, DomainMap) and isinstance(key, str)
+            )
+        except TypeError:
+            return _err(f"unsupported key type: {cel_kind(key)}")
+        return CelOptional(target[key], has_value=True) if present else NONE
+    if isinstance(target, list):
+        if isinstance(key, int) and not isinstance(key, celtypes.BoolType) and 0 <= key < len(target):
+            return CelOptional(target[key], has_value=True)
+        return NONE
+    return _err(f"type '{cel_kind(target)}' does not support optional field selection")
 
 
 def _apply(name: str, fn: Callable[..., Any], args: list[Any]) -> Any:
@@ -318,6 +347,27 @@ class _Compiler:
             return _select(target(env), key)
 
         return member_index
+
+    def _member_dot_opt(self, node: Tree) -> Program:
+        target = self.compile(as_tree(node.children[0]))
+        key = celtypes.StringType(str(node.children[1]))
+
+        def member_dot_opt(env: Env) -> Any:
+            return _select_optional(target(env), key)
+
+        return member_dot_opt
+
+    def _member_index_opt(self, node: Tree) -> Program:
+        target = self.compile(as_tree(node.children[0]))
+        index = self.compile(as_tree(node.children[1]))
+
+        def member_index_opt(env: Env) -> Any:
+            key = index(env)
+            if isinstance(key, CELEvalError):
+                return key
+            return _select_optional(target(env), key)
+
+        return member_index_opt
 
     def _member_object(self, node: Tree) -> Program:
         raise ValueError("message construction is not supported")

@@ -24,7 +24,7 @@ from celpy.evaluation import CELEvalError
 from dra_api.attributes import Version
 from dra_api.quantity import Quantity
 
-from .values import CelSemver, cel_kind, cel_values_equal
+from .values import NONE, CelOptional, CelSemver, cel_kind, cel_values_equal
 
 __all__ = ["FUNCTIONS", "MAX_INCLUDES_LIST"]
 
@@ -574,6 +574,50 @@ def strings_quote(text: Any) -> celtypes.StringType:
     return celtypes.StringType(_quote(str(text)))
 
 
+# ---- optional types ----------------------------------------------------------------------------
+
+
+def _require_optional(name: str, value: Any) -> CelOptional:
+    if not isinstance(value, CelOptional):
+        raise _overload_error(name, value)
+    return value
+
+
+def hasValue(target: Any) -> celtypes.BoolType:
+    return _bool(_require_optional("hasValue", target).has_value)
+
+
+def value(target: Any) -> Any:
+    opt = _require_optional("value", target)
+    if not opt.has_value:
+        raise _Fail("optional.none() dereference")
+    return opt.value
+
+
+def orValue(target: Any, default: Any) -> Any:
+    opt = _require_optional("orValue", target)
+    return opt.value if opt.has_value else default
+
+
+def or_(target: Any, other: Any) -> Any:
+    opt = _require_optional("or", target)
+    _require_optional("or", other)
+    return opt if opt.has_value else other
+
+
+def optional_of(item: Any) -> CelOptional:
+    return CelOptional(item, has_value=True)
+
+
+def optional_none() -> CelOptional:
+    return NONE
+
+
+def optional_of_non_zero_value(item: Any) -> CelOptional:
+    zero = item is None or (not isinstance(item, CelOptional | CelSemver | Quantity) and not item)
+    return NONE if zero else CelOptional(item, has_value=True)
+
+
 _PLAIN: dict[str, CelFunction] = {
     "quantity": quantity,
     "isQuantity": isQuantity,
@@ -620,6 +664,13 @@ _PLAIN: dict[str, CelFunction] = {
     "sets.equivalent": sets_equivalent,
     "sets.intersects": sets_intersects,
     "strings.quote": strings_quote,
+    "hasValue": hasValue,
+    "value": value,
+    "orValue": orValue,
+    "or": or_,
+    "optional.of": optional_of,
+    "optional.none": optional_none,
+    "optional.ofNonZeroValue": optional_of_non_zero_value,
 }
 
 FUNCTIONS: Final[dict[str, CelFunction]] = {name: _cel_function(fn) for name, fn in _PLAIN.items()}

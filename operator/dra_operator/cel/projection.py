@@ -81,12 +81,12 @@ def _chain(node: Tree) -> tuple[str, list[str | None], list[Tree]] | None:
             if not isinstance(child, lark.Tree):
                 return None
             current = child
-        elif current.data == "member_dot":
+        elif current.data in ("member_dot", "member_dot_opt"):
             target, name = current.children
             assert isinstance(target, lark.Tree)
             steps.append(str(name))
             current = target
-        elif current.data == "member_index":
+        elif current.data in ("member_index", "member_index_opt"):
             target, index = current.children
             assert isinstance(target, lark.Tree)
             assert isinstance(index, lark.Tree)
@@ -115,7 +115,7 @@ class _Walker:
         self.shadowed = False
 
     def visit(self, node: Tree) -> None:
-        if node.data in ("member_dot", "member_index", "ident"):
+        if node.data in ("member_dot", "member_index", "member_dot_opt", "member_index_opt", "ident"):
             chain = _chain(node)
             if chain is not None and chain[0] == "device":
                 self.reads.record(_constant_prefix(chain[1]))

@@ -19,15 +19,15 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from celpy import celtypes
-from celpy.celparser import CELParseError, CELParser
 from celpy.evaluation import CELEvalError
 
 from dra_api.attributes import AttributeValue, UnsupportedAttribute, Version
 from dra_api.quantity import Quantity
 
-from .checker import Tree, check
+from .checker import check
 from .compiler import COST_KEY, CostLimitExceeded, DomainMap, Program, compile_program
 from .errors import CelCompileError, CelRuntimeError
+from .parser import parse
 from .projection import DeviceReads, analyse
 from .values import attribute_to_cel, cel_kind
 
@@ -329,27 +329,6 @@ def _eval_message(exc: CELEvalError) -> str:
     return message.split(" (in activation", 1)[0]
 
 
-_parser_lock = threading.Lock()
-
-
-def _parse(expression: str) -> Tree:
-    with _parser_lock:  # the lark parser is a process-wide singleton holding state
-        parser = CELParser()
-        try:
-            tree: Tree = parser.parse(expression)
-        except CELParseError as exc:
-            line, column = getattr(exc, "line", None), getattr(exc, "column", None)
-            if line is None or column is None:
-                raise CelCompileError("compilation failed: ERROR: <input>: Syntax error") from None
-            lines = expression.splitlines() or [""]
-            rest = lines[line - 1][column - 1 :] if line <= len(lines) else ""
-            near = f"near {rest[:20]!r}" if rest.strip() else "at end of input"
-            raise CelCompileError(
-                f"compilation failed: ERROR: <input>:{line}:{column}: Syntax error: unexpected input {near}"
-            ) from None
-    return tree
-
-
 @functools.lru_cache(maxsize=COMPILE_CACHE_SIZE)
 def compile_selector(expression: str) -> CompiledSelector:
     """Compile a selector (cached by text); CelCompileError says what is wrong with it."""
@@ -359,7 +338,7 @@ def compile_selector(expression: str) -> CompiledSelector:
     if size > MAX_EXPRESSION_LENGTH:
         raise CelCompileError(f"expression too long ({size} bytes, maximum is {MAX_EXPRESSION_LENGTH})")
     try:
-        tree = _parse(expression)
+        tree = parse(expression)
         check(tree, expression)
         reads = analyse(tree)
         program = compile_program(tree)

@@ -9,14 +9,14 @@ the upstream overloads do.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Final
 
 from celpy import celtypes
 
 from dra_api.attributes import AttributeScalar, AttributeValue, Version
 from dra_api.quantity import Quantity
 
-__all__ = ["CelSemver", "attribute_to_cel", "cel_kind", "cel_values_equal"]
+__all__ = ["CelOptional", "CelSemver", "attribute_to_cel", "cel_kind", "cel_values_equal"]
 
 
 class CelSemver:
@@ -50,6 +50,34 @@ class CelSemver:
         return self.version.text
 
 
+class CelOptional:
+    """A CEL optional value (``optional.of(x)``, ``optional.none()``, the result of ``a.?b``)."""
+
+    __slots__ = ("has_value", "value")
+
+    def __init__(self, value: Any = None, *, has_value: bool) -> None:
+        self.has_value = has_value
+        self.value = value if has_value else None
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, CelOptional):
+            raise TypeError(f"no such overload: optional == {cel_kind(other)}")
+        if self.has_value != other.has_value:
+            return False
+        return not self.has_value or cel_values_equal(self.value, other.value)
+
+    def __ne__(self, other: object) -> bool:
+        return not self.__eq__(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"optional.of({self.value!r})" if self.has_value else "optional.none()"
+
+
+NONE: Final = CelOptional(has_value=False)
+
+
 def cel_kind(value: object) -> str:
     """The CEL type name of a value, for messages and type-strict comparisons."""
     if value is None:
@@ -74,6 +102,8 @@ def cel_kind(value: object) -> str:
         return "Quantity"
     if isinstance(value, CelSemver):
         return "Semver"
+    if isinstance(value, CelOptional):
+        return "optional"
     return type(value).__name__
 
 

@@ -139,6 +139,19 @@ TRUE_EXPRESSIONS = [
     # cel.bind
     'cel.bind(g, $A, g.model == "A100" && g.numa == 0)',
     "cel.bind(x, 2, cel.bind(y, 3, x * y == 6))",
+    # optional field selection, as upstream's "no such key" message recommends
+    '$A.?model.orValue("") == "A100"',
+    '$A.?nope.orValue("none") == "none"',
+    "!$A.?nope.hasValue() && $A.?model.hasValue()",
+    '$A[?"model"].value() == "A100"',
+    'device.attributes["unknown.example.com"].?model.orValue(1) == 1',
+    '$A.?model.or(optional.of("x")).value() == "A100"',
+    '$A.?nope.or(optional.of("x")).value() == "x"',
+    "!optional.none().hasValue() && optional.of(1).hasValue() && !optional.ofNonZeroValue(0).hasValue()",
+    "$A.cores[?9].orValue(-1) == -1 && $A.cores[?1].orValue(-1) == 1",
+    '{"a": {"b": 1}}.?a.b.orValue(0) == 1',
+    '{"a": {"b": 1}}.?x.b.orValue(0) == 0',
+    "optional.of(1) == optional.of(1) && optional.none() == optional.none()",
     # conversions and arithmetic
     'int("42") == 42 && string(42) == "42" && double(1) == 1.0',
     "dyn($A.numa) == 0",
@@ -193,6 +206,7 @@ RUNTIME_ERRORS = [
     ("[].max() == 1", "empty list"),
     ("1 / 0 == 1", "divide by zero"),
     ('"%d".format(["x"]) == ""', "format"),
+    ("$A.?nope.value() == 1", "optional.none.. dereference"),
     ("lists.range(400).all(i, lists.range(400).all(j, true))", "cost limit exceeded"),
     ("lists.range(400).all(i, lists.range(400).all(j, true)) || true", "cost limit exceeded"),
     ("lists.range(2000000).size() > 0", "cost limit exceeded"),
@@ -229,7 +243,9 @@ COMPILE_ERRORS = [
     ('device["driver"] == "x"', "no matching overload for '_[_]'"),
     ("1 +", "Syntax error"),
     ("a b", "Syntax error"),
-    ('$A.?model.orValue("") == ""', "Syntax error"),
+    ("$A.?model", "must evaluate to bool, not optional"),
+    ('device.driver.orValue("") == ""', "no matching overload for 'orValue'"),
+    ("[?1] == [1]", "Syntax error"),
     ("", "CEL expression empty"),
     ("   ", "CEL expression empty"),
 ]

@@ -119,6 +119,14 @@ def test_presence_test_reads_one_entry() -> None:
     assert selector.evaluations == 1
 
 
+def test_optional_selection_reads_one_entry() -> None:
+    selector = compile_selector(fresh(f'{A}.?model.orValue("") == "A100" && {A}[?"numa"].hasValue()'))
+    assert selector.reads.entries == {("attributes", DRIVER, "model"), ("attributes", DRIVER, "numa")}
+    for i in range(20):
+        assert selector.matches(make_device(uuid=f"GPU-{i}"))
+    assert selector.evaluations == 1
+
+
 def test_unsupported_attribute_fails_every_selector_without_evaluating() -> None:
     selector = compile_selector(fresh('device.driver == "gpu.example.com"'))
     device = make_device(broken=UnsupportedAttribute("unsupported attribute value"))
