@@ -11,7 +11,8 @@ Public API::
     results = alloc.allocate(node=node, claims=[claim, ...])
     # -> list[AllocationResult] (one per claim, in order), or None when they do not fit on node.
     # raises AllocationError (fatal: bad input, CEL error, disabled feature, > 32 devices, ...)
-    #     or FailedAllocationOnNode (node-local: nothing fits and the node has invalid pools).
+    #     or FailedAllocationOnNode (node-local: nothing fits and the node has invalid pools)
+    #     or AllocationTimeout (allocate(..., timeout=seconds) ran out of time).
     alloc.last_invocations                      # search effort (upstream allocateOne calls)
 
 Semantics follow upstream ``k8s.io/dynamic-resource-allocation/structured`` (incubating variant):
@@ -30,7 +31,7 @@ once per device), and the per-allocator class-selector cache.
 from __future__ import annotations
 
 from dra_operator.allocator.allocator import MAX_DEVICES_PER_CLAIM, Allocator, RequestFunnel
-from dra_operator.allocator.errors import AllocationError, FailedAllocationOnNode
+from dra_operator.allocator.errors import AllocationError, AllocationTimeout, FailedAllocationOnNode
 from dra_operator.allocator.gates import GATE_FIELDS, FeatureGates
 from dra_operator.allocator.pools import DeviceEntry, Pool, PoolID, SliceEntry, SliceIndex
 from dra_operator.allocator.state import (
@@ -46,6 +47,7 @@ __all__ = [
     "MAX_DEVICES_PER_CLAIM",
     "AllocatedState",
     "AllocationError",
+    "AllocationTimeout",
     "Allocator",
     "DeviceEntry",
     "DeviceID",

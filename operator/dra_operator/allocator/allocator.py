@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
+import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -31,7 +33,7 @@ from dra_api.model import (
 from dra_api.quantity import Quantity
 from dra_operator.allocator import capacity as cap
 from dra_operator.allocator.constraints import Constraint, DistinctAttribute, MatchAttribute
-from dra_operator.allocator.errors import AllocationError, FailedAllocationOnNode
+from dra_operator.allocator.errors import AllocationError, AllocationTimeout, FailedAllocationOnNode
 from dra_operator.allocator.gates import FeatureGates
 from dra_operator.allocator.pools import DeviceEntry, Pool, PoolID, SliceEntry, SliceIndex
 from dra_operator.allocator.state import AllocatedState, DeviceID, device_id_text
@@ -195,14 +197,20 @@ class Allocator:
         """The node's pools in search order (hook for explanations and placement)."""
         return self.index.pools_for(node, partitionable=self.gates.partitionable_devices)
 
-    def allocate(self, *, node: Node, claims: Sequence[ResourceClaim]) -> list[AllocationResult] | None:
+    def allocate(
+        self, *, node: Node, claims: Sequence[ResourceClaim], timeout: float | None = None
+    ) -> list[AllocationResult] | None:
         """One result per claim (in order), None if the claims do not fit on ``node`` together.
 
         Raises :class:`AllocationError` for errors (unknown class, CEL errors, disabled features,
-        too many devices, ...) and :class:`FailedAllocationOnNode` when nothing fits and the node
-        has invalid pools.
+        too many devices, ...), :class:`FailedAllocationOnNode` when nothing fits and the node has
+        invalid pools, and :class:`AllocationTimeout` when ``timeout`` seconds pass first (the
+        search is exponential in the worst case, as upstream's; kube-scheduler's per-node limit
+        is 10 s).
         """
         run = _Run(self, node, claims)
+        if timeout is not None:
+            run.deadline = time.monotonic() + timeout
         try:
             return run.run()
         finally:
@@ -267,6 +275,7 @@ class _Run:
         self.input_claims = claims
         self.cc = self.gates.consumable_capacity
         self.invocations = 0
+        self.deadline: float | None = None
         self.pools: tuple[Pool, ...] = ()
         self.claims: list[_Claim] = []
         self.results: list[list[_Pick]] = []
@@ -292,6 +301,10 @@ class _Run:
         if not self.input_claims:
             return None
         self.prepare()
+        # One Python frame per device slot and request: make room for claims with many devices.
+        depth = sum(MAX_DEVICES_PER_CLAIM + 2 * len(c.requests) + 2 for c in self.claims) + 200
+        if depth > sys.getrecursionlimit():
+            sys.setrecursionlimit(depth)
         try:
             done = self._one(0, 0, 0, 0, False, None)
         except _MaxSizeExceeded:
@@ -657,6 +670,10 @@ class _Run:
         self, ci: int, ri: int, si: int, di: int, in_sub: bool, start: tuple[int, int, int] | None
     ) -> bool:
         self.invocations += 1
+        if self.deadline is not None and not self.invocations & 255 and time.monotonic() > self.deadline:
+            raise AllocationTimeout(
+                f"filter operation aborted: allocation on node {self.node.name} took longer than the timeout"
+            )
         if ci >= len(self.claims):
             return True
         claim = self.claims[ci]

@@ -11,3 +11,7 @@ class AllocationError(Exception):
 class FailedAllocationOnNode(AllocationError):
     """Nothing fits on this node and the reason is node-specific (invalid resource pools); other
     nodes may still succeed (upstream ``ErrFailedAllocationOnNode``)."""
+
+
+class AllocationTimeout(AllocationError):
+    """The search ran past its time limit (upstream: the filter's context deadline)."""

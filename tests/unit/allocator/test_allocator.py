@@ -227,3 +227,21 @@ def test_rebuilt_index_keeps_cel_results_of_unchanged_devices() -> None:
     }
     for name in ("node-1", "node-2"):
         assert Allocator(classes=[GPU_CLASS], slices=second).allocate(node=Node.make(name), claims=[claim])
+
+
+def test_hopeless_search_times_out() -> None:
+    from dra_operator.allocator import AllocationTimeout
+
+    # 24 devices for a request of 25: the combination search visits all 2^24 subsets.
+    allocator = Allocator(classes=[GPU_CLASS], slices=[_slice("node-1", devices=24, nodeName="node-1")])
+    with pytest.raises(AllocationTimeout, match="filter operation aborted"):
+        allocator.allocate(node=Node.make("node-1"), claims=[_claim("a", count=25)], timeout=0.05)
+    assert allocator.last_invocations < 2**24
+
+
+def test_many_claims_in_one_call() -> None:
+    allocator = Allocator(classes=[GPU_CLASS], slices=[_slice("node-1", devices=128, nodeName="node-1")])
+    claims = [_claim(f"c{i}", count=4) for i in range(32)]
+    results = allocator.allocate(node=Node.make("node-1"), claims=claims)
+    assert results is not None
+    assert len({d.device for r in results for d in r.devices}) == 128
