@@ -3,8 +3,10 @@
 ``compile_selector(text)`` returns a :class:`CompiledSelector` whose ``matches(DeviceInput)`` says
 whether a device satisfies the selector. The environment follows Kubernetes' (``device.driver``,
 ``device.attributes``, ``device.capacity``, ``device.allowMultipleAllocations``, the quantity and
-semver libraries, string, list and set extensions, ``cel.bind`` and ``includes``), and results are
-memoized per projection of the device onto what the expression reads.
+semver libraries, string, list and set extensions, optional selection ``.?``, ``cel.bind`` and
+``includes``). Expressions are parsed with cel-python's grammar, checked statically (undeclared
+names, device fields, overloads, result type) and compiled to closures over cel-python's value
+types; results are memoized per projection of the device onto what the expression reads.
 """
 
 from __future__ import annotations

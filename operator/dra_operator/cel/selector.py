@@ -305,7 +305,8 @@ class CompiledSelector:
         return len(self._memo)
 
     def _evaluate(self, device: DeviceInput) -> bool | CelRuntimeError:
-        self.evaluations += 1
+        with self._lock:
+            self.evaluations += 1
         _count_one()
         try:
             result = self._program({"device": _to_cel(device, self.reads), COST_KEY: [0]})
@@ -323,10 +324,19 @@ class CompiledSelector:
         return CelRuntimeError(f"expression result is {cel_kind(result)}, not bool")
 
 
+_KEY_HINT: Final = (
+    ". consider using CEL optional chaining (.? followed by orValue()) or guarding the check with has()"
+    " for optional fields"
+)
+
+
 def _eval_message(exc: CELEvalError) -> str:
     message = str(exc.args[0]) if exc.args else "evaluation error"
     # cel-python appends a dump of the whole activation to some messages.
-    return message.split(" (in activation", 1)[0]
+    message = message.split(" (in activation", 1)[0]
+    if message.startswith("no such key:"):
+        message += _KEY_HINT  # the hint upstream adds to the same error
+    return message
 
 
 @functools.lru_cache(maxsize=COMPILE_CACHE_SIZE)
