@@ -138,3 +138,21 @@ def test_node_selector_matching() -> None:
     assert selector.matches(Node.make("n2"))
     assert not selector.matches(Node.make("n3", {"zone": "b"}))
     assert not NodeSelector.from_json({"nodeSelectorTerms": [{}]}).matches(Node.make("n1"))
+
+
+def test_template_paths_and_node() -> None:
+    from dra_api.model import ResourceClaimTemplate
+
+    template = {
+        "apiVersion": V1,
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "t", "namespace": "ns"},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "count": 1}]}}},
+    }
+    text = _message(template, ResourceClaimTemplate.from_json)
+    assert text.startswith(
+        "ResourceClaimTemplate ns/t: spec.spec.devices.requests[0].count is a v1beta1 field"
+    )
+    node = Node.from_json({"metadata": {"name": "n1", "labels": {"zone": "a"}}})
+    assert node == Node.make("n1", {"zone": "a"})
+    assert "Node <unnamed>: metadata.name: is required" in _message({"metadata": {}}, Node.from_json)
