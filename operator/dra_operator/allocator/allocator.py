@@ -791,6 +791,8 @@ class _Run:
         config: list[DeviceAllocationConfiguration] = []
         for class_name, names in by_class.items():
             for class_entry in self.alloc.classes[class_name].config:
+                if class_entry.opaque is None:
+                    continue  # a configuration type this code does not know: nothing to pass on
                 config.append(
                     DeviceAllocationConfiguration(
                         source=FROM_CLASS, requests=tuple(names), opaque=class_entry.opaque
@@ -798,6 +800,8 @@ class _Run:
                 )
         known = {s.parent for s in selected} | {s.full for s in selected}
         for claim_entry in claim.claim.spec.config:
+            if claim_entry.opaque is None:
+                continue
             if not claim_entry.requests or any(r in known for r in claim_entry.requests):
                 config.append(
                     DeviceAllocationConfiguration(
