@@ -11,7 +11,7 @@ import logging
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from dra_api.model import ALL, AllocationResult, Node, ResourceClaim
 from dra_operator.clustermodel import ClusterModel
@@ -135,7 +135,55 @@ class AllocatorPlacer:
                 return Unallocatable(reason="AllocationError", message=str(exc))
             if results is not None:
                 return Placement(node=_node_of(results, node), allocations=tuple(results))
-        return Unallocatable(reason="NoFit", message=_no_fit_message(claims=claims, model=model, tried=tried))
+        message = _no_fit_message(claims=claims, model=model, tried=tried)
+        funnel = _funnel_text(allocator=allocator, claims=claims, model=model)
+        return Unallocatable(reason="NoFit", message=f"{message}. {funnel}" if funnel else message)
+
+
+_FUNNEL_NODES = 200
+
+
+def _funnel_text(*, allocator: object, claims: Sequence[ResourceClaim], model: ClusterModel) -> str:
+    """Per request, how far its devices get on the node where it gets furthest: devices, class
+    match, request selectors, free, untainted, counters, capacity (the allocator's funnel)."""
+    funnel = getattr(allocator, "funnel", None)
+    if funnel is None:
+        return ""
+    best: dict[tuple[str, str], tuple[tuple[int, ...], str, object]] = {}
+    for name in sorted(model.nodes)[:_FUNNEL_NODES]:
+        try:
+            rows = funnel(node=model.nodes[name], claims=list(claims))
+        except Exception:
+            return ""
+        for row in rows:
+            score = (
+                row.within_capacity,
+                row.within_counters,
+                row.untainted,
+                row.free,
+                row.selectors_kept,
+                row.class_matched,
+                row.devices,
+            )
+            key = (row.claim, row.request)
+            if key not in best or score > best[key][0]:
+                best[key] = (score, name, row)
+    parts = []
+    short = []
+    for (_, request), (_, node, row) in best.items():
+        r: Any = row
+        wanted = "all" if r.mode == ALL else str(r.wanted)
+        parts.append(
+            f"request {request} ({wanted} of class {r.device_class}) gets furthest on node {node}: "
+            f"{r.devices} devices, {r.class_matched} match the class, {r.selectors_kept} pass the "
+            f"request selectors, {r.free} free, {r.untainted} untainted, {r.within_counters} within "
+            f"counters, {r.within_capacity} with enough capacity"
+        )
+        if r.mode != ALL and r.within_capacity < r.wanted:
+            short.append(request)
+    if parts and not short:
+        parts.append("every request fits alone somewhere; the constraints or the requests together do not")
+    return "; ".join(parts)
 
 
 def _node_of(results: Sequence[AllocationResult], node: Node) -> str | None:
@@ -166,6 +214,5 @@ def _no_fit_message(*, claims: Sequence[ResourceClaim], model: ClusterModel, tri
         )
     return (
         f"no node can satisfy all requests together ({tried} of {len(model.nodes)} nodes tried; "
-        f"most free devices on one node: {most_free}); requests: {requests}; check the class and "
-        "request selectors, constraints and devices already allocated"
+        f"most free devices on one node: {most_free}); requests: {requests}"
     )

@@ -69,3 +69,11 @@ def test_opaque_config_for_unknown_driver_is_refused() -> None:
         )
         is None
     )
+
+
+def test_no_fit_explains_where_devices_drop_out() -> None:
+    model = _model(("n1", 2))
+    other_driver = ResourceClaim.from_json(claim("a", selector='device.driver == "tpu.google.com"'))
+    result = AllocatorPlacer().place(claims=[other_driver], model=model)
+    assert isinstance(result, Unallocatable)
+    assert "2 match the class, 0 pass the request selectors" in result.message
