@@ -24,13 +24,22 @@ taints and tolerations; binding conditions; class-then-claim config; the result 
 the 32-device claim limit; a depth-first, combination-only search.
 
 Hooks for placement and explanations: :meth:`Allocator.pools` (the node's pools in search order),
-:attr:`SliceIndex.on_node` / ``shared`` / ``by_pool``, :class:`DeviceEntry` (``cel_input`` built
-once per device), and the per-allocator class-selector cache.
+:attr:`SliceIndex.on_node` / ``shared`` / ``by_pool`` and :meth:`SliceIndex.all_entries`,
+:class:`DeviceEntry` (``cel_input`` built once; class-selector results cached on it, see
+:func:`class_matches`), :meth:`Allocator.funnel` (per-request device counts through each check),
+``Allocator.last_constraint_rejections`` and ``last_invocations``, and
+:meth:`Allocator.note_allocated` / ``note_released`` to keep one allocator across many claims.
 """
 
 from __future__ import annotations
 
-from dra_operator.allocator.allocator import MAX_DEVICES_PER_CLAIM, Allocator, RequestFunnel
+from dra_operator.allocator.allocator import (
+    MAX_DEVICES_PER_CLAIM,
+    Allocator,
+    RequestFunnel,
+    class_matches,
+    evaluate_selector,
+)
 from dra_operator.allocator.errors import AllocationError, AllocationTimeout, FailedAllocationOnNode
 from dra_operator.allocator.gates import GATE_FIELDS, FeatureGates
 from dra_operator.allocator.pools import DeviceEntry, Pool, PoolID, SliceEntry, SliceIndex
@@ -59,6 +68,8 @@ __all__ = [
     "SharedDeviceID",
     "SliceEntry",
     "SliceIndex",
+    "class_matches",
     "device_id_text",
+    "evaluate_selector",
     "parse_device_id",
 ]

@@ -150,6 +150,46 @@ def _counters_fit(available: Mapping[tuple[str, str], Quantity], entry: DeviceEn
     return all((value - need[key] if key in need else value).sign() >= 0 for key, value in available.items())
 
 
+def evaluate_selector(*, prefix: str, index: int, expression: str | None, entry: DeviceEntry) -> bool:
+    """Evaluate one selector on a device; errors are fatal, worded as upstream's."""
+    if expression is None:
+        raise AllocationError(
+            f"{prefix}: selector #{index}: CEL expression empty (unsupported selector type?)"
+        )
+    try:
+        compiled = compile_selector(expression)
+    except CelCompileError as exc:
+        raise AllocationError(f"{prefix}: selector #{index}: CEL compile error: {exc}") from exc
+    where = f"{prefix}: selector #{index} on device {device_id_text(entry.id)}: CEL runtime error"
+    if entry.unsupported_attribute is not None:
+        raise AllocationError(
+            f"{where}: attribute {entry.unsupported_attribute}: unsupported attribute value"
+        )
+    try:
+        return bool(compiled.matches(entry.cel_input))
+    except CelRuntimeError as exc:
+        raise AllocationError(f"{where}: {exc}") from exc
+
+
+def class_matches(device_class: DeviceClass, entry: DeviceEntry) -> bool:
+    """Whether the device satisfies all of the class's selectors; cached on the entry (a hook for
+    placement: count matching devices per node without running the allocator everywhere)."""
+    cache = entry.class_matches
+    if cache is None:
+        cache = entry.class_matches = {}
+    found = cache.get(device_class.selectors)
+    if found is None:
+        found = True
+        for i, selector in enumerate(device_class.selectors):
+            if not evaluate_selector(
+                prefix=f"class {device_class.name}", index=i, expression=selector.cel, entry=entry
+            ):
+                found = False
+                break
+        cache[device_class.selectors] = found
+    return found
+
+
 class Allocator:
     """Allocates claims on one node at a time, like upstream ``Allocator.Allocate``.
 
@@ -431,40 +471,10 @@ class _Run:
     # ---- device checks -------------------------------------------------------------------------
 
     def _evaluate(self, *, prefix: str, index: int, expression: str | None, entry: DeviceEntry) -> bool:
-        if expression is None:
-            raise AllocationError(
-                f"{prefix}: selector #{index}: CEL expression empty (unsupported selector type?)"
-            )
-        try:
-            compiled = compile_selector(expression)
-        except CelCompileError as exc:
-            raise AllocationError(f"{prefix}: selector #{index}: CEL compile error: {exc}") from exc
-        where = f"{prefix}: selector #{index} on device {device_id_text(entry.id)}: CEL runtime error"
-        if entry.unsupported_attribute is not None:
-            raise AllocationError(
-                f"{where}: attribute {entry.unsupported_attribute}: unsupported attribute value"
-            )
-        try:
-            return bool(compiled.matches(entry.cel_input))
-        except CelRuntimeError as exc:
-            raise AllocationError(f"{where}: {exc}") from exc
+        return evaluate_selector(prefix=prefix, index=index, expression=expression, entry=entry)
 
     def _class_matches(self, spec: Spec, entry: DeviceEntry) -> bool:
-        device_class = spec.device_class
-        cache = entry.class_matches
-        if cache is None:
-            cache = entry.class_matches = {}
-        found = cache.get(device_class.selectors)
-        if found is None:
-            found = True
-            for i, selector in enumerate(device_class.selectors):
-                if not self._evaluate(
-                    prefix=f"class {device_class.name}", index=i, expression=selector.cel, entry=entry
-                ):
-                    found = False
-                    break
-            cache[device_class.selectors] = found
-        return found
+        return class_matches(spec.device_class, entry)
 
     def _is_selectable(self, spec: Spec, se: SliceEntry, index: int) -> bool:
         entry = se.entries[index]
