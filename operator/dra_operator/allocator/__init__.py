@@ -6,6 +6,7 @@ Public API::
     gates = FeatureGates.from_mapping({"DRAConsumableCapacity": False})
     gates = FeatureGates.only(["DRAPrioritizedList"])   # everything else off
     index = SliceIndex(slices)                   # build once per slice set; reuse across allocators
+    index = SliceIndex(new_slices, previous=index)   # unchanged devices keep their CEL results
     state = AllocatedState.from_claims(allocated_claims)
     alloc = Allocator(classes=classes, slices=index, allocated=state, gates=gates)
     results = alloc.allocate(node=node, claims=[claim, ...])
@@ -14,6 +15,7 @@ Public API::
     #     or FailedAllocationOnNode (node-local: nothing fits and the node has invalid pools)
     #     or AllocationTimeout (allocate(..., timeout=seconds) ran out of time).
     alloc.last_invocations                      # search effort (upstream allocateOne calls)
+    alloc.note_allocated(results[0])            # keep using alloc; do not mutate alloc.allocated directly
 
 Semantics follow upstream ``k8s.io/dynamic-resource-allocation/structured`` (incubating variant):
 pools gathered per node (generations, completeness across the cluster, invalid pools), sorted by
