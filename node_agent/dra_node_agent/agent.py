@@ -29,6 +29,11 @@ from dra_node_agent.settings import Settings, describe
 
 logger = logging.getLogger(__name__)
 
+# A PrepareStarted entry younger than this may belong to a prepare still in flight elsewhere
+# (a second agent during a rolling update); the periodic clean-up leaves it alone.
+STALE_PREPARE_AGE = 120.0
+STALE_CLEANUP_INTERVAL = 600.0
+
 
 @dataclass
 class DriverRuntime:
@@ -75,6 +80,18 @@ async def _rediscover(runtime: DriverRuntime, *, interval: float) -> None:
             await runtime.publisher.publish(inventory.slice_devices())
 
 
+async def _clean_up_stale_claims(handler: PrepareHandler, *, interval: float) -> None:
+    """At start and then every ``interval`` seconds, drop interrupted prepares of deleted claims."""
+    older_than = 0.0  # at start every PrepareStarted entry is from a process that is gone
+    while True:
+        try:
+            await handler.clean_up_stale(older_than=older_than)
+        except Exception:  # a failed pass is retried next time; it must not stop the agent
+            logger.exception("stale claim clean-up of driver %s failed", handler.driver)
+        older_than = STALE_PREPARE_AGE
+        await asyncio.sleep(interval)
+
+
 async def _start_driver(
     *, settings: Settings, api: client.ApiClient, api_version: str, backend: DiscoveryBackend
 ) -> DriverRuntime:
@@ -110,6 +127,11 @@ async def _start_driver(
     runtime.tasks.append(
         asyncio.create_task(
             _rediscover(runtime, interval=settings.resync_interval), name=f"discover-{driver}"
+        )
+    )
+    runtime.tasks.append(
+        asyncio.create_task(
+            _clean_up_stale_claims(handler, interval=STALE_CLEANUP_INTERVAL), name=f"stale-claims-{driver}"
         )
     )
     runtime.plugin = await serve_plugin(

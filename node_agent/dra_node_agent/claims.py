@@ -27,6 +27,10 @@ class ClaimError(Exception):
     """The claim cannot be prepared as it stands; the message names the claim and why."""
 
 
+class ClaimGone(ClaimError):
+    """The API server has no claim with the kubelet's UID: deleted, or replaced under the same name."""
+
+
 @dataclass(frozen=True)
 class AllocatedDevice:
     """One result of the claim's allocation for this driver."""
@@ -61,7 +65,7 @@ def driver_allocation(*, ref: ClaimRef, obj: Mapping[str, Any], driver: str) -> 
     except ModelError as exc:
         raise ClaimError(f"{describe(ref)}: cannot read the claim: {exc}") from exc
     if claim.metadata.uid != ref.uid:
-        raise ClaimError(
+        raise ClaimGone(
             f"{describe(ref)}: the API server has a claim of that name with uid {claim.metadata.uid}; "
             "the kubelet's claim was deleted and replaced"
         )
@@ -105,7 +109,7 @@ class ClaimReader:
             )
         except ApiException as exc:
             if exc.status == 404:
-                raise ClaimError(f"{describe(ref)}: not found in the API server") from exc
+                raise ClaimGone(f"{describe(ref)}: not found in the API server") from exc
             raise ClaimError(f"{describe(ref)}: reading it failed: {exc.status} {exc.reason}") from exc
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise ClaimError(f"{describe(ref)}: reading it failed: {exc!r}") from exc

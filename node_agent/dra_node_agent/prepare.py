@@ -26,6 +26,7 @@ import logging
 import os
 import time
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Final
 
@@ -34,7 +35,7 @@ from prometheus_client import Counter, Histogram
 from dra_api.kubeletapi.model import ClaimRef, PreparedDevice, PrepareResult
 from dra_node_agent import checkpoint as cp
 from dra_node_agent.cdi import CdiWriter
-from dra_node_agent.claims import ClaimAllocation, ClaimError, ClaimSource, describe
+from dra_node_agent.claims import ClaimAllocation, ClaimError, ClaimGone, ClaimSource, describe
 from dra_node_agent.discovery.base import DiscoveredDevice, DiscoveredInventory
 from dra_node_agent.opaqueconfig import OpaqueConfigError, OpaqueConfigParser, RequestConfig, effective
 
@@ -305,6 +306,37 @@ class PrepareHandler:
         await asyncio.to_thread(marker.write_text, f"{os.getpid()}\n")
         logger.warning("test fault injection: pausing prepare at %s until killed", point)
         await asyncio.Event().wait()
+
+    # --- stale entries ---------------------------------------------------------------------
+
+    async def clean_up_stale(self, *, older_than: float) -> list[str]:
+        """Unprepare ``PrepareStarted`` entries older than ``older_than`` seconds whose claim is gone.
+
+        A prepare that failed for good leaves such an entry; if its claim was then deleted (or
+        replaced under the same name) no kubelet call will ever come for it. Entries whose claim
+        still exists are kept: the kubelet retries those. Returns the UIDs cleaned up.
+        """
+        cutoff = datetime.now(UTC) - timedelta(seconds=older_than)
+        removed: list[str] = []
+        async with self._lock:
+            try:
+                stale = await asyncio.to_thread(self.store.started_before, cutoff)
+            except cp.CheckpointCorrupt:
+                return removed
+            for entry in stale:
+                ref = ClaimRef(namespace=entry.namespace, name=entry.name, uid=entry.uid)
+                try:
+                    await self._claims.read(ref)
+                    continue
+                except ClaimGone:
+                    pass
+                except ClaimError:
+                    continue  # exists but unusable, or the API is unreachable: decide later
+                await self._roll_back(entry)
+                await asyncio.to_thread(self.store.remove, entry.uid)
+                removed.append(entry.uid)
+                logger.info("unprepared stale claim %s: it no longer exists", describe(ref))
+        return removed
 
     # --- unprepare -------------------------------------------------------------------------
 

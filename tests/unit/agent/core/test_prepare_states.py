@@ -16,7 +16,7 @@ import pytest
 
 from dra_api.kubeletapi.model import ClaimRef
 from dra_node_agent import checkpoint as cp
-from dra_node_agent.claims import ClaimAllocation, ClaimError, driver_allocation
+from dra_node_agent.claims import ClaimAllocation, ClaimGone, driver_allocation
 from dra_node_agent.discovery.simulated import SimulatedBackend
 from dra_node_agent.prepare import PrepareHandler
 
@@ -35,7 +35,7 @@ class ClaimsByUID:
         self.reads += 1
         obj = self.objects.get((ref.namespace, ref.name))
         if obj is None:
-            raise ClaimError(f"ResourceClaim {ref.namespace}/{ref.name}: not found")
+            raise ClaimGone(f"ResourceClaim {ref.namespace}/{ref.name}: not found")
         return driver_allocation(ref=ref, obj=obj, driver=DRIVER)
 
 
@@ -329,3 +329,33 @@ async def test_stray_cdi_spec_without_entry_is_removed_at_start(
     restarted = make_handler(tmp_path, inventory, claims)
     await restarted.start()
     assert not restarted.cdi.spec_path("uid-stray").exists()
+
+
+async def test_stale_prepare_started_of_a_deleted_claim_is_cleaned_up(
+    handler: PrepareHandler, claims: ClaimsByUID, inventory: Any
+) -> None:
+    for name, uid, device in (("gone", "uid-gone", "gpu-1"), ("alive", "uid-alive", "gpu-2")):
+        claims.objects[("ns", name)] = claim_json(name, uid, [("gpu", device)])
+        handler.store.begin(
+            cp.ClaimRef(uid=uid, namespace="ns", name=name),
+            [cp.PreparedDevice(request="gpu", pool=NODE, device=device)],
+        )
+        handler.cdi.write_claim_spec(
+            claim_uid=uid, devices=[inventory.by_name()[device]], inventory=inventory
+        )
+    claims.objects[("ns", "replaced")] = claim_json("replaced", "uid-replaced-new", [("gpu", "gpu-3")])
+    handler.store.begin(
+        cp.ClaimRef(uid="uid-replaced-old", namespace="ns", name="replaced"),
+        [cp.PreparedDevice(request="gpu", pool=NODE, device="gpu-3")],
+    )
+    del claims.objects[("ns", "gone")]
+
+    removed = await handler.clean_up_stale(older_than=0)
+    assert sorted(removed) == ["uid-gone", "uid-replaced-old"]
+    assert [e.uid for e in handler.store.load()] == ["uid-alive"]
+    assert not handler.cdi.spec_path("uid-gone").exists()
+    assert handler.cdi.spec_path("uid-alive").exists()
+    # A later kubelet unprepare of a cleaned-up claim is a no-op.
+    assert await handler.unprepare([ref("gone", "uid-gone")]) == {"uid-gone": ""}
+    # Young entries are left to the prepare that may still be running.
+    assert await handler.clean_up_stale(older_than=3600) == []
