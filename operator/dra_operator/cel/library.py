@@ -17,7 +17,7 @@ import re
 from collections.abc import Callable
 from typing import Any, Final
 
-import re2  # type: ignore[import-untyped]
+import re2
 from celpy import celtypes
 from celpy.evaluation import CELEvalError
 
