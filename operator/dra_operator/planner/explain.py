@@ -1,0 +1,251 @@
+"""Why claims cannot be allocated, in plain words, per request, with what to change.
+
+The text is built from two sources: the planner's free-device index (cluster-wide counts per
+request: devices matching the class, the request's selectors, free ones, the most on one node) and
+the allocator's per-node funnel (:meth:`~dra_operator.allocator.Allocator.funnel`) on the few nodes
+that come closest, plus the constraint rejections the allocator counted where it searched.
+
+:class:`Explanation` has a ``full`` form (several lines, for ``simulate``) and a ``short`` one
+(one line of at most 1024 characters, for an Event message and a condition).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from dra_api.model import ALL, Node, ResourceClaim
+from dra_operator.allocator import RequestFunnel
+from dra_operator.planner.demand import DemandKey, request_keys
+
+if TYPE_CHECKING:
+    from dra_operator.planner.planner import Planner
+
+EVENT_MESSAGE_LIMIT = 1024
+_BEST_NODES = 3
+
+
+@dataclass(frozen=True, slots=True)
+class NodeAttempt:
+    """One node the allocator searched without success: a node-local failure (invalid pools, a
+    timeout) or the devices each constraint turned away, by (claim ref, constraint index)."""
+
+    node: str
+    failure: str | None = None
+    constraint_rejections: Mapping[tuple[str, int], int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Explanation:
+    full: str
+    short: str
+
+    @classmethod
+    def simple(cls, text: str) -> Explanation:
+        return cls(full=text, short=truncate(text))
+
+    def __str__(self) -> str:
+        return self.full
+
+
+def truncate(text: str, limit: int = EVENT_MESSAGE_LIMIT) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3].rstrip() + "..."
+
+
+def explain(
+    *,
+    planner: Planner,
+    claims: Sequence[ResourceClaim],
+    attempts: Sequence[NodeAttempt],
+    fixed: Node | None,
+) -> Explanation:
+    """Explain why ``claims`` found no node (``fixed``: the only node that was allowed).
+
+    Raises :class:`~dra_operator.allocator.AllocationError` when the funnel meets an error."""
+    index = planner.index
+    what = ("claim " if len(claims) == 1 else "claims ") + ", ".join(c.ref for c in claims)
+    nodes = len(index.nodes)
+    if fixed is not None:
+        header = f"{what} cannot be allocated on node {fixed.name}"
+        best = [fixed]
+    else:
+        tried = len(attempts)
+        header = (
+            f"{what} cannot be allocated on any of {nodes} node{'s' if nodes != 1 else ''} "
+            f"({tried} searched; the others have too few free matching devices)"
+        )
+        best = _best_nodes(planner=planner, claims=claims)
+    by_node = {a.node: a for a in attempts}
+    constraint_names = {
+        (c.ref, i): _constraint_text(k.match_attribute, k.distinct_attribute, k.requests)
+        for c in claims
+        for i, k in enumerate(c.spec.constraints)
+    }
+    lines = [header + "."]
+    # Cluster-wide counts per request, from the index.
+    cluster: list[str] = []
+    for ref, request, key, count, mode in request_keys(claims=claims, classes=planner.classes):
+        class_counts = index.counts(DemandKey(key.class_name, key.class_selectors, ()))
+        counts = index.counts(key)
+        wanted = "all" if mode == ALL else str(count)
+        most = max(counts.free, default=0)
+        where = f" ({_prefix(ref, claims)}request {request})" if len(claims) > 1 else f" request {request}"
+        cluster.append(
+            f"cluster:{where} wants {wanted} of class {key.class_name}: {class_counts.cluster_total} match "
+            f"the class, {counts.cluster_total} match the selectors, {counts.cluster_free} free"
+            + (f" ({counts.shared_free} reachable from every node)" if counts.shared_total else "")
+            + f"; most free on one node: {most}"
+        )
+    lines.extend(cluster)
+    node_lines: list[str] = []
+    advice: list[str] = []
+    for node in best:
+        rows = planner.allocator.funnel(node=node, claims=list(claims))
+        parts = [_funnel_text(row, prefix=_prefix(row.claim, claims)) for row in rows]
+        attempt = by_node.get(node.name)
+        if attempt is not None and attempt.failure:
+            parts.append(attempt.failure)
+        if attempt is not None:
+            for ck, rejected in sorted(attempt.constraint_rejections.items()):
+                name = constraint_names.get(ck, f"constraint #{ck[1]}")
+                parts.append(f"{name} turned away {rejected} device{'s' if rejected != 1 else ''}")
+        node_lines.append(f"{node.name}: " + "; ".join(parts))
+        if node is best[0]:
+            advice = _advice(rows=rows, attempt=attempt, constraint_names=constraint_names, fixed=fixed)
+    if not best:
+        advice = [
+            "no node has free devices matching the requests: add nodes or devices, or wait for "
+            "claims to release theirs"
+        ]
+    if node_lines:
+        lines.append("closest nodes:" if fixed is None else "on this node:")
+        lines.extend(f"  {line}" for line in node_lines)
+    failures = [a for a in attempts if a.failure and a.node not in {n.name for n in best}]
+    if failures:
+        lines.append(f"{len(failures)} other node(s) failed: {failures[0].node}: {failures[0].failure}")
+    if advice:
+        lines.append("to change: " + "; ".join(dict.fromkeys(advice)))
+    full = "\n".join(lines)
+    short_parts = [header]
+    if node_lines:
+        short_parts.append(node_lines[0])
+    if advice:
+        short_parts.append("to change: " + "; ".join(dict.fromkeys(advice)))
+    short_parts.extend(cluster)
+    return Explanation(full=full, short=truncate(". ".join(short_parts)))
+
+
+def _prefix(ref: str, claims: Sequence[ResourceClaim]) -> str:
+    return f"claim {ref} " if len(claims) > 1 else ""
+
+
+def _constraint_text(match: str | None, distinct: str | None, requests: tuple[str, ...]) -> str:
+    kind = f"matchAttribute {match}" if match else f"distinctAttribute {distinct}"
+    on = f" on {', '.join(requests)}" if requests else ""
+    return f"constraint ({kind}{on})"
+
+
+_STAGES = (
+    ("class_matched", "match class {cls}"),
+    ("selectors_kept", "match the selectors"),
+    ("free", "free"),
+    ("untainted", "untainted"),
+    ("within_counters", "within counters"),
+    ("within_capacity", "with enough capacity"),
+)
+
+
+def _short_at(row: RequestFunnel) -> str | None:
+    """The first stage at which the request has fewer devices than it needs, if any."""
+    need = 1 if row.mode == ALL else row.wanted
+    for name, _ in _STAGES:
+        if getattr(row, name) < need:
+            return name
+    return None
+
+
+def _funnel_text(row: RequestFunnel, *, prefix: str) -> str:
+    """E.g. "request gpu: 8 match class gpu.nvidia.com, 8 match the selectors, 2 free; needs 4"."""
+    stop = _short_at(row)
+    parts = [f"{row.devices} devices"]
+    for name, label in _STAGES:
+        parts.append(f"{getattr(row, name)} {label.format(cls=row.device_class)}")
+        if name == stop:
+            break
+    needs = "all of them" if row.mode == ALL else str(row.wanted)
+    text = f"{prefix}request {row.request}: {', '.join(parts)}; needs {needs}"
+    if row.binding_excluded:
+        text += f" ({row.binding_excluded} with binding conditions left out)"
+    if row.unavailable_pools:
+        text += f" (unusable pools: {', '.join(row.unavailable_pools)})"
+    return text
+
+
+def _advice(
+    *,
+    rows: Sequence[RequestFunnel],
+    attempt: NodeAttempt | None,
+    constraint_names: Mapping[tuple[str, int], str],
+    fixed: Node | None,
+) -> list[str]:
+    where = f"node {fixed.name}" if fixed is not None else "any node"
+    out: list[str] = []
+    for row in rows:
+        if row.unavailable_pools:
+            out.append(f"wait for pools {', '.join(row.unavailable_pools)} to be complete and valid")
+        stage = _short_at(row)
+        if stage is None:
+            continue
+        request = f"request {row.request}"
+        if row.devices == 0:
+            out.append(f"{where} publishes no devices: check that the driver runs there")
+        elif stage == "class_matched" and row.class_matched == row.devices:
+            out.append(
+                f"{where} has only {row.devices} devices for {request}: lower its count or add "
+                "nodes with more devices"
+            )
+        elif stage == "class_matched":
+            out.append(
+                f"too few devices match class {row.device_class} for {request}: use another class or "
+                "fix the class selectors"
+            )
+        elif stage == "selectors_kept":
+            out.append(f"relax the selectors of {request} or lower its count")
+        elif stage == "free":
+            out.append(f"lower the count of {request} or wait for other claims to release devices")
+        elif stage == "untainted":
+            out.append(f"add a toleration to {request} for the devices' taints, or fix the devices")
+        elif stage == "within_counters":
+            out.append(f"release other partitions of the same devices, or lower the count of {request}")
+        else:
+            out.append(f"lower the capacity {request} asks for")
+    if not out:
+        rejected = attempt.constraint_rejections if attempt is not None else {}
+        if rejected:
+            worst = max(rejected.items(), key=lambda item: item[1])[0]
+            name = constraint_names.get(worst, f"constraint #{worst[1]}")
+            out.append(f"relax {name}: no set of free devices on {where} satisfies it")
+        elif attempt is not None and attempt.failure:
+            out.append(f"fix the node's resource pools ({attempt.failure})")
+        else:
+            out.append(f"the requests together need more devices than {where} offers: lower the counts")
+    return out
+
+
+def _best_nodes(*, planner: Planner, claims: Sequence[ResourceClaim]) -> list[Node]:
+    """The nodes with the most free devices matching the requests (then the most matching)."""
+    index = planner.index
+    keys = [key for _, _, key, _, _ in request_keys(claims=claims, classes=planner.classes)]
+    if not keys or not index.nodes:
+        return index.nodes[:1]
+    counts = [index.counts(k) for k in dict.fromkeys(keys)]
+    scored = sorted(
+        range(len(index.nodes)),
+        key=lambda r: (-sum(c.free[r] for c in counts), -sum(c.total[r] for c in counts), r),
+    )
+    return [index.nodes[r] for r in scored[:_BEST_NODES]]
+
+
+__all__ = ["EVENT_MESSAGE_LIMIT", "Explanation", "NodeAttempt", "explain", "truncate"]

@@ -1,0 +1,195 @@
+"""Free devices per node, per CEL projection, maintained incrementally.
+
+For each :class:`~dra_operator.planner.demand.DemandKey` in use, :class:`FreeDeviceIndex` knows which
+devices match it (class selectors, then request selectors, each evaluated once per device) and
+keeps, per node, the number of matching devices and of free ones; nodes are also kept in buckets
+by free count so that candidates come out in policy order without scanning every node. Devices
+of slices without a ``nodeName`` (allNodes, node selectors, per-device selection) are "shared":
+counted once and assumed reachable from every node, which keeps every bound an upper bound.
+
+A device whose selector evaluation fails (a CEL runtime error) counts as matching: the allocator
+then evaluates it on that node and reports the error with upstream's wording.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+from collections.abc import Iterable, Iterator, Mapping
+from itertools import chain
+
+from dra_api.model import AllocationResult, DeviceClass, Node, ObjectMeta
+from dra_operator.allocator import (
+    AllocationError,
+    DeviceEntry,
+    DeviceID,
+    FeatureGates,
+    SliceIndex,
+    class_matches,
+    evaluate_selector,
+)
+from dra_operator.planner.demand import DemandKey
+
+_KEY_LIMIT = 128  # distinct projections kept; the least recently used one is dropped first
+
+
+class KeyCounts:
+    """Matching and free devices of one key, per node rank and for shared devices."""
+
+    __slots__ = ("buckets", "free", "key", "local", "shared", "shared_free", "shared_total", "total")
+
+    def __init__(self, *, key: DemandKey, nodes: int) -> None:
+        self.key = key
+        self.local: dict[DeviceID, int] = {}  # matching node-local device -> node rank
+        self.shared: set[DeviceID] = set()
+        self.total = [0] * nodes
+        self.free = [0] * nodes
+        self.shared_total = 0
+        self.shared_free = 0
+        # free count (>= 1) -> node ranks with that many free matching devices, sorted
+        self.buckets: dict[int, list[int]] = {}
+
+    def set_free(self, rank: int, value: int) -> None:
+        old = self.free[rank]
+        if old == value:
+            return
+        self.free[rank] = value
+        if old > 0:
+            bucket = self.buckets[old]
+            del bucket[bisect.bisect_left(bucket, rank)]
+            if not bucket:
+                del self.buckets[old]
+        if value > 0:
+            bisect.insort(self.buckets.setdefault(value, []), rank)
+
+    def ranks_with_at_least(self, count: int, *, descending: bool = False) -> Iterator[int]:
+        """Node ranks with at least ``count`` free matching devices: by free count ascending
+        (or descending), then rank; see :meth:`ranks_in_order` for rank order."""
+        levels = sorted((c for c in self.buckets if c >= count), reverse=descending)
+        return chain.from_iterable(self.buckets[c] for c in levels)
+
+    def ranks_in_order(self, count: int) -> Iterator[int]:
+        """Node ranks with at least ``count`` free matching devices, in rank order."""
+        levels = [self.buckets[c] for c in self.buckets if c >= count]
+        if len(levels) == 1:
+            return iter(levels[0])
+        return heapq.merge(*levels)
+
+    @property
+    def cluster_total(self) -> int:
+        return sum(self.total) + self.shared_total
+
+    @property
+    def cluster_free(self) -> int:
+        return sum(self.free) + self.shared_free
+
+
+class FreeDeviceIndex:
+    """Per node and per key, how many devices match and how many are free."""
+
+    def __init__(
+        self,
+        *,
+        slices: SliceIndex,
+        nodes: Iterable[Node],
+        classes: Mapping[str, DeviceClass],
+        gates: FeatureGates,
+        in_use: Iterable[DeviceID] = (),
+    ) -> None:
+        self.slices = slices
+        self.gates = gates
+        self.classes = classes
+        self.nodes: list[Node] = sorted(nodes, key=lambda n: n.name)
+        self.rank: dict[str, int] = {n.name: i for i, n in enumerate(self.nodes)}
+        self.in_use: set[DeviceID] = set(in_use)
+        self._keys: dict[DemandKey, KeyCounts] = {}
+
+    # ---- allocations ---------------------------------------------------------------------------
+
+    def note_allocated(self, allocation: AllocationResult) -> None:
+        for did in _exclusive(allocation):
+            if did in self.in_use:
+                continue
+            self.in_use.add(did)
+            self._adjust(did, -1)
+
+    def note_released(self, allocation: AllocationResult) -> None:
+        for did in _exclusive(allocation):
+            if did not in self.in_use:
+                continue
+            self.in_use.discard(did)
+            self._adjust(did, +1)
+
+    def _adjust(self, did: DeviceID, delta: int) -> None:
+        for counts in self._keys.values():
+            rank = counts.local.get(did)
+            if rank is not None:
+                counts.set_free(rank, counts.free[rank] + delta)
+            elif did in counts.shared:
+                counts.shared_free += delta
+
+    # ---- keys ----------------------------------------------------------------------------------
+
+    def counts(self, key: DemandKey) -> KeyCounts:
+        """The counts of ``key``, computed on first use (one selector evaluation per device)."""
+        found = self._keys.pop(key, None)
+        if found is None:
+            found = self._build(key)
+            if len(self._keys) >= _KEY_LIMIT:
+                del self._keys[next(iter(self._keys))]
+        self._keys[key] = found  # most recently used last
+        return found
+
+    def _build(self, key: DemandKey) -> KeyCounts:
+        counts = KeyCounts(key=key, nodes=len(self.nodes))
+        device_class = self.classes.get(key.class_name)
+        if device_class is None or device_class.selectors != key.class_selectors:
+            device_class = DeviceClass(
+                metadata=ObjectMeta(name=key.class_name), selectors=key.class_selectors
+            )
+        binding = self.gates.device_binding_and_status
+        rank_of = self.rank
+        for s in self.slices.slices:
+            node_rank = rank_of.get(s.node_name) if s.node_name else None
+            if s.node_name and node_rank is None:
+                continue  # a node that is not in the cluster: nothing can be placed there
+            for entry in self.slices.entries(s):
+                did = entry.id
+                if did in counts.local or did in counts.shared:
+                    continue  # another generation of the same device: count it once
+                if entry.device.binding_conditions and not binding:
+                    continue
+                if not _matches(key=key, device_class=device_class, entry=entry):
+                    continue
+                free = did not in self.in_use
+                if node_rank is None:
+                    counts.shared.add(did)
+                    counts.shared_total += 1
+                    counts.shared_free += free
+                else:
+                    counts.local[did] = node_rank
+                    counts.total[node_rank] += 1
+                    counts.free[node_rank] += free
+        for rank, value in enumerate(counts.free):
+            if value > 0:
+                counts.buckets.setdefault(value, []).append(rank)
+        return counts
+
+
+def _matches(*, key: DemandKey, device_class: DeviceClass, entry: DeviceEntry) -> bool:
+    try:
+        if not class_matches(device_class, entry):
+            return False
+        for i, selector in enumerate(key.selectors):
+            if not evaluate_selector(prefix="request", index=i, expression=selector.cel, entry=entry):
+                return False
+    except AllocationError:
+        return True  # let the allocator meet (and report) the error on this device's node
+    return True
+
+
+def _exclusive(allocation: AllocationResult) -> Iterator[DeviceID]:
+    for result in allocation.devices:
+        if result.admin_access or result.share_id is not None:
+            continue
+        yield result.device_id

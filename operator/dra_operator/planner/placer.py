@@ -1,0 +1,74 @@
+"""The operator's :class:`~dra_operator.placement.Placer` protocol on top of :class:`Planner`.
+
+:class:`PlannerPlacer` keeps one planner per model generation (classes, slices, nodes); a new
+generation builds a new slice index from the previous one, so unchanged devices keep their CEL
+results. Between calls it brings the planner's allocations in line with the model's (allocated
+claims and allocations being written), touching only claims whose allocation changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from dra_api.model import AllocationResult, ResourceClaim
+from dra_operator.allocator import FeatureGates, SliceIndex
+from dra_operator.clustermodel import ClaimKey, ClusterModel
+from dra_operator.placement import Placement, Unallocatable
+from dra_operator.planner.planner import FIRST_FIT, NotPlaced, PlanError, Planner
+
+
+class PlannerPlacer:
+    """Cluster-wide placement for the claim reconciler (policy: first-fit, bin-pack or spread)."""
+
+    def __init__(self, *, policy: str = FIRST_FIT, gates: FeatureGates | None = None) -> None:
+        self.policy = policy
+        self.gates = gates or FeatureGates()
+        self._planner: Planner | None = None
+        self._generation = -1
+        self._noted: dict[ClaimKey, AllocationResult] = {}
+
+    def planner_for(self, model: ClusterModel) -> Planner:
+        """The planner for the model as it is now (allocations included)."""
+        current = _allocations(model)
+        if self._planner is None or self._generation != model.generation:
+            previous = self._planner.slices if self._planner is not None else None
+            self._planner = Planner(
+                classes=model.classes,
+                slices=SliceIndex(list(model.slices.values()), previous=previous),
+                nodes=model.nodes.values(),
+                allocated=current.values(),
+                gates=self.gates,
+                policy=self.policy,
+            )
+            self._generation = model.generation
+            self._noted = current
+            return self._planner
+        planner = self._planner
+        for key, old in list(self._noted.items()):
+            new = current.get(key)
+            if new is not old:
+                planner.note_released(old)
+                del self._noted[key]
+        for key, new in current.items():
+            if key not in self._noted:
+                planner.note_allocated(new)
+                self._noted[key] = new
+        return planner
+
+    def place(self, *, claims: Sequence[ResourceClaim], model: ClusterModel) -> Placement | Unallocatable:
+        outcome = self.planner_for(model).plan(list(claims))
+        if isinstance(outcome, PlanError):
+            return Unallocatable(reason=outcome.reason, message=outcome.message[:1024])
+        if isinstance(outcome, NotPlaced):
+            return Unallocatable(reason="NoFit", message=outcome.explanation.short)
+        return Placement(node=outcome.node if outcome.node_bound else None, allocations=outcome.allocations)
+
+
+def _allocations(model: ClusterModel) -> dict[ClaimKey, AllocationResult]:
+    """Allocations holding devices: written ones, and those being written (assumed)."""
+    out: dict[ClaimKey, AllocationResult] = {}
+    for key, claim in model.claims.items():
+        allocation = claim.status.allocation or model.assumed(key)
+        if allocation is not None:
+            out[key] = allocation
+    return out

@@ -1,0 +1,313 @@
+"""Cluster-wide placement: choose a node and devices for claims allocated together.
+
+:class:`Planner` keeps one :class:`~dra_operator.allocator.Allocator` and one
+:class:`~dra_operator.planner.index.FreeDeviceIndex` across calls. For each call it derives the
+claims' demand (devices needed per CEL projection), asks the index for the nodes that can
+possibly meet it, in policy order, and runs the real allocator on those nodes only, the first
+solution winning. Allocations the caller commits are fed back with :meth:`Planner.note_allocated`
+(and :meth:`Planner.note_released`), which keeps both the allocator and the index current.
+
+Policies: ``first-fit`` (stable node order, by name), ``bin-pack`` (fewest free matching devices
+that still fit), ``spread`` (most free matching devices).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from dra_api.model import AllocationResult, DeviceClass, Node, ResourceClaim, ResourceSlice
+from dra_operator.allocator import (
+    AllocatedState,
+    AllocationError,
+    AllocationTimeout,
+    Allocator,
+    FailedAllocationOnNode,
+    FeatureGates,
+    SliceIndex,
+)
+from dra_operator.cel import CelCompileError, compile_selector
+from dra_operator.planner.demand import Demand, DemandKey, demand_of
+from dra_operator.planner.explain import Explanation, NodeAttempt, explain
+from dra_operator.planner.index import FreeDeviceIndex
+
+logger = logging.getLogger(__name__)
+
+FIRST_FIT = "first-fit"
+BIN_PACK = "bin-pack"
+SPREAD = "spread"
+POLICIES = (FIRST_FIT, BIN_PACK, SPREAD)
+
+
+@dataclass(frozen=True, slots=True)
+class Planned:
+    """The claims fit: one result per claim, in order. ``node`` is where they were allocated;
+    ``node_bound`` says whether any result carries a node selector (False: usable anywhere)."""
+
+    node: str
+    node_bound: bool
+    allocations: tuple[AllocationResult, ...]
+    tried: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class NotPlaced:
+    """No node fits the claims; ``explanation`` says why and what to change."""
+
+    explanation: Explanation
+    tried: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PlanError:
+    """The claims cannot be allocated because of an error (missing class, invalid CEL, CEL
+    runtime error, disabled feature, too many devices): not a capacity problem."""
+
+    message: str
+    reason: str = "AllocationError"
+
+
+PlanOutcome = Planned | NotPlaced | PlanError
+
+
+@dataclass(slots=True)
+class _Search:
+    attempts: list[NodeAttempt] = field(default_factory=list)
+
+
+class Planner:
+    """Places claims cluster-wide with the structured allocator (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        classes: Mapping[str, DeviceClass] | Iterable[DeviceClass],
+        slices: SliceIndex | Iterable[ResourceSlice],
+        nodes: Iterable[Node],
+        allocated: Iterable[AllocationResult] = (),
+        gates: FeatureGates | None = None,
+        policy: str = FIRST_FIT,
+        timeout: float | None = 10.0,
+    ) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"unknown placement policy {policy!r}; expected one of {', '.join(POLICIES)}")
+        self.policy = policy
+        self.timeout = timeout
+        self.gates = gates or FeatureGates()
+        self.classes: dict[str, DeviceClass] = (
+            dict(classes) if isinstance(classes, Mapping) else {c.name: c for c in classes}
+        )
+        self.slices = slices if isinstance(slices, SliceIndex) else SliceIndex(slices)
+        state = AllocatedState()
+        allocations = list(allocated)
+        for allocation in allocations:
+            state.add_allocation(allocation)
+        self.allocator = Allocator(
+            classes=self.classes, slices=self.slices, allocated=state, gates=self.gates
+        )
+        self.index = _index_for(
+            slices=self.slices, nodes=nodes, classes=self.classes, gates=self.gates, allocations=allocations
+        )
+
+    @property
+    def nodes(self) -> list[Node]:
+        return self.index.nodes
+
+    # ---- allocations made elsewhere -----------------------------------------------------------
+
+    def note_allocated(self, allocation: AllocationResult) -> None:
+        """Record a committed allocation (its devices are no longer free)."""
+        self.allocator.note_allocated(allocation)
+        self.index.note_allocated(allocation)
+
+    def note_released(self, allocation: AllocationResult) -> None:
+        """Forget an allocation (the claim was deallocated or deleted)."""
+        self.allocator.note_released(allocation)
+        self.index.note_released(allocation)
+
+    # ---- placement -----------------------------------------------------------------------------
+
+    def plan(self, claims: Sequence[ResourceClaim], *, node: str | Node | None = None) -> PlanOutcome:
+        """Choose a node and devices for ``claims`` (allocated together, like a pod's claims).
+
+        With ``node`` only that node is tried (a name not among the planner's nodes is a node
+        without labels). Nothing is recorded: call :meth:`note_allocated` for what is committed.
+        """
+        claims = list(claims)
+        if not claims:
+            return PlanError("no claims to allocate", reason="NoClaims")
+        problem = self.check(claims)
+        if problem is not None:
+            return problem
+        search = _Search()
+        if node is not None:
+            target = node if isinstance(node, Node) else self._node_named(node)
+            outcome = self._try(target, claims, search)
+            if outcome is not None:
+                return outcome
+            return self._not_placed(claims, search, fixed=target)
+        if not self.nodes:
+            return NotPlaced(explanation=Explanation.simple("the cluster has no nodes"), tried=0)
+        demand = demand_of(claims=claims, classes=self.classes)
+        for rank in self.candidates(demand):
+            outcome = self._try(self.nodes[rank], claims, search)
+            if outcome is not None:
+                return outcome
+        return self._not_placed(claims, search, fixed=None)
+
+    def check(self, claims: Sequence[ResourceClaim]) -> PlanError | None:
+        """Errors found without looking at devices: missing classes and selectors that do not
+        compile (in the claims or in their classes)."""
+        for claim in claims:
+            for request in claim.spec.requests:
+                specs = (
+                    [(request.name, request.exactly)]
+                    if request.exactly is not None
+                    else [(f"{request.name}/{s.name}", s.spec) for s in request.first_available]
+                )
+                for name, spec in specs:
+                    where = f"claim {claim.ref}, request {name}"
+                    device_class = self.classes.get(spec.device_class_name)
+                    if spec.device_class_name and device_class is None:
+                        return PlanError(
+                            f"{where}: device class {spec.device_class_name} not found; create it or fix "
+                            "the request's deviceClassName",
+                            reason="DeviceClassNotFound",
+                        )
+                    for i, selector in enumerate(spec.selectors):
+                        message = _compile_problem(selector.cel)
+                        if message:
+                            return PlanError(f"{where}: selector #{i}: {message}", reason="InvalidSelector")
+                    if device_class is not None:
+                        for i, selector in enumerate(device_class.selectors):
+                            message = _compile_problem(selector.cel)
+                            if message:
+                                return PlanError(
+                                    f"class {device_class.name}: selector #{i}: {message}",
+                                    reason="InvalidDeviceClass",
+                                )
+        return None
+
+    def candidates(self, demand: Demand) -> Iterator[int]:
+        """Ranks of the nodes that can possibly satisfy ``demand``, in policy order."""
+        index = self.index
+        counts = {key: index.counts(key) for key in demand.every_key()}
+        need = demand.counts
+        # The key whose node-local shortfall is largest drives the enumeration.
+        driver: DemandKey | None = None
+        driver_need = 0
+        for key, count in need.items():
+            local = count - counts[key].shared_free
+            if local > driver_need:
+                driver, driver_need = key, local
+        if driver is None:
+            for key in demand.all_keys:
+                if counts[key].shared_total == 0:
+                    driver, driver_need = key, 1
+                    break
+
+        def fits(rank: int) -> bool:
+            for key, count in need.items():
+                c = counts[key]
+                if c.free[rank] + c.shared_free < count:
+                    return False
+            for key in demand.all_keys:
+                c = counts[key]
+                if c.free[rank] != c.total[rank] or c.shared_free != c.shared_total:
+                    return False
+                if c.total[rank] + c.shared_total == 0:
+                    return False
+            for choice in demand.choices:
+                if not any(counts[k].free[rank] + counts[k].shared_free >= n for k, n in choice):
+                    return False
+            return True
+
+        scored = list(need) + list(demand.all_keys)
+
+        def score(rank: int) -> int:
+            return sum(counts[k].free[rank] + counts[k].shared_free for k in scored)
+
+        ranks: Iterable[int]
+        simple = driver is not None and len(counts) == 1
+        if driver is not None:
+            c = counts[driver]
+            if self.policy == FIRST_FIT:
+                ranks = c.ranks_in_order(driver_need)
+            elif simple:  # one key: bucket order is score order
+                ranks = c.ranks_with_at_least(driver_need, descending=self.policy == SPREAD)
+            else:
+                ranks = c.ranks_in_order(driver_need)
+        else:
+            ranks = range(len(self.nodes))
+        if self.policy != FIRST_FIT and not simple:
+            eligible = [r for r in ranks if fits(r)]
+            if self.policy == BIN_PACK:
+                eligible.sort(key=lambda r: (score(r), r))
+            else:
+                eligible.sort(key=lambda r: (-score(r), r))
+            return iter(eligible)
+        return (r for r in ranks if fits(r))
+
+    # ---- internals -----------------------------------------------------------------------------
+
+    def _node_named(self, name: str) -> Node:
+        rank = self.index.rank.get(name)
+        return self.nodes[rank] if rank is not None else Node.make(name)
+
+    def _try(self, node: Node, claims: list[ResourceClaim], search: _Search) -> PlanOutcome | None:
+        try:
+            results = self.allocator.allocate(node=node, claims=claims, timeout=self.timeout)
+        except FailedAllocationOnNode as exc:
+            search.attempts.append(NodeAttempt(node=node.name, failure=str(exc)))
+            return None
+        except AllocationTimeout as exc:
+            search.attempts.append(NodeAttempt(node=node.name, failure=str(exc)))
+            return None
+        except AllocationError as exc:
+            return PlanError(str(exc))
+        if results is None:
+            search.attempts.append(
+                NodeAttempt(
+                    node=node.name, constraint_rejections=dict(self.allocator.last_constraint_rejections)
+                )
+            )
+            return None
+        return Planned(
+            node=node.name,
+            node_bound=any(r.node_selector is not None for r in results),
+            allocations=tuple(results),
+            tried=len(search.attempts) + 1,
+        )
+
+    def _not_placed(self, claims: list[ResourceClaim], search: _Search, *, fixed: Node | None) -> PlanOutcome:
+        try:
+            explanation = explain(planner=self, claims=claims, attempts=search.attempts, fixed=fixed)
+        except AllocationError as exc:  # the funnel evaluates selectors too: errors stay errors
+            return PlanError(str(exc))
+        return NotPlaced(explanation=explanation, tried=len(search.attempts))
+
+
+def _index_for(
+    *,
+    slices: SliceIndex,
+    nodes: Iterable[Node],
+    classes: Mapping[str, DeviceClass],
+    gates: FeatureGates,
+    allocations: Iterable[AllocationResult],
+) -> FreeDeviceIndex:
+    """The index with the devices of existing allocations already taken."""
+    in_use = {
+        r.device_id for a in allocations for r in a.devices if not r.admin_access and r.share_id is None
+    }
+    return FreeDeviceIndex(slices=slices, nodes=nodes, classes=classes, gates=gates, in_use=in_use)
+
+
+def _compile_problem(expression: str | None) -> str | None:
+    if expression is None:
+        return "CEL expression empty (unsupported selector type?)"
+    try:
+        compile_selector(expression)
+    except CelCompileError as exc:
+        return f"CEL compile error: {exc}"
+    return None
