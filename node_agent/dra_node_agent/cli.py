@@ -51,6 +51,8 @@ def _configure_logging(level: str) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    # The API client logs whole response bodies at DEBUG; that is never what an agent log needs.
+    logging.getLogger("kubernetes_asyncio").setLevel(max(logging.INFO, logging.getLevelName(level.upper())))
 
 
 def _profiles() -> int:

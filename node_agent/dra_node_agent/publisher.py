@@ -175,11 +175,23 @@ def _owner_matches(obj: Mapping[str, Any], owner: Mapping[str, Any] | None) -> b
     return any(ref.get("uid") == owner.get("uid") for ref in refs)
 
 
-def plan_pool(*, design: PoolDesign, existing: Sequence[Mapping[str, Any]], last_generation: int) -> PoolPlan:
+def pool_content(chunks: Sequence[Sequence[Device]]) -> str:
+    """The pool's content as canonical JSON: what a generation stands for."""
+    return canonical([[dict(d) for d in chunk] for chunk in chunks])
+
+
+def plan_pool(
+    *,
+    design: PoolDesign,
+    existing: Sequence[Mapping[str, Any]],
+    last_generation: int,
+    last_content: str | None = None,
+) -> PoolPlan:
     """Compare the pool's slices on the server with the design and say what to write.
 
-    ``existing`` are the slices listed for this node and driver; ``last_generation`` the highest
-    generation this process wrote, so a pool wiped and recreated never goes back in generation.
+    ``existing`` are the slices listed for this node and driver; ``last_generation`` and
+    ``last_content`` what this process last published, so a pool wiped by someone else comes back
+    at the same generation when its content is unchanged, and never goes back in generation.
     """
     ours = [
         s
@@ -192,7 +204,12 @@ def plan_pool(*, design: PoolDesign, existing: Sequence[Mapping[str, Any]], last
     generations = [int(_pool(s).get("generation") or 0) for s in ours if _pool(s).get("name") == design.node]
     current = max([last_generation, *generations])
 
-    changed = current == 0 or len(by_name) == 0
+    if current == 0:
+        changed = True  # nothing was ever published: the first generation
+    elif not by_name:
+        changed = last_content != pool_content(design.chunks)
+    else:
+        changed = False
     for index, name in enumerate(names):
         obj = by_name.get(name)
         if obj is None:
@@ -249,6 +266,7 @@ class SlicePublisher:
         self._devices: list[Device] | None = None
         self._owner: dict[str, Any] | None = None
         self._last_generation = 0
+        self._last_content: str | None = None
         self._accepted: dict[str, str] = {}
         self._dirty = asyncio.Event()
         self._lock = asyncio.Lock()
@@ -301,10 +319,16 @@ class SlicePublisher:
                 accepted=self._accepted,
             )
             existing, _ = await self.list_slices()
-            plan = plan_pool(design=design, existing=existing, last_generation=self._last_generation)
+            plan = plan_pool(
+                design=design,
+                existing=existing,
+                last_generation=self._last_generation,
+                last_content=self._last_content,
+            )
             if not plan.empty:
                 await self._apply(plan, design=design)
             self._last_generation = max(self._last_generation, plan.generation)
+            self._last_content = pool_content(design.chunks)
             self.generation = plan.generation
             return plan
 

@@ -13,6 +13,7 @@ from dra_node_agent.publisher import (
     chunk_devices,
     for_version,
     plan_pool,
+    pool_content,
     slice_name,
 )
 
@@ -150,10 +151,21 @@ def test_a_deleted_slice_is_recreated_without_a_bump() -> None:
     assert not plan.update
 
 
-def test_a_wiped_pool_comes_back_at_a_higher_generation() -> None:
-    plan = plan_pool(design=design(chunk_devices(devices(8))), existing=[], last_generation=4)
-    assert plan.generation == 5
+def test_a_wiped_pool_comes_back_at_its_generation_when_unchanged() -> None:
+    d = design(chunk_devices(devices(8)))
+    plan = plan_pool(design=d, existing=[], last_generation=4, last_content=pool_content(d.chunks))
+    assert plan.generation == 4
+    assert not plan.bumped
     assert len(plan.create) == 1
+
+
+def test_a_wiped_pool_with_new_content_comes_back_one_higher() -> None:
+    old = pool_content(chunk_devices(devices(4)))
+    plan = plan_pool(
+        design=design(chunk_devices(devices(8))), existing=[], last_generation=4, last_content=old
+    )
+    assert plan.generation == 5
+    assert plan.bumped
 
 
 def test_growing_from_one_to_two_slices_changes_the_count() -> None:
