@@ -26,7 +26,6 @@ from dra_operator.allocator import (
     FeatureGates,
     SliceIndex,
     class_matches,
-    evaluate_selector,
 )
 from dra_operator.planner.demand import DemandKey
 
@@ -180,12 +179,14 @@ def _matches(*, key: DemandKey, device_class: DeviceClass, entry: DeviceEntry) -
     try:
         if not class_matches(device_class, entry):
             return False
-        for i, selector in enumerate(key.selectors):
-            if not evaluate_selector(prefix="request", index=i, expression=selector.cel, entry=entry):
-                return False
+        if not key.selectors:
+            return True
+        # Class and request selectors together, cached on the device like a class's selectors: a
+        # slice index built with ``previous=`` hands the results on to unchanged devices.
+        combined = DeviceClass(metadata=device_class.metadata, selectors=key.class_selectors + key.selectors)
+        return class_matches(combined, entry)
     except AllocationError:
         return True  # let the allocator meet (and report) the error on this device's node
-    return True
 
 
 def _exclusive(allocation: AllocationResult) -> Iterator[DeviceID]:
