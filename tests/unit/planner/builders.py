@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
+
+from dra_api.model import AllocationResult, DeviceClass, Node, ResourceClaim, ResourceSlice
+from dra_operator.planner import NotPlaced, Planned, Planner
 
 DRIVER = "gpu.nvidia.com"
 V1 = "resource.k8s.io/v1"
@@ -116,3 +120,41 @@ def allocation(node: str, *devices: str, request_name: str = "gpu") -> dict[str,
 
 def node(name: str, **labels: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}}
+
+
+def make_planner(
+    slices: Iterable[dict[str, Any]],
+    *,
+    nodes: Iterable[str] | None = None,
+    classes: Iterable[dict[str, Any]] = (),
+    allocated: Iterable[dict[str, Any]] = (),
+    policy: str = "first-fit",
+    labels: dict[str, dict[str, str]] | None = None,
+) -> Planner:
+    parsed = [ResourceSlice.from_json(s) for s in slices]
+    names = list(nodes) if nodes is not None else sorted({s.node_name for s in parsed if s.node_name})
+    return Planner(
+        classes=[DeviceClass.from_json(c) for c in (list(classes) or [device_class()])],
+        slices=parsed,
+        nodes=[Node.make(n, (labels or {}).get(n)) for n in names],
+        allocated=[AllocationResult.from_json(a) for a in allocated],
+        policy=policy,
+    )
+
+
+def rc(name: str, *requests: dict[str, Any], **kwargs: Any) -> ResourceClaim:
+    return ResourceClaim.from_json(claim(name, *requests, **kwargs))
+
+
+def placed(outcome: object) -> Planned:
+    assert isinstance(outcome, Planned), outcome
+    return outcome
+
+
+def not_placed(outcome: object) -> NotPlaced:
+    assert isinstance(outcome, NotPlaced), outcome
+    return outcome
+
+
+def devices_of(outcome: Planned, i: int = 0) -> list[str]:
+    return [f"{r.pool}/{r.device}" for r in outcome.allocations[i].devices]

@@ -2,64 +2,28 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import pytest
-from builders import (
-    DRIVER,
-    allocation,
-    claim,
-    device_class,
-    gpu,
-    gpus,
-    node_slice,
-    request,
-    shared_slice,
-)
 
 from dra_api.model import AllocationResult, DeviceClass, Node, ResourceClaim, ResourceSlice
 from dra_operator.allocator import Allocator, SliceIndex
-from dra_operator.planner import NotPlaced, Planned, Planner, PlanError
-
-
-def make_planner(
-    slices: Iterable[dict[str, Any]],
-    *,
-    nodes: Iterable[str] | None = None,
-    classes: Iterable[dict[str, Any]] = (),
-    allocated: Iterable[dict[str, Any]] = (),
-    policy: str = "first-fit",
-    labels: dict[str, dict[str, str]] | None = None,
-) -> Planner:
-    parsed = [ResourceSlice.from_json(s) for s in slices]
-    names = list(nodes) if nodes is not None else sorted({s.node_name for s in parsed if s.node_name})
-    return Planner(
-        classes=[DeviceClass.from_json(c) for c in (list(classes) or [device_class()])],
-        slices=parsed,
-        nodes=[Node.make(n, (labels or {}).get(n)) for n in names],
-        allocated=[AllocationResult.from_json(a) for a in allocated],
-        policy=policy,
-    )
-
-
-def rc(name: str, *requests: dict[str, Any], **kwargs: Any) -> ResourceClaim:
-    return ResourceClaim.from_json(claim(name, *requests, **kwargs))
-
-
-def placed(outcome: object) -> Planned:
-    assert isinstance(outcome, Planned), outcome
-    return outcome
-
-
-def not_placed(outcome: object) -> NotPlaced:
-    assert isinstance(outcome, NotPlaced), outcome
-    return outcome
-
-
-def devices_of(outcome: Planned, i: int = 0) -> list[str]:
-    return [f"{r.pool}/{r.device}" for r in outcome.allocations[i].devices]
-
+from dra_operator.planner import PlanError
+from tests.unit.planner.builders import (
+    DRIVER,
+    allocation,
+    device_class,
+    devices_of,
+    gpu,
+    gpus,
+    make_planner,
+    node_slice,
+    not_placed,
+    placed,
+    rc,
+    request,
+    shared_slice,
+)
 
 # Free GPUs: n1: 4, n2: 2, n3: 6
 UNEVEN = [node_slice("n1", gpus("n1", 4)), node_slice("n2", gpus("n2", 2)), node_slice("n3", gpus("n3", 6))]
@@ -109,6 +73,7 @@ def test_notes_keep_counts_current_until_full_and_after_release() -> None:
         outcome = placed(planner.plan([rc(f"c{i}")]))
         planner.note_allocated(outcome.allocations[0])
         results.append((outcome.node, devices_of(outcome)))
+        assert outcome.tried == 1  # a full node is never searched again
     assert results == [
         ("n1", ["n1/gpu-0"]),
         ("n1", ["n1/gpu-1"]),
@@ -116,6 +81,7 @@ def test_notes_keep_counts_current_until_full_and_after_release() -> None:
         ("n2", ["n2/gpu-1"]),
     ]
     full = not_placed(planner.plan([rc("late")]))
+    assert full.tried == 0
     assert "0 free" in full.explanation.full
     planner.note_released(
         AllocationResult.from_json(allocation("n2", "gpu-0")),
@@ -180,7 +146,9 @@ def test_first_fit_agrees_with_trying_every_node_in_order() -> None:
     slices = [
         node_slice("n1", [gpu(f"gpu-{i}", product="A", root=f"r{i % 2}") for i in range(3)]),
         node_slice("n2", [gpu(f"gpu-{i}", product="B", memory="40Gi", root="r0") for i in range(4)]),
-        node_slice("n3", [gpu(f"gpu-{i}", product="A" if i % 2 else "B", root=f"r{i // 2}") for i in range(6)]),
+        node_slice(
+            "n3", [gpu(f"gpu-{i}", product="A" if i % 2 else "B", root=f"r{i // 2}") for i in range(6)]
+        ),
         shared_slice("pool", [gpu("s-0", product="B")]),
     ]
     planner = make_planner(slices)
@@ -271,7 +239,9 @@ def test_node_selector_slices_follow_node_labels() -> None:
         "spec": {
             "driver": DRIVER,
             "nodeSelector": {
-                "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
+                ]
             },
             "pool": {"name": "zone-a", "generation": 1, "resourceSliceCount": 1},
             "devices": [gpu("z-0")],

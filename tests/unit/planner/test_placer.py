@@ -1,0 +1,69 @@
+"""PlannerPlacer: the operator's Placer protocol over a ClusterModel, kept in step with it."""
+
+from __future__ import annotations
+
+from dra_api.model import ResourceClaim
+from dra_operator.clustermodel import ClaimKey, ClusterModel
+from dra_operator.placement import Placement, Placer, Unallocatable
+from dra_operator.planner import EVENT_MESSAGE_LIMIT, PlannerPlacer
+from tests.unit.planner.builders import allocation, claim, device_class, gpus, node, node_slice, request
+
+
+def _model() -> ClusterModel:
+    model = ClusterModel()
+    model.upsert_class(device_class())
+    for name, count in (("n1", 2), ("n2", 4)):
+        model.upsert_node(node(name))
+        model.upsert_slice(node_slice(name, gpus(name, count)))
+    return model
+
+
+def _claim(name: str, count: int = 1) -> ResourceClaim:
+    return ResourceClaim.from_json(claim(name, request(count=count)))
+
+
+def test_is_a_placer_and_follows_assumed_written_and_removed_allocations() -> None:
+    model = _model()
+    for name in ("a", "b"):  # the reconciler places claims the model already holds
+        model.upsert_claim(claim(name, request(count=2)))
+    placer: Placer = PlannerPlacer(policy="bin-pack")
+    first = placer.place(claims=[_claim("a", 2)], model=model)
+    assert isinstance(first, Placement)
+    assert first.node == "n1"  # bin-pack: the node with 2 free is the tightest fit
+    model.assume(ClaimKey("default", "a"), first.allocations[0])
+    second = placer.place(claims=[_claim("b", 2)], model=model)
+    assert isinstance(second, Placement)
+    assert second.node == "n2"
+    # b is written back by the server: the model holds it as an allocated claim
+    written = claim("b", request(count=2), allocation=allocation("n2", "gpu-0", "gpu-1"))
+    written["metadata"]["resourceVersion"] = "5"
+    model.upsert_claim(written)
+    third = placer.place(claims=[_claim("c", 3)], model=model)
+    assert isinstance(third, Unallocatable)
+    assert third.reason == "NoFit"
+    assert len(third.message) <= EVENT_MESSAGE_LIMIT
+    assert "needs 3" in third.message
+    model.forget_assumed(ClaimKey("default", "a"))
+    model.remove_claim(ClaimKey("default", "b"))
+    fourth = placer.place(claims=[_claim("c", 3)], model=model)
+    assert isinstance(fourth, Placement)
+    assert fourth.node == "n2"
+
+
+def test_new_slices_are_seen_after_a_model_change() -> None:
+    model = _model()
+    placer = PlannerPlacer()
+    assert isinstance(placer.place(claims=[_claim("a", 6)], model=model), Unallocatable)
+    model.upsert_node(node("n3"))
+    model.upsert_slice(node_slice("n3", gpus("n3", 8)))
+    outcome = placer.place(claims=[_claim("a", 6)], model=model)
+    assert isinstance(outcome, Placement)
+    assert outcome.node == "n3"
+
+
+def test_errors_keep_their_reason() -> None:
+    outcome = PlannerPlacer().place(
+        claims=[ResourceClaim.from_json(claim("x", request(cls="missing")))], model=_model()
+    )
+    assert isinstance(outcome, Unallocatable)
+    assert outcome.reason == "DeviceClassNotFound"
