@@ -113,7 +113,9 @@ def explain(
                 parts.append(f"{name} turned away {rejected} device{'s' if rejected != 1 else ''}")
         node_lines.append(f"{node.name}: " + "; ".join(parts))
         if node is best[0]:
-            advice = _advice(rows=rows, attempt=attempt, constraint_names=constraint_names, fixed=fixed)
+            advice = _advice(
+                rows=rows, attempt=attempt, constraint_names=constraint_names, fixed=fixed, node=node.name
+            )
     if not best:
         advice = [
             "no node has free devices matching the requests: add nodes or devices, or wait for "
@@ -189,6 +191,7 @@ def _advice(
     attempt: NodeAttempt | None,
     constraint_names: Mapping[tuple[str, int], str],
     fixed: Node | None,
+    node: str,
 ) -> list[str]:
     where = f"node {fixed.name}" if fixed is not None else "any node"
     out: list[str] = []
@@ -202,9 +205,10 @@ def _advice(
         if row.devices == 0:
             out.append(f"{where} publishes no devices: check that the driver runs there")
         elif stage == "class_matched" and row.class_matched == row.devices:
+            has = f"{where} has" if fixed is not None else f"the closest node, {node}, has"
             out.append(
-                f"{where} has only {row.devices} devices for {request}: lower its count or add "
-                "nodes with more devices"
+                f"{has} only {row.devices} devices for {request}: lower its count or add nodes with "
+                "more devices"
             )
         elif stage == "class_matched":
             out.append(

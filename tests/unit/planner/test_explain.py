@@ -103,3 +103,10 @@ def test_no_nodes() -> None:
     planner = make_planner([], nodes=[])
     why = not_placed(planner.plan([rc("c")])).explanation
     assert why.full == "the cluster has no nodes"
+
+
+def test_count_above_any_node_says_so() -> None:
+    planner = make_planner([node_slice("n1", gpus("n1", 2)), node_slice("n2", gpus("n2", 4))])
+    why = not_placed(planner.plan([rc("c", request(count=6))])).explanation
+    assert "n2: request gpu: 4 devices, 4 match class gpu.nvidia.com; needs 6" in why.full
+    assert "the closest node, n2, has only 4 devices for request gpu: lower its count" in why.full
