@@ -139,6 +139,9 @@ def gpu_pod(
                     }
                 ],
                 "resourceClaims": [claim_ref],
+                # Nodes here have no kubelet: the node controller soon taints them not-ready or
+                # unreachable. The pods only need to be scheduled, never run.
+                "tolerations": [{"operator": "Exists"}],
             },
         }
     )
