@@ -263,3 +263,30 @@ def test_installed_command_bad_input_has_no_traceback() -> None:
     assert proc.stderr.count("\n") == 1
     assert proc.stderr.startswith("dra-operator simulate: <stdin>: ResourceClaim")
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(("node", "code"), [("node-a", 0), ("node-b", 1), (None, 0)])
+def test_node_labels_come_from_node_objects(
+    capsys: pytest.CaptureFixture[str], node: str | None, code: int
+) -> None:
+    argv = ["-f", CLUSTER, "-f", fx("zone-a-slice.yaml"), "-f", fx("claim-five.yaml"), "-o", "json"]
+    got, out, _ = run(capsys, *argv, *(["--node", node] if node else []))
+    assert got == code
+    result = json.loads(out)
+    if code == 0:
+        # node-a's four GPUs plus the zone-a GPU its label reaches
+        assert result["node"] == "node-a"
+        assert sorted(devices(result)) == [f"node-a/gpu-{i}" for i in range(4)] + ["zone-a/gpu-z"]
+    else:
+        assert "cannot be allocated on node node-b" in result["explanation"]
+
+
+def test_a_node_without_a_node_object_has_no_labels(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    docs = [d for d in yaml.safe_load_all((FIXTURES / "cluster.yaml").read_text()) if d["kind"] != "Node"]
+    path = tmp_path / "no-nodes.yaml"
+    path.write_text(yaml.safe_dump_all(docs))
+    code, out, _ = run(capsys, "-f", str(path), "-f", fx("zone-a-slice.yaml"), "-f", fx("claim-five.yaml"))
+    assert code == 1
+    assert "cannot be allocated on any of 2 nodes" in out
