@@ -87,8 +87,8 @@ def explain(
     # Cluster-wide counts per request, from the index.
     cluster: list[str] = []
     for ref, request, key, count, mode in request_keys(claims=claims, classes=planner.classes):
-        class_counts = index.counts(DemandKey(key.class_name, key.class_selectors, ()))
-        counts = index.counts(key)
+        class_counts = index.counts(DemandKey(key.class_name, key.class_selectors, ()), complete=True)
+        counts = index.counts(key, complete=True)
         wanted = "all" if mode == ALL else str(count)
         most = max(counts.free, default=0)
         where = f" ({_prefix(ref, claims)}request {request})" if len(claims) > 1 else f" request {request}"
@@ -244,7 +244,7 @@ def _best_nodes(*, planner: Planner, claims: Sequence[ResourceClaim]) -> list[No
     keys = [key for _, _, key, _, _ in request_keys(claims=claims, classes=planner.classes)]
     if not keys or not index.nodes:
         return index.nodes[:1]
-    counts = [index.counts(k) for k in dict.fromkeys(keys)]
+    counts = [index.counts(k, complete=True) for k in dict.fromkeys(keys)]
     scored = sorted(
         range(len(index.nodes)),
         key=lambda r: (-sum(c.free[r] for c in counts), -sum(c.total[r] for c in counts), r),

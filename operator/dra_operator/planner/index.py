@@ -7,6 +7,10 @@ by free count so that candidates come out in policy order without scanning every
 of slices without a ``nodeName`` (allNodes, node selectors, per-device selection) are "shared":
 counted once and assumed reachable from every node, which keeps every bound an upper bound.
 
+Node-local devices are evaluated lazily, node by node: first-fit visits nodes in order and only
+evaluates those it reaches, so the first claim of a new shape does not pay for the whole cluster;
+bin-pack, spread and explanations complete the key first (:meth:`FreeDeviceIndex.complete`).
+
 A device whose selector evaluation fails (a CEL runtime error) counts as matching: the allocator
 then evaluates it on that node and reports the error with upstream's wording.
 """
@@ -18,7 +22,7 @@ import heapq
 from collections.abc import Iterable, Iterator, Mapping
 from itertools import chain
 
-from dra_api.model import AllocationResult, DeviceClass, Node, ObjectMeta
+from dra_api.model import AllocationResult, DeviceClass, Node, ObjectMeta, ResourceSlice
 from dra_operator.allocator import (
     AllocationError,
     DeviceEntry,
@@ -35,10 +39,24 @@ _KEY_LIMIT = 128  # distinct projections kept; the least recently used one is dr
 class KeyCounts:
     """Matching and free devices of one key, per node rank and for shared devices."""
 
-    __slots__ = ("buckets", "free", "key", "local", "shared", "shared_free", "shared_total", "total")
+    __slots__ = (
+        "buckets",
+        "class_",
+        "free",
+        "key",
+        "local",
+        "pending",
+        "shared",
+        "shared_free",
+        "shared_total",
+        "total",
+    )
 
-    def __init__(self, *, key: DemandKey, nodes: int) -> None:
+    def __init__(self, *, key: DemandKey, nodes: int, class_: DeviceClass) -> None:
         self.key = key
+        self.class_ = class_
+        # node ranks whose devices were not evaluated yet (sorted); their counts read 0 until then
+        self.pending: list[int] = []
         self.local: dict[DeviceID, int] = {}  # matching node-local device -> node rank
         self.shared: set[DeviceID] = set()
         self.total = [0] * nodes
@@ -67,13 +85,18 @@ class KeyCounts:
         levels = sorted((c for c in self.buckets if c >= count), reverse=descending)
         return chain.from_iterable(self.buckets[c] for c in levels)
 
-    def ranks_in_order(self, count: int) -> Iterator[int]:
-        """Node ranks with at least ``count`` free matching devices, in rank order."""
-        levels = [self.buckets[c] for c in self.buckets if c >= count]
+    def ranks_in_order(self, count: int, *, with_pending: bool = False) -> Iterator[int]:
+        """Node ranks with at least ``count`` free matching devices (and, with ``with_pending``,
+        the ranks not evaluated yet), in rank order. Iterates over copies: evaluating a node on
+        the way changes the buckets."""
+        levels = [list(self.buckets[c]) for c in self.buckets if c >= count]
+        if with_pending and self.pending:
+            levels.append(list(self.pending))
         if len(levels) == 1:
             return iter(levels[0])
         return heapq.merge(*levels)
 
+    # The cluster-wide figures are exact only once the key is complete.
     @property
     def cluster_total(self) -> int:
         return sum(self.total) + self.shared_total
@@ -102,6 +125,10 @@ class FreeDeviceIndex:
         self.rank: dict[str, int] = {n.name: i for i, n in enumerate(self.nodes)}
         self.in_use: set[DeviceID] = set(in_use)
         self._keys: dict[DemandKey, KeyCounts] = {}
+        # node-local slices per node rank (slices of nodes outside the cluster are left out)
+        self._node_slices: list[list[ResourceSlice]] = [
+            list(slices.on_node.get(n.name, ())) for n in self.nodes
+        ]
 
     # ---- allocations ---------------------------------------------------------------------------
 
@@ -129,49 +156,70 @@ class FreeDeviceIndex:
 
     # ---- keys ----------------------------------------------------------------------------------
 
-    def counts(self, key: DemandKey) -> KeyCounts:
-        """The counts of ``key``, computed on first use (one selector evaluation per device)."""
+    def counts(self, key: DemandKey, *, complete: bool = False) -> KeyCounts:
+        """The counts of ``key``, built on first use: shared devices at once, node-local ones per
+        node on demand (:meth:`ensure`), or all of them with ``complete``."""
         found = self._keys.pop(key, None)
         if found is None:
             found = self._build(key)
             if len(self._keys) >= _KEY_LIMIT:
                 del self._keys[next(iter(self._keys))]
         self._keys[key] = found  # most recently used last
+        if complete:
+            self.complete(found)
         return found
 
+    def complete(self, counts: KeyCounts) -> None:
+        """Evaluate every node of ``counts`` not evaluated yet."""
+        for rank in list(counts.pending):
+            self.ensure(counts, rank)
+
+    def ensure(self, counts: KeyCounts, rank: int) -> bool:
+        """Evaluate the devices of node ``rank`` for ``counts`` if not done yet; True if it was."""
+        pending = counts.pending
+        at = bisect.bisect_left(pending, rank)
+        if at == len(pending) or pending[at] != rank:
+            return False
+        del pending[at]
+        binding = self.gates.device_binding_and_status
+        total = free = 0
+        for s in self._node_slices[rank]:
+            for entry in self.slices.entries(s):
+                did = entry.id
+                if did in counts.local:
+                    continue  # another generation of the same device: count it once
+                if entry.device.binding_conditions and not binding:
+                    continue
+                if not _matches(key=counts.key, device_class=counts.class_, entry=entry):
+                    continue
+                counts.local[did] = rank
+                total += 1
+                free += did not in self.in_use
+        counts.total[rank] = total
+        counts.set_free(rank, free)
+        return True
+
     def _build(self, key: DemandKey) -> KeyCounts:
-        counts = KeyCounts(key=key, nodes=len(self.nodes))
         device_class = self.classes.get(key.class_name)
         if device_class is None or device_class.selectors != key.class_selectors:
             device_class = DeviceClass(
                 metadata=ObjectMeta(name=key.class_name), selectors=key.class_selectors
             )
+        counts = KeyCounts(key=key, nodes=len(self.nodes), class_=device_class)
         binding = self.gates.device_binding_and_status
-        rank_of = self.rank
-        for s in self.slices.slices:
-            node_rank = rank_of.get(s.node_name) if s.node_name else None
-            if s.node_name and node_rank is None:
-                continue  # a node that is not in the cluster: nothing can be placed there
+        for s in self.slices.shared:
             for entry in self.slices.entries(s):
                 did = entry.id
-                if did in counts.local or did in counts.shared:
-                    continue  # another generation of the same device: count it once
+                if did in counts.shared:
+                    continue
                 if entry.device.binding_conditions and not binding:
                     continue
                 if not _matches(key=key, device_class=device_class, entry=entry):
                     continue
-                free = did not in self.in_use
-                if node_rank is None:
-                    counts.shared.add(did)
-                    counts.shared_total += 1
-                    counts.shared_free += free
-                else:
-                    counts.local[did] = node_rank
-                    counts.total[node_rank] += 1
-                    counts.free[node_rank] += free
-        for rank, value in enumerate(counts.free):
-            if value > 0:
-                counts.buckets.setdefault(value, []).append(rank)
+                counts.shared.add(did)
+                counts.shared_total += 1
+                counts.shared_free += did not in self.in_use
+        counts.pending = [rank for rank, slices in enumerate(self._node_slices) if slices]
         return counts
 
 

@@ -192,7 +192,8 @@ class Planner:
     def candidates(self, demand: Demand) -> Iterator[int]:
         """Ranks of the nodes that can possibly satisfy ``demand``, in policy order."""
         index = self.index
-        counts = {key: index.counts(key) for key in demand.every_key()}
+        lazy = self.policy == FIRST_FIT  # other policies compare all nodes: evaluate them all
+        counts = {key: index.counts(key, complete=not lazy) for key in demand.every_key()}
         need = demand.counts
         # The key whose node-local shortfall is largest drives the enumeration.
         driver: DemandKey | None = None
@@ -232,8 +233,8 @@ class Planner:
         simple = driver is not None and len(counts) == 1
         if driver is not None:
             c = counts[driver]
-            if self.policy == FIRST_FIT:
-                ranks = c.ranks_in_order(driver_need)
+            if lazy:
+                ranks = c.ranks_in_order(driver_need, with_pending=True)
             elif simple:  # one key: bucket order is score order
                 ranks = c.ranks_with_at_least(driver_need, descending=self.policy == SPREAD)
             else:
@@ -247,6 +248,15 @@ class Planner:
             else:
                 eligible.sort(key=lambda r: (-score(r), r))
             return iter(eligible)
+        if lazy:
+            every = list(counts.values())
+
+            def evaluated(rank: int) -> int:
+                for c in every:
+                    index.ensure(c, rank)
+                return rank
+
+            return (r for r in map(evaluated, ranks) if fits(r))
         return (r for r in ranks if fits(r))
 
     # ---- internals -----------------------------------------------------------------------------

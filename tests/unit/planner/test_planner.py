@@ -287,3 +287,32 @@ def test_cel_runtime_error_is_an_error_not_unallocatable() -> None:
 def test_unknown_policy_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown placement policy"):
         make_planner(UNEVEN, policy="random")
+
+
+def test_first_fit_evaluates_only_the_nodes_it_reaches() -> None:
+    planner = make_planner([node_slice(f"n{i}", gpus(f"n{i}", 2)) for i in range(5)])
+    outcome = placed(planner.plan([rc("c")]))
+    assert outcome.node == "n0"
+    (counts,) = [planner.index.counts(k) for k in list(planner.index._keys)]
+    assert counts.pending == [1, 2, 3, 4]
+    # an allocation noted on a node not evaluated yet is counted when that node is reached
+    planner.note_allocated(AllocationResult.from_json(allocation("n1", "gpu-0")))
+    pair = placed(planner.plan([rc("d", request(count=2))]))
+    assert pair.node == "n0"
+    planner.note_allocated(pair.allocations[0])
+    calls: list[str] = []
+    real = planner.allocator.allocate
+
+    def counting(**kwargs: Any) -> Any:
+        calls.append(kwargs["node"].name)
+        return real(**kwargs)
+
+    planner.allocator.allocate = counting  # type: ignore[method-assign]
+    # n0 is full and n1 has one free device: n2 is the first node searched
+    assert placed(planner.plan([rc("e", request(count=2))])).node == "n2"
+    assert calls == ["n2"]
+    assert counts.free[:3] == [0, 1, 2]
+    assert counts.pending == [3, 4]
+    planner.index.complete(counts)
+    assert counts.pending == []
+    assert counts.free == [0, 1, 2, 2, 2]
