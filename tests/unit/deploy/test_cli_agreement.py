@@ -1,0 +1,67 @@
+"""The manifests and the programs agree: flags parse, profiles exist, classes are what the operator keeps.
+
+Drift here fails only at run time in a cluster (a CrashLoopBackOff on an unknown flag, or the operator
+and `kubectl apply` rewriting a DeviceClass back and forth), so it is checked on the rendered objects.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from dra_node_agent import cli as agent_cli
+from dra_node_agent import settings as agent_settings
+from dra_node_agent.discovery.simulated import available_profiles
+from dra_operator import settings as operator_settings
+from dra_operator.deviceclasses import desired_classes
+from tests.unit.deploy.render import OVERLAYS, PEERING_NAME, Obj, of_kind, one
+
+
+def _container(objs: list[Obj], kind: str) -> Obj:
+    (workload,) = of_kind(objs, kind)
+    containers: list[Obj] = workload["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    return containers[0]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_agent_accepts_its_arguments(rendered: dict[str, list[Obj]], overlay: str) -> None:
+    container = _container(rendered[overlay], "DaemonSet")
+    args = agent_cli.build_parser().parse_args(container["args"])
+    assert args.command == "run"
+    # NODE_NAME comes from the downward API in the pod.
+    settings = agent_settings.load_settings(args=args, environ={"NODE_NAME": "node-a"})
+    if overlay == "simulated":
+        assert settings.simulate_profile
+        assert set(settings.simulate_profile) <= set(available_profiles())
+    else:
+        assert settings.backends == ({"gpu": "nvidia", "tpu": "tpu"}[overlay],)
+    # The paths the agent uses by default are the ones the DaemonSet mounts from the host.
+    mounted = {m["mountPath"] for m in container["volumeMounts"]}
+    for path in (
+        settings.kubelet_registry_dir,
+        settings.kubelet_plugins_dir,
+        settings.cdi_dir,
+        settings.state_dir,
+    ):
+        assert str(path) in mounted
+    assert settings.metrics_address.rsplit(":", 1)[1] == str(container["ports"][0]["containerPort"])
+    if overlay == "gpu":
+        assert str(settings.driver_root) in mounted
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_operator_accepts_its_arguments(rendered: dict[str, list[Obj]], overlay: str) -> None:
+    container = _container(rendered[overlay], "Deployment")
+    assert container["args"][0] == "run"
+    settings = operator_settings.parse(container["args"][1:], env={})
+    assert settings.peering_name == PEERING_NAME
+    assert not settings.standalone
+    assert settings.metrics_port == container["ports"][0]["containerPort"]
+
+
+def test_shipped_classes_are_the_ones_the_operator_keeps(rendered: dict[str, list[Obj]]) -> None:
+    wanted = desired_classes(operator_settings.Settings(mig_enabled=True))
+    for name, desired in wanted.items():
+        shipped = one(rendered["simulated"], "DeviceClass", name)
+        assert shipped["spec"] == desired["spec"], f"the operator would rewrite DeviceClass {name}"
+        assert desired["metadata"]["labels"].items() <= shipped["metadata"]["labels"].items()
