@@ -100,7 +100,7 @@ def explain(
         )
     lines.extend(cluster)
     node_lines: list[str] = []
-    advice: list[str] = []
+    funnels: list[tuple[str, list[RequestFunnel], NodeAttempt | None]] = []
     for node in best:
         rows = planner.allocator.funnel(node=node, claims=list(claims))
         parts = [_funnel_text(row, prefix=_prefix(row.claim, claims)) for row in rows]
@@ -112,10 +112,10 @@ def explain(
                 name = constraint_names.get(ck, f"constraint #{ck[1]}")
                 parts.append(f"{name} turned away {rejected} device{'s' if rejected != 1 else ''}")
         node_lines.append(f"{node.name}: " + "; ".join(parts))
-        if node is best[0]:
-            advice = _advice(
-                rows=rows, attempt=attempt, constraint_names=constraint_names, fixed=fixed, node=node.name
-            )
+        funnels.append((node.name, rows, attempt))
+    advice = _advice(
+        funnels=funnels, attempts=attempts, constraint_names=constraint_names, fixed=fixed, claims=claims
+    )
     if not best:
         advice = [
             "no node has free devices matching the requests: add nodes or devices, or wait for "
@@ -185,30 +185,46 @@ def _funnel_text(row: RequestFunnel, *, prefix: str) -> str:
     return text
 
 
+def _progress(row: RequestFunnel) -> tuple[int, ...]:
+    stop = _short_at(row)
+    reached = len(_STAGES) if stop is None else [name for name, _ in _STAGES].index(stop)
+    return (reached, *(getattr(row, name) for name, _ in reversed(_STAGES)))
+
+
 def _advice(
     *,
-    rows: Sequence[RequestFunnel],
-    attempt: NodeAttempt | None,
+    funnels: Sequence[tuple[str, list[RequestFunnel], NodeAttempt | None]],
+    attempts: Sequence[NodeAttempt],
     constraint_names: Mapping[tuple[str, int], str],
     fixed: Node | None,
-    node: str,
+    claims: Sequence[ResourceClaim],
 ) -> list[str]:
-    where = f"node {fixed.name}" if fixed is not None else "any node"
+    """What to change, judged per request on the node where that request gets furthest."""
     out: list[str] = []
-    for row in rows:
-        if row.unavailable_pools:
-            out.append(f"wait for pools {', '.join(row.unavailable_pools)} to be complete and valid")
+    best: dict[tuple[str, str], tuple[str, RequestFunnel]] = {}
+    for node, rows, _ in funnels:
+        for row in rows:
+            if row.unavailable_pools:
+                out.append(f"wait for pools {', '.join(row.unavailable_pools)} to be complete and valid")
+            key = (row.claim, row.request)
+            if key not in best or _progress(row) > _progress(best[key][1]):
+                best[key] = (node, row)
+    for node, row in best.values():
         stage = _short_at(row)
         if stage is None:
             continue
-        request = f"request {row.request}"
+        request = f"{_prefix(row.claim, claims)}request {row.request}"
+        where = f"node {node}" if fixed is not None else f"the closest node, {node},"
         if row.devices == 0:
-            out.append(f"{where} publishes no devices: check that the driver runs there")
-        elif stage == "class_matched" and row.class_matched == row.devices:
-            has = f"{where} has" if fixed is not None else f"the closest node, {node}, has"
             out.append(
-                f"{has} only {row.devices} devices for {request}: lower its count or add nodes with "
-                "more devices"
+                f"node {node} publishes no devices: check that the driver runs there"
+                if fixed is not None
+                else "no node publishes devices: check that the driver runs"
+            )
+        elif stage == "class_matched" and row.class_matched == row.devices:
+            out.append(
+                f"{where} has only {row.devices} devices for {request}: lower its count or add nodes "
+                "with more devices"
             )
         elif stage == "class_matched":
             out.append(
@@ -225,17 +241,28 @@ def _advice(
             out.append(f"release other partitions of the same devices, or lower the count of {request}")
         else:
             out.append(f"lower the capacity {request} asks for")
-    if not out:
-        rejected = attempt.constraint_rejections if attempt is not None else {}
-        if rejected:
-            worst = max(rejected.items(), key=lambda item: item[1])[0]
-            name = constraint_names.get(worst, f"constraint #{worst[1]}")
-            out.append(f"relax {name}: no set of free devices on {where} satisfies it")
-        elif attempt is not None and attempt.failure:
-            out.append(f"fix the node's resource pools ({attempt.failure})")
-        else:
-            out.append(f"the requests together need more devices than {where} offers: lower the counts")
-    return out
+    if out:
+        return out
+    # Every request fits alone somewhere: the requests together, or the constraints, do not.
+    where = f"node {fixed.name}" if fixed is not None else "any node"
+    together = [node for node, rows, _ in funnels if all(_short_at(r) is None for r in rows)]
+    if not together and len({node for node, _ in best.values()}) > 1:
+        places = ", ".join(
+            f"{_prefix(row.claim, claims)}request {row.request} on {node}" for node, row in best.values()
+        )
+        return [f"no node has room for all requests together ({places} at best): free devices or split them"]
+    rejected: dict[tuple[str, int], int] = {}
+    for attempt in attempts:
+        for ck, n in attempt.constraint_rejections.items():
+            rejected[ck] = rejected.get(ck, 0) + n
+    if rejected:
+        worst = max(rejected.items(), key=lambda item: item[1])[0]
+        name = constraint_names.get(worst, f"constraint #{worst[1]}")
+        return [f"relax {name}: no set of free devices on {where} satisfies it"]
+    failed = next((a.failure for a in attempts if a.failure), None)
+    if failed:
+        return [f"fix the nodes' resource pools ({failed})"]
+    return [f"the requests together need more devices than {where} offers: lower the counts"]
 
 
 def _best_nodes(*, planner: Planner, claims: Sequence[ResourceClaim]) -> list[Node]:

@@ -110,3 +110,20 @@ def test_count_above_any_node_says_so() -> None:
     why = not_placed(planner.plan([rc("c", request(count=6))])).explanation
     assert "n2: request gpu: 4 devices, 4 match class gpu.nvidia.com; needs 6" in why.full
     assert "the closest node, n2, has only 4 devices for request gpu: lower its count" in why.full
+
+
+def test_requests_that_fit_only_on_different_nodes_are_named() -> None:
+    planner = make_planner(
+        [node_slice("n1", gpus("n1", 2, product="A")), node_slice("n2", gpus("n2", 2, product="B"))]
+    )
+    want = 'device.attributes["gpu.nvidia.com"].productName == "{}"'
+    claims = [
+        rc("x", request(selectors=(want.format("A"),))),
+        rc("y", request(selectors=(want.format("B"),))),
+    ]
+    why = not_placed(planner.plan(claims)).explanation
+    assert (
+        "to change: no node has room for all requests together (claim default/x request gpu on n1, "
+        "claim default/y request gpu on n2 at best): free devices or split them"
+    ) in why.full
+    assert "cluster: (claim default/x request gpu) wants 1 of class gpu.nvidia.com" in why.full
