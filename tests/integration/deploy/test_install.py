@@ -80,12 +80,13 @@ def _force_delete_pods(cluster: LocalCluster, namespace: str) -> None:
 def _teardown(cluster: LocalCluster) -> None:
     cluster.kubectl("delete", "-k", str(overlay_dir(OVERLAY_ORDER[-1])), "--ignore-not-found", "--wait=false",
                     check=False)  # fmt: skip
-    _force_delete_pods(cluster, NAMESPACE)
-    cluster.wait_for(
-        lambda: cluster.kubectl("get", "namespace", NAMESPACE, check=False).returncode != 0,
-        timeout=120,
-        what=f"namespace {NAMESPACE} to be deleted",
-    )
+
+    def namespace_gone() -> bool:
+        # Again on every pass: a pod created just before its DaemonSet went would block the namespace.
+        _force_delete_pods(cluster, NAMESPACE)
+        return cluster.kubectl("get", "namespace", NAMESPACE, check=False).returncode != 0
+
+    cluster.wait_for(namespace_gone, timeout=120, interval=2, what=f"namespace {NAMESPACE} to be deleted")
     cluster.kubectl("delete", "-k", str(CRDS_DIR), "--ignore-not-found", check=False)
     cluster.kubectl("delete", "resourceslices", "-l", "accel-dra-test=deploy", "--ignore-not-found",
                     check=False)  # fmt: skip
