@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -152,13 +153,13 @@ class AgentProcess:
             self.wait_serving()
 
     def wait_serving(self, *, timeout: float = 60) -> None:
-        """Wait until every driver's registration socket exists (the agent creates it last)."""
+        """Wait until every driver's registration socket accepts connections (the agent's last step)."""
         drivers = [GPU if not p.startswith("tpu") else TPU for p in self.profiles]
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
                 raise RuntimeError(f"agent exited with {self.process.returncode}:\n{self.log_tail()}")
-            if all(_is_socket(self.dirs.registration_socket(d)) for d in drivers):
+            if all(_accepts(self.dirs.registration_socket(d)) for d in drivers):
                 return
             time.sleep(0.1)
         raise TimeoutError(f"agent on {self.node} did not serve within {timeout} s:\n{self.log_tail()}")
@@ -187,10 +188,11 @@ class AgentProcess:
         return "\n".join(self.log_text().splitlines()[-lines:])
 
 
-def _is_socket(path: Path) -> bool:
-    import stat
-
-    try:
-        return stat.S_ISSOCK(path.lstat().st_mode)
-    except FileNotFoundError:
-        return False
+def _accepts(path: Path) -> bool:
+    """Whether something listens on the unix socket (a killed agent leaves a dead socket file)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False
+    return True
