@@ -35,6 +35,8 @@ def _run(argv: Sequence[str]) -> int:
         level=getattr(logging, settings.log_level.upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # Kopf logs every handler run at INFO; with a handler per watch event that drowns the log.
+    logging.getLogger("kopf.objects").setLevel(max(logging.WARNING, logging.getLogger().level))
     from dra_operator import runner
 
     try:

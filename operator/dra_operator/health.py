@@ -126,7 +126,7 @@ async def heartbeat_loop(
             if was != health.active:
                 logger.info("this instance is now %s", "active" if health.active else "standby")
         # Faster while not (yet) active, so a takeover happens soon after the peer's keep-alive lapses.
-        await asyncio.sleep(interval if health.active else min(interval, 5.0))
+        await asyncio.sleep(interval if health.active else min(interval, 2.0))
 
 
 def make_app(*, health: Health, metrics: Metrics) -> web.Application:

@@ -55,7 +55,8 @@ def configure_kopf(kopf_settings: kopf.OperatorSettings, settings: Settings) -> 
     kopf_settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=PROJECT_DOMAIN, key="last-handled-configuration", v1=False
     )
-    kopf_settings.watching.server_timeout = settings.watch_server_timeout_s
+    # Sent as the watch's timeoutSeconds query parameter, which the API server parses as an integer.
+    kopf_settings.watching.server_timeout = int(settings.watch_server_timeout_s)
     kopf_settings.watching.client_timeout = settings.watch_client_timeout_s
     kopf_settings.watching.connect_timeout = settings.watch_connect_timeout_s
     kopf_settings.networking.request_timeout = settings.request_timeout_s
@@ -141,9 +142,13 @@ async def run(
     kopf_settings = kopf.OperatorSettings()
     configure_kopf(kopf_settings, settings)
 
-    http = await serve(
-        app=make_app(health=health, metrics=metrics), host=settings.metrics_host, port=settings.metrics_port
-    )
+    try:
+        http = await serve(
+            app=make_app(health=health, metrics=metrics), host=settings.metrics_host, port=settings.metrics_port
+        )
+    except OSError:
+        await api_client.close()
+        raise
     background: list[asyncio.Task[Any]] = [
         asyncio.create_task(_worker(claims=claims, health=health, keeper=keeper), name="claim worker"),
         asyncio.create_task(

@@ -21,6 +21,7 @@ not left behind on it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import json
 import logging
@@ -350,7 +351,11 @@ class ClaimReconciler:
         if isinstance(outcome, Unallocatable):
             await self._fail(claim, outcome)
             return
-        allocation = outcome.allocations[0]
+        # kube-scheduler (1.34+ with DRADeviceBindingConditions and DRAResourceClaimDeviceStatus) stamps
+        # allocationTimestamp when it reserves a claim whose allocation lacks one, which the API
+        # server refuses (allocation is immutable): a pod could never use the claim. Set it here;
+        # a server with those gates off drops the field.
+        allocation = dataclasses.replace(outcome.allocations[0], allocation_timestamp=_now())
         # No await between placement and this line: the devices are held before anyone else looks.
         self.model.assume(key, allocation)
         try:
