@@ -316,3 +316,22 @@ def test_first_fit_evaluates_only_the_nodes_it_reaches() -> None:
     planner.index.complete(counts)
     assert counts.pending == []
     assert counts.free == [0, 1, 2, 2, 2]
+
+
+@pytest.mark.parametrize(("policy", "node"), [("first-fit", "n1"), ("bin-pack", "n2"), ("spread", "n3")])
+def test_policies_with_several_keys_sum_the_free_matching_devices(policy: str, node: str) -> None:
+    def mixed(name: str, each: int) -> dict[str, Any]:
+        devices = [gpu(f"a-{i}", product="A") for i in range(each)] + [
+            gpu(f"b-{i}", product="B") for i in range(each)
+        ]
+        return node_slice(name, devices)
+
+    planner = make_planner([mixed("n1", 2), mixed("n2", 1), mixed("n3", 4)], policy=policy)
+    want = 'device.attributes["gpu.nvidia.com"].productName == "{}"'
+    claims = [
+        rc("x", request(selectors=(want.format("A"),))),
+        rc("y", request(selectors=(want.format("B"),))),
+    ]
+    outcome = placed(planner.plan(claims))
+    assert outcome.node == node
+    assert [d.split("/")[1][0] for d in devices_of(outcome, 0) + devices_of(outcome, 1)] == ["a", "b"]
