@@ -59,8 +59,8 @@ def rss_mib(pid: int) -> float:
     raise RuntimeError(f"no VmRSS for pid {pid}")
 
 
-def start_agent(cluster: LocalCluster, root: Path) -> subprocess.Popen[bytes]:
-    for sub in ("reg", "plg", "cdi", "state"):
+def start_agent(cluster: LocalCluster, root: Path, cdi_dir: Path) -> subprocess.Popen[bytes]:
+    for sub in ("reg", "plg", "state"):
         (root / sub).mkdir(parents=True, exist_ok=True)
     argv = [
         sys.executable,
@@ -72,7 +72,7 @@ def start_agent(cluster: LocalCluster, root: Path) -> subprocess.Popen[bytes]:
         "--simulate-profile=h100-80gb-x8,tpu-v6e-2x4",
         f"--kubelet-registry-dir={root / 'reg'}",
         f"--kubelet-plugins-dir={root / 'plg'}",
-        f"--cdi-dir={root / 'cdi'}",
+        f"--cdi-dir={cdi_dir}",
         f"--state-dir={root / 'state'}",
         "--metrics-address=",
         "--log-level=WARNING",
@@ -178,7 +178,7 @@ async def measure_baseline(api: client.ApiClient, ref: ClaimRef, folder: Path, r
     return samples
 
 
-async def bench(cluster: LocalCluster, root: Path, rounds: int) -> None:
+async def bench(cluster: LocalCluster, root: Path, cdi_dir: Path, rounds: int) -> None:
     cluster.add_node(NODE)
     cluster.create_namespace(NAMESPACE)
     cluster.apply(
@@ -191,7 +191,7 @@ async def bench(cluster: LocalCluster, root: Path, rounds: int) -> None:
             }
         ]
     )
-    agent = start_agent(cluster, root)
+    agent = start_agent(cluster, root, cdi_dir)
     try:
         one = allocate(cluster, name="one", devices=["gpu-3"])
         eight = allocate(cluster, name="eight", devices=[f"gpu-{i}" for i in range(8)])
@@ -224,12 +224,18 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, default=200)
     args = parser.parse_args()
+    # The checkpoint lives on disk (the DaemonSet's hostPath state folder); CDI specs go to a tmpfs,
+    # as /var/run/cdi is on a node.
     root = Path(tempfile.mkdtemp(prefix="dra-bench-", dir="/tmp"))
+    shm = Path("/dev/shm")
+    cdi_dir = Path(tempfile.mkdtemp(prefix="dra-bench-cdi-", dir=shm)) if shm.is_dir() else root / "cdi"
+    print(f"state (checkpoint) in {root}, CDI specs in {cdi_dir}")
     try:
         with temporary_cluster() as cluster:
-            asyncio.run(bench(cluster, root, args.rounds))
+            asyncio.run(bench(cluster, root, cdi_dir, args.rounds))
     finally:
         shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(cdi_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from dra_node_agent import lean_imports
 from dra_node_agent import settings as settings_module
 
 logger = logging.getLogger(__name__)
@@ -68,6 +69,8 @@ def _profiles() -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # Before anything imports kubernetes_asyncio: its generated client is loaded on demand.
+    lean_imports.install()
     args = build_parser().parse_args(argv)
     if args.command == "profiles":
         return _profiles()
