@@ -177,33 +177,34 @@ class KubeApi:
     # -- core --------------------------------------------------------------------------------------
 
     async def list_nodes(self) -> list[dict[str, Any]]:
-        result = await self.core.list_node(_preload_content=False)
-        data: dict[str, Any] = await result.json()
-        return list(data.get("items", []))
+        return list(((await self._raw_get("/api/v1/nodes")) or {}).get("items", []))
 
     async def list_pods(self) -> list[dict[str, Any]]:
-        result = await self.core.list_pod_for_all_namespaces(_preload_content=False)
-        data: dict[str, Any] = await result.json()
-        return list(data.get("items", []))
+        return list(((await self._raw_get("/api/v1/pods")) or {}).get("items", []))
+
+    async def _raw_get(self, path: str) -> dict[str, Any] | None:
+        """GET a core object as plain JSON; None on 404. (Without preloading, the client does not
+        raise on HTTP errors, so the status is checked here.)"""
+        response = await self.api.call_api(
+            path,
+            "GET",
+            auth_settings=["BearerToken"],
+            _preload_content=False,
+            header_params={"Accept": "application/json"},
+        )
+        raw = response[0] if isinstance(response, tuple) else response
+        if raw.status == 404:
+            return None
+        if raw.status >= 400:
+            raise ApiException(status=raw.status, reason=await raw.text())
+        data: dict[str, Any] = await raw.json()
+        return data
 
     async def node_exists(self, name: str) -> bool:
-        try:
-            await self.core.read_node(name, _preload_content=False)
-        except ApiException as exc:
-            if exc.status == 404:
-                return False
-            raise
-        return True
+        return await self._raw_get(f"/api/v1/nodes/{name}") is not None
 
     async def get_pod(self, *, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            result = await self.core.read_namespaced_pod(name, namespace, _preload_content=False)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-        data: dict[str, Any] = await result.json()
-        return data
+        return await self._raw_get(f"/api/v1/namespaces/{namespace}/pods/{name}")
 
     async def post_event(self, *, involved: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
         """A core/v1 Event about ``involved`` (apiVersion, kind, name, namespace, uid)."""

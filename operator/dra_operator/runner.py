@@ -144,7 +144,9 @@ async def run(
 
     try:
         http = await serve(
-            app=make_app(health=health, metrics=metrics), host=settings.metrics_host, port=settings.metrics_port
+            app=make_app(health=health, metrics=metrics),
+            host=settings.metrics_host,
+            port=settings.metrics_port,
         )
     except OSError:
         await api_client.close()
