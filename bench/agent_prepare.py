@@ -223,11 +223,16 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--rounds", type=int, default=200)
+    parser.add_argument(
+        "--state-on-tmpfs",
+        action="store_true",
+        help="put the checkpoint on tmpfs too, to see the cost of everything but the fsyncs",
+    )
     args = parser.parse_args()
     # The checkpoint lives on disk (the DaemonSet's hostPath state folder); CDI specs go to a tmpfs,
     # as /var/run/cdi is on a node.
-    root = Path(tempfile.mkdtemp(prefix="dra-bench-", dir="/tmp"))
     shm = Path("/dev/shm")
+    root = Path(tempfile.mkdtemp(prefix="dra-bench-", dir=shm if args.state_on_tmpfs else "/tmp"))
     cdi_dir = Path(tempfile.mkdtemp(prefix="dra-bench-cdi-", dir=shm)) if shm.is_dir() else root / "cdi"
     print(f"state (checkpoint) in {root}, CDI specs in {cdi_dir}")
     try:

@@ -15,12 +15,15 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dra_api.localcluster import LocalCluster
+from dra_api.localcluster.cluster import free_port
 
 REPO = Path(__file__).resolve().parents[3]
 GPU = "gpu.nvidia.com"
@@ -111,6 +114,7 @@ class AgentProcess:
     extra_env: Mapping[str, str] = field(default_factory=dict)
     process: subprocess.Popen[bytes] | None = None
     starts: int = 0
+    metrics_port: int = field(default_factory=free_port)
 
     @property
     def log_path(self) -> Path:
@@ -130,7 +134,7 @@ class AgentProcess:
             f"--cdi-dir={self.dirs.cdi}",
             f"--state-dir={self.dirs.state}",
             f"--proc-root={self.dirs.proc}",
-            "--metrics-address=",
+            f"--metrics-address=127.0.0.1:{self.metrics_port}",
             "--slice-resync-delay=0.2",
             "--log-level=DEBUG",
         ]
@@ -177,6 +181,24 @@ class AgentProcess:
             self.process.send_signal(signal.SIGTERM)
             self.process.wait(timeout=30)
         return int(self.process.returncode)
+
+    def http_get(self, path: str) -> tuple[int, str]:
+        """GET on the agent's probe/metrics endpoint: (status, body)."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}{path}", timeout=10) as reply:
+                return int(reply.status), reply.read().decode()
+        except urllib.error.HTTPError as exc:
+            return int(exc.code), exc.read().decode()
+
+    def metric(self, name: str, **labels: str) -> float | None:
+        """One sample from /metrics, None when the agent has not exported it."""
+        wanted = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+        prefix = f"{name}{{{wanted}}} " if labels else f"{name} "
+        _, text = self.http_get("/metrics")
+        for line in text.splitlines():
+            if line.startswith(prefix):
+                return float(line[len(prefix) :])
+        return None
 
     def log_text(self) -> str:
         try:

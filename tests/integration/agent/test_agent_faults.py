@@ -80,6 +80,7 @@ async def test_n1_prepare_is_idempotent_across_a_restart(
     first = await prepare(started, ref)
     assert first.error == ""
     assert await prepare(started, ref) == first
+    assert started.metric("dra_agent_device_setups_total", driver=GPU) == 1
     spec = started.dirs.cdi_spec(ref.uid)
     written = spec.stat().st_ino, spec.stat().st_mtime_ns
 
@@ -88,7 +89,8 @@ async def test_n1_prepare_is_idempotent_across_a_restart(
     assert await prepare(started, ref) == first
     assert (spec.stat().st_ino, spec.stat().st_mtime_ns) == written
     assert list(started.dirs.checkpoint_claims()) == [ref.uid]
-    assert prepared_lines(started, ref) == 1  # the devices were set up once
+    assert prepared_lines(started, ref) == 1  # the devices were set up once...
+    assert started.metric("dra_agent_device_setups_total", driver=GPU) is None  # ...not in this process
 
 
 async def test_n2_unprepare_of_unknown_or_unprepared_claims_is_a_no_op(

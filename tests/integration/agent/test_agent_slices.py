@@ -23,6 +23,8 @@ def test_slices_for_both_drivers_with_owner_and_pool(
 ) -> None:
     agent.profiles = ("h100-80gb-x8", "tpu-v6e-2x4")
     agent.start()
+    assert agent.http_get("/healthz") == (200, "ok\n")
+    wait_until(lambda: agent.http_get("/readyz") == (200, "ok\n"), timeout=30, what="/readyz to pass")
     node_uid = local_cluster.get_json("node", node)["metadata"]["uid"]
     for driver, prefix in ((GPU, "gpu-"), (TPU, "tpu-")):
         (slice_obj,) = wait_slices(local_cluster, node, driver=driver)
