@@ -11,8 +11,12 @@ suites sharing the session's cluster find it as it was.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
 import subprocess
+import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +25,7 @@ import pytest
 import yaml
 
 from dra_api.localcluster import LocalCluster
+from dra_api.localcluster.cluster import free_port
 from tests.unit.deploy.render import (
     AGENT_SA,
     CRDS_DIR,
@@ -423,3 +428,102 @@ def test_examples_apply_as_is(installed: LocalCluster, overlays_applied: Any, ex
             cluster.kubectl(
                 "delete", "namespace", namespace, "--ignore-not-found", "--wait=false", check=False
             )
+
+
+@contextlib.contextmanager
+def _running(argv: list[str], *, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """A component as a child process, stopped with SIGTERM (as the kubelet would) afterwards."""
+    with log.open("wb") as sink:
+        process = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        yield process
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+
+
+def _healthy(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+def test_components_work_with_only_their_own_permissions(
+    installed: LocalCluster, agent_kubeconfig: Path, tmp_path: Path
+) -> None:
+    """The real programs under the ServiceAccounts' tokens: the agent (token bound to its pod on node A,
+    so the admission policy applies) publishes its slices, the operator allocates a standalone claim
+    on them (finalizer, status.allocation through resourceclaims/binding, an Event). A missing
+    permission shows as a failure here and as `Forbidden` in the logs attached below."""
+    cluster = installed
+    scripts = Path(sys.executable).parent
+    token = cluster.kubectl("create", "token", OPERATOR_SA, "-n", NAMESPACE, "--duration=1h").stdout.strip()
+    operator_kubeconfig = cluster.kubeconfig_for_token(token, name="deploy-operator")
+    dirs = {name: tmp_path / name for name in ("registry", "plugins", "cdi", "state")}
+    for directory in dirs.values():
+        directory.mkdir()
+    agent_port, operator_port = free_port(), free_port()
+    agent_argv = [
+        str(scripts / "dra-node-agent"), "run", f"--kubeconfig={agent_kubeconfig}", f"--node-name={NODE_A}",
+        "--simulate-profile=h100-80gb-x8", f"--kubelet-registry-dir={dirs['registry']}",
+        f"--kubelet-plugins-dir={dirs['plugins']}", f"--cdi-dir={dirs['cdi']}",
+        f"--state-dir={dirs['state']}",
+        f"--metrics-address=127.0.0.1:{agent_port}",
+    ]  # fmt: skip
+    operator_argv = [
+        str(scripts / "dra-operator"), "run", f"--kubeconfig={operator_kubeconfig}",
+        f"--peering-name={PEERING_NAME}", "--metrics-host=127.0.0.1", f"--metrics-port={operator_port}",
+    ]  # fmt: skip
+    namespace = "deploy-least-privilege"
+    cluster.create_namespace(namespace)
+    logs = {"agent": tmp_path / "agent.log", "operator": tmp_path / "operator.log"}
+    try:
+        with (
+            _running(agent_argv, log=logs["agent"]),
+            _running(operator_argv, log=logs["operator"]),
+        ):
+            cluster.wait_for(
+                lambda: [
+                    s for s in cluster.get_json("resourceslices")["items"]
+                    if s["spec"].get("nodeName") == NODE_A and s["spec"]["driver"] == "gpu.nvidia.com"
+                ],
+                timeout=90,
+                what=f"the agent's ResourceSlices for {NODE_A}",
+            )  # fmt: skip
+            request = {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}
+            cluster.apply([{
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaim",
+                "metadata": {"name": "one-gpu", "namespace": namespace},
+                "spec": {"devices": {"requests": [request]}},
+            }])  # fmt: skip
+            claim = cluster.wait_for(
+                lambda: (c := cluster.get_json("resourceclaim", "one-gpu", "-n", namespace))
+                .get("status", {}).get("allocation") and c,
+                timeout=90,
+                what="the operator to allocate the standalone claim",
+            )  # fmt: skip
+            (result,) = claim["status"]["allocation"]["devices"]["results"]
+            assert (result["driver"], result["pool"]) == ("gpu.nvidia.com", NODE_A)
+            assert claim["metadata"]["finalizers"]
+            events = cluster.get_json(
+                "events", "-n", namespace, "--field-selector=involvedObject.name=one-gpu"
+            )
+            assert events["items"], "the operator posted no Event about the claim"
+            assert _healthy(agent_port)
+            assert _healthy(operator_port)
+            # Deallocation and finalizer removal also go through the operator's own permissions.
+            cluster.kubectl("delete", "resourceclaim", "one-gpu", "-n", namespace, "--timeout=90s")
+    finally:
+        for name, path in logs.items():
+            text = path.read_text(errors="replace") if path.exists() else ""
+            sys.stderr.write(f"--- {name} log ---\n{text[-4000:]}\n")
+        cluster.kubectl("delete", "namespace", namespace, "--ignore-not-found", "--wait=false", check=False)
+    for name, path in logs.items():
+        assert "Forbidden" not in path.read_text(errors="replace"), f"{name} was refused something"
