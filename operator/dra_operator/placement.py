@@ -136,7 +136,12 @@ class AllocatorPlacer:
             if results is not None:
                 return Placement(node=_node_of(results, node), allocations=tuple(results))
         message = _no_fit_message(claims=claims, model=model, tried=tried)
-        funnel = _funnel_text(allocator=allocator, claims=claims, model=model)
+        try:
+            funnel = _funnel_text(allocator=allocator, claims=claims, model=model)
+        except AllocationError as exc:
+            # Looking at every device (not only free ones) found an error the search skipped,
+            # e.g. a selector that fails on some device: that is the real reason.
+            return Unallocatable(reason="AllocationError", message=str(exc))
         return Unallocatable(reason="NoFit", message=f"{message}. {funnel}" if funnel else message)
 
 
@@ -153,8 +158,10 @@ def _funnel_text(*, allocator: object, claims: Sequence[ResourceClaim], model: C
     for name in sorted(model.nodes)[:_FUNNEL_NODES]:
         try:
             rows = funnel(node=model.nodes[name], claims=list(claims))
-        except Exception:
-            return ""
+        except Exception as exc:
+            if type(exc).__name__ == "FailedAllocationOnNode":
+                continue
+            raise
         for row in rows:
             score = (
                 row.within_capacity,

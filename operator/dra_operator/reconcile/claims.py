@@ -131,6 +131,12 @@ def describe_allocation(allocation: AllocationResult, node: str | None) -> str:
 class _Failure:
     reason: str
     message: str
+    reported: float = 0.0
+
+
+_REPORT_AGAIN_S = 300.0
+"""A failure with the same reason is reported (Event, condition) again only after this long: its
+message carries counts that move with every allocation elsewhere, and must not cause a storm."""
 
 
 class ClaimReconciler:

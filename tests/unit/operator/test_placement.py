@@ -77,3 +77,13 @@ def test_no_fit_explains_where_devices_drop_out() -> None:
     result = AllocatorPlacer().place(claims=[other_driver], model=model)
     assert isinstance(result, Unallocatable)
     assert "2 match the class, 0 pass the request selectors" in result.message
+
+
+def test_selector_error_is_reported_even_when_no_device_is_free() -> None:
+    model = _model(("n1", 1))
+    model.upsert_claim(claim("busy", allocation=allocation("n1", "gpu-0")))
+    broken = ResourceClaim.from_json(claim("a", selector='device.attributes["gpu.nvidia.com"].nope == "x"'))
+    result = AllocatorPlacer().place(claims=[broken], model=model)
+    assert isinstance(result, Unallocatable)
+    assert result.reason == "AllocationError"
+    assert "nope" in result.message
