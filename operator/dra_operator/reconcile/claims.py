@@ -25,6 +25,7 @@ import dataclasses
 import datetime
 import json
 import logging
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -134,6 +135,7 @@ class _Failure:
     reported: float = 0.0
 
 
+_CLASS_SELECTOR_ERROR = re.compile(r"class (\S+): selector #(\d+) on device \S+:")
 _REPORT_AGAIN_S = 300.0
 """A failure with the same reason is reported (Event, condition) again only after this long: its
 message carries counts that move with every allocation elsewhere, and must not cause a storm."""
@@ -165,6 +167,7 @@ class ClaimReconciler:
         self._busy: set[ClaimKey] = set()
         self._wake = asyncio.Event()
         self._failing: dict[ClaimKey, _Failure] = {}
+        self._class_reports: dict[str, tuple[str, int, str]] = {}
         self._was_reserved: set[ClaimKey] = set()
         self._writes = asyncio.Semaphore(_CONCURRENT_WRITES)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -423,6 +426,35 @@ class ClaimReconciler:
             claim,
             finalizer=False,
             condition=condition_json(status="False", reason=why.reason, message=why.message),
+        )
+        await self._report_class_selector(why)
+
+    async def _report_class_selector(self, why: Unallocatable) -> None:
+        """A class selector that fails on devices (the API server only checks that it compiles)
+        is the class's problem too: say so on the DeviceClass, once per class and error."""
+        match = _CLASS_SELECTOR_ERROR.match(why.message)
+        if match is None:
+            return
+        name, index = match.group(1), int(match.group(2))
+        cls = self.model.classes.get(name)
+        if cls is None or index >= len(cls.selectors):
+            return
+        error = why.message[match.end() :].strip()
+        signature = (cls.metadata.resource_version, index, error)
+        if self._class_reports.get(name) == signature:
+            return
+        self._class_reports[name] = signature
+        await self.api.post_event(
+            involved={
+                "apiVersion": self.api.api_version,
+                "kind": "DeviceClass",
+                "name": name,
+                "uid": cls.metadata.uid,
+            },
+            type_="Warning",
+            reason="InvalidSelector",
+            message=f"DeviceClass {name}: spec.selectors[{index}].cel.expression "
+            f"{cls.selectors[index].cel!r} fails on devices: {error}",
         )
 
     async def _report_invalid(self, invalid: InvalidClaim) -> None:
