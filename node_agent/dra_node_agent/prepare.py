@@ -6,8 +6,10 @@ Prepare, per claim:
   3. map each result to a device this node published, validate this driver's opaque config
      (class entries, then claim entries, per request);
   4. a ``PrepareStarted`` entry left by a crash -> roll its partial work back first;
-  5. record ``PrepareStarted`` (the checkpoint refuses a device held by another claim, unless both
-     use admin access), set the devices up, write the claim's CDI spec, record ``PrepareCompleted``;
+  5. record ``PrepareStarted`` (written while the claim is read, the two slow steps overlapping),
+     set the devices up, write the claim's CDI spec, record ``PrepareCompleted``; the checkpoint
+     refuses a device held by another claim (unless both use admin access) before a device is
+     touched, and at the latest at ``PrepareCompleted``, and a refused attempt leaves no trace;
   6. answer with the CDI device IDs per result.
 Unprepare works from the checkpoint alone (the claim may be gone): tear down, remove the CDI spec,
 drop the entry. Unknown UIDs are a no-op. A corrupt checkpoint refuses both, claim by claim.
@@ -198,42 +200,65 @@ class PrepareHandler:
             logger.debug("%s already prepared; answering from the checkpoint", describe(claim))
             return answer(existing)
 
-        allocation = await self._claims.read(claim)
-        planned, devices = self.plan(allocation)
+        # PrepareStarted goes to disk while the claim is read: the GET and the checkpoint write are
+        # the two slow steps and neither needs the other. The devices are recorded, and checked
+        # against other claims, before any device is touched (``_touches_devices``) and at the
+        # latest by PrepareCompleted, before the kubelet hears of them.
+        reading = asyncio.ensure_future(self._claims.read(claim))
+        ref = cp.ClaimRef(uid=claim.uid, namespace=claim.namespace, name=claim.name)
+        try:
+            if existing is not None:
+                # PrepareStarted from an interrupted attempt: undo what it may have done, then redo.
+                logger.info("%s: rolling back an interrupted prepare before redoing it", describe(claim))
+                await self._roll_back(existing)
+            entry = await asyncio.to_thread(self.store.begin, ref, ())
+        except BaseException:
+            reading.cancel()
+            await asyncio.gather(reading, return_exceptions=True)
+            raise
+        if entry.state == cp.ClaimState.PREPARE_COMPLETED:  # another agent instance finished it
+            reading.cancel()
+            await asyncio.gather(reading, return_exceptions=True)
+            return answer(entry)
+        try:
+            planned, devices = self.plan(await reading)
+        except (ClaimError, PrepareError):
+            await asyncio.to_thread(self.store.remove, claim.uid)  # nothing was done: forget it
+            raise
         if not planned:
+            await asyncio.to_thread(self.store.remove, claim.uid)
             logger.info("%s has no devices of driver %s; nothing to prepare", describe(claim), self.driver)
             return ()
-        if existing is not None:
-            # PrepareStarted from an interrupted attempt: undo what it may have done, then redo.
-            logger.info("%s: rolling back an interrupted prepare before redoing it", describe(claim))
-            await self._roll_back(existing)
-
-        ref = cp.ClaimRef(uid=claim.uid, namespace=claim.namespace, name=claim.name)
-        entry = await asyncio.to_thread(self.store.begin, ref, planned)
-        if entry.state == cp.ClaimState.PREPARE_COMPLETED:
-            return answer(entry)
         await self._pause("prepare-started")
 
-        await self._set_up(entry, devices)
-        await self._pause("devices-set-up")
+        try:
+            if self._touches_devices(devices):
+                entry = await asyncio.to_thread(self.store.begin, ref, planned)
+            await self._set_up(entry, devices)
+            await self._pause("devices-set-up")
 
-        ids = await asyncio.to_thread(
-            self.cdi.write_claim_spec, claim_uid=claim.uid, devices=devices, inventory=self._inventory
-        )
-        await self._pause("cdi-written")
-
-        by_device = {d.name: cdi_id for d, cdi_id in zip(devices, ids, strict=True)}
-        prepared = [
-            cp.PreparedDevice(
-                request=p.request,
-                pool=p.pool,
-                device=p.device,
-                cdi_device_ids=(by_device[p.device],),
-                admin_access=p.admin_access,
+            ids = await asyncio.to_thread(
+                self.cdi.write_claim_spec, claim_uid=claim.uid, devices=devices, inventory=self._inventory
             )
-            for p in planned
-        ]
-        done = await asyncio.to_thread(self.store.complete, claim.uid, prepared)
+            await self._pause("cdi-written")
+
+            by_device = {d.name: cdi_id for d, cdi_id in zip(devices, ids, strict=True)}
+            prepared = [
+                cp.PreparedDevice(
+                    request=p.request,
+                    pool=p.pool,
+                    device=p.device,
+                    cdi_device_ids=(by_device[p.device],),
+                    admin_access=p.admin_access,
+                )
+                for p in planned
+            ]
+            done = await asyncio.to_thread(self.store.complete, claim.uid, prepared)
+        except cp.DeviceAlreadyPrepared:
+            # Another claim holds a device: leave no trace of this attempt.
+            await self._roll_back(entry)
+            await asyncio.to_thread(self.store.remove, claim.uid)
+            raise
         logger.info(
             "prepared %s: %s",
             describe(claim),
@@ -284,6 +309,11 @@ class PrepareHandler:
         chosen = effective(configs, request=request, device_kind=device.kind)
         if chosen is not None:
             logger.debug("request %s device %s: config %s", request, device.name, chosen)
+
+    def _touches_devices(self, devices: Sequence[DiscoveredDevice]) -> bool:
+        """Whether ``_set_up`` changes device state (then the devices are recorded before it runs)."""
+        del devices
+        return False  # whole GPUs and TPUs: nothing beyond the CDI spec yet
 
     async def _set_up(self, entry: cp.ClaimEntry, devices: Sequence[DiscoveredDevice]) -> None:
         """Device-side preparation (MIG, sharing daemons) goes here; whole GPUs and TPUs need none."""
