@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from kubernetes_asyncio import client
 
-from dra_api.kube import make_api_client, preferred_resource_version
+from dra_api.kube import UnsupportedServer, make_api_client, preferred_resource_version
 from dra_node_agent.claims import ClaimReader
 from dra_node_agent.discovery.base import DiscoveredInventory, DiscoveryBackend
 from dra_node_agent.discovery.detect import DiscoveryConfig, select_backends
@@ -154,6 +154,25 @@ async def _stop_driver(runtime: DriverRuntime) -> None:
             await task
 
 
+async def _served_version(api: client.ApiClient, *, stop: asyncio.Event) -> str | None:
+    """The resource.k8s.io version to use, retried while the API server is unreachable.
+
+    None when asked to stop first. A server that serves no known version is a permanent error.
+    """
+    backoff = 1.0
+    while not stop.is_set():
+        try:
+            return await preferred_resource_version(api)
+        except UnsupportedServer:
+            raise
+        except Exception as exc:  # connection refused, TLS, 5xx: the API server may be starting
+            logger.warning("API server discovery failed, retrying in %.0f s: %s", backoff, exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=backoff)
+            backoff = min(backoff * 2, 30.0)
+    return None
+
+
 def _install_signal_handlers(stop: asyncio.Event) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -171,7 +190,9 @@ async def run_agent(settings: Settings, *, stop: asyncio.Event | None = None) ->
     api = await make_api_client(kubeconfig=settings.kubeconfig)
     runtimes: list[DriverRuntime] = []
     try:
-        api_version = await preferred_resource_version(api)
+        api_version = await _served_version(api, stop=stop)
+        if api_version is None:
+            return 0
         backends = await select_backends(discovery_config(settings))
         for backend in backends:
             runtimes.append(
