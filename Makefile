@@ -13,7 +13,7 @@ $(VENV)/.installed: pyproject.toml
 venv: $(VENV)/.installed
 
 demo: venv
-	$(VENV)/bin/dra-local-cluster up $(DEMO_ARGS)
+	$(VENV)/bin/dra-local-cluster demo $(DEMO_ARGS)
 
 test: venv
 	$(VENV)/bin/tox run -e lint,types,tests

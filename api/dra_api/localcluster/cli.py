@@ -34,6 +34,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     up.add_argument("--nodes", type=int, default=1, help="number of Node objects to create (default 1)")
     up.add_argument("--exit", action="store_true", help="stop again right after start-up (smoke test)")
+    demo = sub.add_parser(
+        "demo",
+        help="the full demo: control plane, operator, agents on simulated GPUs and TPUs, the examples",
+    )
+    demo.add_argument("--workdir", type=Path, help="directory for everything the demo writes (default: temp)")
+    demo.add_argument("--exit", action="store_true", help="print the results and stop instead of waiting")
     return parser
 
 
@@ -52,6 +58,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {name}: {getattr(binaries, name.replace('-', '_'))}")
             return 0
         workdir = args.workdir or Path(tempfile.mkdtemp(prefix="accel-dra-cluster-"))
+        if args.command == "demo":
+            from dra_api.localcluster.demo import run_demo
+
+            return run_demo(workdir=workdir, exit_after=args.exit)
         with LocalCluster(workdir=workdir) as cluster:
             for i in range(args.nodes):
                 cluster.add_node(f"node-{i + 1}")

@@ -195,6 +195,15 @@ class LocalCluster:
         with contextlib.suppress(Exception):
             atexit.unregister(self.stop)
 
+    def spawn(self, name: str, argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> Path:
+        """Start another process (an operator, an agent) that :meth:`stop` ends before the control
+        plane; its output goes to ``logs/<name>.log``, whose path is returned."""
+        component = _Component(
+            name=name, argv=list(argv), log_path=self.logs_dir / f"{name}.log", health_url=""
+        )
+        self._launch(component, env=env)
+        return component.log_path
+
     def pids(self) -> list[int]:
         return [c.process.pid for c in self._components if c.process is not None]
 
@@ -321,10 +330,11 @@ class LocalCluster:
         self._wait_ready(scheduler, deadline=deadline)
         self._wait_for_default_service_account("default", deadline=deadline)
 
-    def _launch(self, component: _Component) -> None:
+    def _launch(self, component: _Component, *, env: Mapping[str, str] | None = None) -> None:
         handle = component.log_path.open("ab")
         component.process = subprocess.Popen(
             component.argv,
+            env=None if env is None else {**os.environ, **env},
             stdout=handle,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

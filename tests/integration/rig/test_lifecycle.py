@@ -30,7 +30,7 @@ def test_stop_leaves_no_processes_or_ports(tmp_path: Path) -> None:
     cluster.start()
     pids = cluster.pids()
     port = int(cluster.server.rsplit(":", 1)[1])
-    assert len(pids) == 4
+    assert len(pids) == 4  # etcd, apiserver, controller-manager, scheduler
     assert all(_alive(pid) for pid in pids)
     assert _listening(port)
     assert cluster.kubectl("get", "--raw", "/readyz").stdout.strip() == "ok"
