@@ -25,7 +25,6 @@ from typing import Any
 from dra_api.kubeletapi.model import ClaimRef
 from dra_api.localcluster.cluster import LocalCluster, free_port
 from dra_api.localcluster.kubelet import KubeletClientError, KubeletPluginClient
-from dra_api.names import GPU_DRIVER, TPU_DRIVER
 
 
 @dataclass(frozen=True)
@@ -298,9 +297,9 @@ def run_demo(*, workdir: Path, exit_after: bool) -> int:
     with LocalCluster(workdir=workdir) as cluster:
         print(f"Control plane ready at {cluster.server} in {cluster.timings['start_s']:.1f} s.", flush=True)
         runtimes, operator_port = start_components(cluster, workdir=workdir)
+        profiles = ", ".join(f"{r.node.name}: {r.node.profile}" for r in runtimes)
         print(
-            f"Started the operator and {len(runtimes)} node agents "
-            f"({', '.join(f'{r.node.name}: {r.node.profile}' for r in runtimes)}); waiting for their slices ...",
+            f"Started the operator and {len(runtimes)} node agents ({profiles}); waiting for slices ...",
             flush=True,
         )
         wait_for_slices(cluster, runtimes)
@@ -315,9 +314,8 @@ def run_demo(*, workdir: Path, exit_after: bool) -> int:
         print()
         print("Use the cluster further:")
         print(f"  export KUBECONFIG={cluster.kubeconfig}")
-        print(
-            f"  {cluster.binaries.kubectl if cluster.binaries else 'kubectl'} get resourceslices,resourceclaims -A"
-        )
+        kubectl = cluster.binaries.kubectl if cluster.binaries else "kubectl"
+        print(f"  {kubectl} get resourceslices,resourceclaims -A")
         print(f"Component logs: {cluster.logs_dir}")
         failed = len(pods) < 3 or any(p.errors for p in pods)
         if failed:
