@@ -1,7 +1,8 @@
 """``dra-node-agent``: the node agent's command line.
 
-``dra-node-agent run [flags]`` runs the agent until SIGTERM/SIGINT; every flag also reads from an
-environment variable (``DRA_AGENT_<FLAG>``), see ``dra-node-agent run --help``.
+``dra-node-agent run [flags]`` (or just ``dra-node-agent [flags]``) runs the agent until
+SIGTERM/SIGINT; every flag also reads from an environment variable (``DRA_AGENT_<FLAG>``), see
+``dra-node-agent run --help``.
 ``dra-node-agent profiles`` lists the built-in simulated hardware profiles.
 """
 
@@ -71,7 +72,10 @@ def _profiles() -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     # Before anything imports kubernetes_asyncio: its generated client is loaded on demand.
     lean_imports.install()
-    args = build_parser().parse_args(argv)
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if not arguments or (arguments[0].startswith("-") and arguments[0] not in ("-h", "--help")):
+        arguments.insert(0, "run")  # `dra-node-agent [flags]` runs the agent, as a DaemonSet does
+    args = build_parser().parse_args(arguments)
     if args.command == "profiles":
         return _profiles()
     try:

@@ -154,9 +154,9 @@ class Settings:
     instance: str = field(
         default="",
         metadata=_opt(
-            "Per-instance suffix for socket names (the pod UID) so two agent pods can overlap during "
-            "a rolling update; empty uses the fixed names.",
-            env=("POD_UID",),
+            "Per-instance suffix for socket names (set it to the pod UID) so two agent pods can "
+            "overlap during a rolling update with maxSurge (kubelet 1.33+); empty uses the fixed "
+            "names, which a restarted agent reuses.",
             metavar="ID",
         ),
     )

@@ -71,3 +71,9 @@ def test_help_reads_like_a_reference(capsys: pytest.CaptureFixture[str]) -> None
     text = " ".join(capsys.readouterr().out.split())
     for needle in ("--node-name", "$NODE_NAME", "--simulate-profile", "$DRA_AGENT_CDI_DIR", "Default: :8081"):
         assert needle in text
+
+
+def test_instance_is_opt_in() -> None:
+    # The DaemonSet sets POD_UID for other uses; per-instance socket names must be asked for.
+    assert load([], {"NODE_NAME": "n", "POD_UID": "1234"}).instance == ""
+    assert load([], {"NODE_NAME": "n", "DRA_AGENT_INSTANCE": "1234"}).instance == "1234"
