@@ -14,13 +14,14 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from dra_api.localcluster import LocalCluster
 from dra_api.localcluster.cluster import free_port
@@ -139,7 +140,10 @@ class AgentProcess:
             "--log-level=DEBUG",
         ]
 
-    def start(self, *, env: Mapping[str, str] | None = None, wait: bool = True) -> None:
+    def start(
+        self, *, env: Mapping[str, str] | None = None, wait: bool = True, file_size_limit: int | None = None
+    ) -> None:
+        """Start the agent; ``file_size_limit`` (bytes, RLIMIT_FSIZE) makes larger writes fail."""
         assert self.process is None or self.process.poll() is not None, "agent already running"
         self.dirs.create()
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("DRA_AGENT_")}
@@ -151,8 +155,17 @@ class AgentProcess:
         log = self.log_path.open("ab")
         log.write(f"\n===== start #{self.starts} =====\n".encode())
         log.flush()
-        self.process = subprocess.Popen(self.argv(), stdout=log, stderr=subprocess.STDOUT, env=full_env)
-        log.close()
+        if file_size_limit is None:
+            self.process = subprocess.Popen(self.argv(), stdout=log, stderr=subprocess.STDOUT, env=full_env)
+            log.close()
+        else:
+            # The limit applies to every file the agent writes, so its log goes through a pipe.
+            argv = [sys.executable, "-c", _LIMITED.format(limit=file_size_limit), *self.argv()[3:]]
+            self.process = subprocess.Popen(
+                argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=full_env
+            )
+            assert self.process.stdout is not None
+            threading.Thread(target=_drain, args=(self.process.stdout, log), daemon=True).start()
         if wait:
             self.wait_serving()
 
@@ -208,6 +221,22 @@ class AgentProcess:
 
     def log_tail(self, lines: int = 60) -> str:
         return "\n".join(self.log_text().splitlines()[-lines:])
+
+
+# Runs the agent's CLI under RLIMIT_FSIZE (Python ignores SIGXFSZ, so writes fail with EFBIG).
+_LIMITED = (
+    "import resource, runpy, sys; "
+    "resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit})); "
+    "sys.argv = ['dra-node-agent', *sys.argv[1:]]; "
+    "runpy.run_module('dra_node_agent.cli', run_name='__main__')"
+)
+
+
+def _drain(source: IO[bytes], log: IO[bytes]) -> None:
+    with source, log:
+        for line in source:
+            log.write(line)
+            log.flush()
 
 
 def _accepts(path: Path) -> bool:

@@ -164,6 +164,33 @@ async def test_n4_leftovers_of_an_interrupted_write_are_cleaned_up(
     assert await prepare(started, ref) == first
 
 
+async def test_n4_a_full_disk_fails_the_claim_and_keeps_the_old_checkpoint(
+    local_cluster: LocalCluster, started: AgentProcess, node: str, namespace: str
+) -> None:
+    ref = allocated_pod_claim(local_cluster, started, node, namespace)
+    other = allocated_pod_claim(local_cluster, started, node, namespace, name="other")
+    first = await prepare(started, ref)
+    assert first.error == ""
+    started.kill()
+    checkpoint = started.dirs.checkpoint()
+    before = checkpoint.read_bytes()
+    # A file-size limit just above today's checkpoint stands in for a full disk: the next
+    # checkpoint write (one more claim) fails part-way, as it would with ENOSPC.
+    started.start(file_size_limit=len(before) + 16)
+    refused = await prepare(started, other)
+    assert "writing state failed" in refused.error
+    assert "File too large" in refused.error
+    assert checkpoint.read_bytes() == before
+    assert temp_files(started.dirs.cdi, started.dirs.state) == []
+    assert not started.dirs.cdi_spec(other.uid).exists()
+    assert await prepare(started, ref) == first  # what was prepared stays prepared
+
+    started.kill()
+    started.start()  # space again: the kubelet's retry succeeds
+    assert (await prepare(started, other)).error == ""
+    assert sorted(started.dirs.checkpoint_claims()) == sorted([ref.uid, other.uid])
+
+
 async def test_n5_corrupt_checkpoint_fails_closed_and_is_kept(
     local_cluster: LocalCluster, started: AgentProcess, node: str, namespace: str
 ) -> None:
