@@ -1,0 +1,60 @@
+"""Events on the Node object that name the device and the reason, as ``kubectl describe node`` shows."""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from kubernetes_asyncio import client
+
+logger = logging.getLogger(__name__)
+
+COMPONENT: Final = "accel-dra-node-agent"
+# Node events live in "default", where kubelet writes its own.
+EVENT_NAMESPACE: Final = "default"
+MAX_MESSAGE: Final = 1024
+
+
+class NodeEvents:
+    """Writes core/v1 Events about this node; failures are logged, never raised."""
+
+    def __init__(self, *, api: client.ApiClient, node_name: str) -> None:
+        self._core = client.CoreV1Api(api)
+        self._node_name = node_name
+        self._node_uid: str | None = None
+        self.written = 0
+
+    async def _uid(self) -> str | None:
+        if self._node_uid is None:
+            node: Any = await self._core.read_node(self._node_name)
+            self._node_uid = str(node.metadata.uid)
+        return self._node_uid
+
+    async def record(self, *, type: str, reason: str, message: str) -> None:
+        now = datetime.now(tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        try:
+            body: Any = {
+                "apiVersion": "v1",
+                "kind": "Event",
+                "metadata": {"generateName": f"{self._node_name}.", "namespace": EVENT_NAMESPACE},
+                "involvedObject": {
+                    "apiVersion": "v1",
+                    "kind": "Node",
+                    "name": self._node_name,
+                    "uid": await self._uid(),
+                },
+                "type": type,
+                "reason": reason,
+                "message": message[:MAX_MESSAGE],
+                "source": {"component": COMPONENT, "host": self._node_name},
+                "reportingComponent": COMPONENT,
+                "reportingInstance": self._node_name,
+                "firstTimestamp": now,
+                "lastTimestamp": now,
+                "count": 1,
+            }
+            await self._core.create_namespaced_event(EVENT_NAMESPACE, body)
+            self.written += 1
+        except Exception as exc:  # an Event is best effort; health handling must go on
+            logger.warning("cannot record %s Event %s on node %s: %s", type, reason, self._node_name, exc)
