@@ -1,0 +1,142 @@
+"""manifests/monitoring: rules checked and tested by promtool, the PrometheusRule identical to the rule
+file, the dashboard's queries naming only metrics the components export, and the agent's exposition
+passing ``promtool check metrics``."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import prometheus_client
+import yaml
+
+import dra_node_agent.prepare  # noqa: F401 - registers the claim operation metrics the agent exports
+from dra_node_agent.health.monitor import HealthMonitor, HealthSettings
+from dra_node_agent.health.nvml_probe import NvmlHealthProbe
+from dra_operator.clustermodel import ClusterModel
+from dra_operator.metrics import Metrics
+
+from .fakes import Clock, discover, fake_nvml, h100
+from .tools import require
+
+ROOT = Path(__file__).resolve().parents[4]
+MONITORING = ROOT / "manifests" / "monitoring"
+RULES = MONITORING / "rules" / "accel-dra.rules.yaml"
+RULE_TESTS = MONITORING / "rules" / "accel-dra.rules.test.yaml"
+DASHBOARD = MONITORING / "dashboards" / "accel-dra-devices.json"
+
+
+def load(path: Path) -> Any:
+    return yaml.safe_load(path.read_text())
+
+
+def promtool(
+    *args: str, stdin: bytes | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [require("promtool"), *args], input=stdin, cwd=cwd, capture_output=True, timeout=120, check=False
+    )
+
+
+def test_prometheusrule_has_the_rule_files_groups() -> None:
+    rule = load(MONITORING / "prometheusrule.yaml")
+    assert rule["kind"] == "PrometheusRule"
+    assert rule["spec"]["groups"] == load(RULES)["groups"]
+    alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]}
+    assert {"DRADeviceUnhealthy", "DRAXidErrorBurst", "DRAPrepareErrors", "DRANodeAgentDown"} <= alerts
+
+
+def test_promtool_checks_the_rules() -> None:
+    result = promtool("check", "rules", str(RULES))
+    assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
+    assert b"SUCCESS: 7 rules found" in result.stdout
+
+
+def test_promtool_rule_tests_fire_the_device_unhealthy_alert() -> None:
+    assert "DRADeviceUnhealthy" in RULE_TESTS.read_text()
+    result = promtool("test", "rules", RULE_TESTS.name, cwd=RULE_TESTS.parent)
+    assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
+    assert b"SUCCESS" in result.stdout
+
+
+def test_promtool_rule_test_fails_when_the_alert_does_not_fire(tmp_path: Path) -> None:
+    # The same test against a rule file whose unhealthy alert never fires must fail: the test bites.
+    broken = RULES.read_text().replace('state="unhealthy"} == 1', 'state="unhealthy"} == 2')
+    (tmp_path / RULES.name).write_text(broken)
+    (tmp_path / RULE_TESTS.name).write_text(RULE_TESTS.read_text())
+    result = promtool("test", "rules", RULE_TESTS.name, cwd=tmp_path)
+    assert result.returncode != 0
+    assert b"DRADeviceUnhealthy" in result.stdout + result.stderr
+
+
+async def agent_exposition(tmp_path: Path) -> bytes:
+    """The default registry as the agent's /metrics serves it, with every health series populated."""
+    fake = fake_nvml(h100(0), h100(1))
+    fake.nvmlInitWithFlags(0)
+    devices = discover(fake, tmp_path)
+    clock = Clock()
+    monitor = HealthMonitor(
+        driver="exposition.nvidia.com",
+        node_name="node-x",
+        probe=NvmlHealthProbe(nvml=fake, event_timeout_ms=50, clock=clock),
+        devices=devices,
+        settings=HealthSettings(poll_interval=3600),
+        clock=clock,
+    )
+    await monitor.start()
+    try:
+        fake.inject_xid(fake.gpus[0].uuid, 79)
+        for _ in range(100):
+            if monitor.taints_for("gpu-0"):
+                break
+            await monitor.wait_change(timeout=0.1)
+        await monitor.check()
+        assert monitor.taints_for("gpu-0")
+        return prometheus_client.generate_latest()
+    finally:
+        await monitor.stop()
+
+
+async def test_promtool_checks_the_agent_exposition(tmp_path: Path) -> None:
+    body = await agent_exposition(tmp_path)
+    assert b'dra_agent_device_healthy{device="gpu-0",driver="exposition.nvidia.com"} 0.0' in body
+    result = promtool("check", "metrics", stdin=body)
+    assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
+
+
+async def test_dashboard_queries_name_exported_metrics(tmp_path: Path) -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    assert exprs
+    agent = (await agent_exposition(tmp_path)).decode()
+    operator_metrics = Metrics()
+    operator_metrics.attach_model(ClusterModel(), frozenset)
+    operator = prometheus_client.generate_latest(operator_metrics.registry).decode()
+    exported = set(re.findall(r"^# TYPE (\w+) (\w+)", agent + operator, re.MULTILINE))
+    names: set[str] = set()
+    for name, kind in exported:
+        names.add(name)
+        if kind == "counter":
+            names.add(f"{name}_total")
+        if kind == "histogram":
+            names.update({f"{name}_bucket", f"{name}_sum", f"{name}_count"})
+    for expr in exprs:
+        for used in re.findall(r"\b(dra_(?:agent|operator)_\w+)", expr):
+            assert used in names, f"dashboard query {expr!r} uses {used}, which nothing exports"
+
+
+def test_kustomization_lists_its_files_and_labels_the_dashboard() -> None:
+    kustomization = load(MONITORING / "kustomization.yaml")
+    for resource in kustomization["resources"]:
+        assert (MONITORING / resource).is_file(), resource
+    (generator,) = kustomization["configMapGenerator"]
+    assert generator["options"]["labels"] == {"grafana_dashboard": "1"}
+    (entry,) = generator["files"]
+    assert (MONITORING / entry.split("=", 1)[1]) == DASHBOARD
+    for monitor in ("podmonitor-node-agent.yaml", "podmonitor-operator.yaml"):
+        doc = load(MONITORING / monitor)
+        assert doc["kind"] == "PodMonitor"
+        assert doc["spec"]["podMetricsEndpoints"][0]["port"] == "http"
