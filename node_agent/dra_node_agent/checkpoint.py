@@ -122,6 +122,15 @@ class PreparedDevice:
     device: str
     cdi_device_ids: tuple[str, ...] = ()
     admin_access: bool = False
+    # Consumable capacity: the allocator gave this claim a share of a device that several claims may
+    # hold at once (allowMultipleAllocations); ``share_id`` is that share's ID, when it has one.
+    shared: bool = False
+    share_id: str | None = None
+
+    @property
+    def exclusive(self) -> bool:
+        """Whether no other claim may hold this device while this one does."""
+        return not (self.admin_access or self.shared)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -132,6 +141,10 @@ class PreparedDevice:
         }
         if self.admin_access:
             out["adminAccess"] = True
+        if self.shared:
+            out["shared"] = True
+        if self.share_id is not None:
+            out["shareID"] = self.share_id
         return out
 
     @staticmethod
@@ -142,6 +155,8 @@ class PreparedDevice:
             device=str(raw["device"]),
             cdi_device_ids=tuple(str(i) for i in raw.get("cdiDeviceIDs", [])),
             admin_access=bool(raw.get("adminAccess", False)),
+            shared=bool(raw.get("shared", False)),
+            share_id=None if raw.get("shareID") is None else str(raw["shareID"]),
         )
 
 
@@ -431,12 +446,16 @@ class CheckpointStore:
             return remove_temp_files(self.path.parent, prefix=f".{self.path.name}")
 
     def _check_overlap(self, contents: _Contents, uid: str, devices: Sequence[PreparedDevice]) -> None:
-        wanted = {(d.pool, d.device) for d in devices if not d.admin_access}
+        # Admin access never conflicts (the allocator ignores it too). Consumable-capacity shares of
+        # a device coexist with each other, never with an exclusive hold.
+        wanted = {(d.pool, d.device) for d in devices if d.exclusive}
+        shares = {(d.pool, d.device) for d in devices if d.shared and not d.admin_access}
         for other in contents.claims.values():
             if other.uid == uid:
                 continue
-            held = {(d.pool, d.device) for d in other.devices if not d.admin_access}
-            clash = sorted(wanted & held)
+            held = {(d.pool, d.device) for d in other.devices if d.exclusive}
+            held_shares = {(d.pool, d.device) for d in other.devices if d.shared and not d.admin_access}
+            clash = sorted((wanted & (held | held_shares)) | (shares & held))
             if clash:
                 pool, device = clash[0]
                 raise DeviceAlreadyPrepared(

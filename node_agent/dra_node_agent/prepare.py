@@ -250,6 +250,8 @@ class PrepareHandler:
                     device=p.device,
                     cdi_device_ids=(by_device[p.device],),
                     admin_access=p.admin_access,
+                    shared=p.shared,
+                    share_id=p.share_id,
                 )
                 for p in planned
             ]
@@ -296,6 +298,8 @@ class PrepareHandler:
                     pool=result.pool,
                     device=result.device,
                     admin_access=result.admin_access,
+                    shared=result.shared,
+                    share_id=result.share_id,
                 )
             )
             devices.setdefault(device.name, device)
@@ -388,6 +392,7 @@ def answer(entry: cp.ClaimEntry) -> tuple[PreparedDevice, ...]:
             pool=d.pool,
             device=d.device,
             cdi_device_ids=d.cdi_device_ids,
+            share_id=d.share_id,
         )
         for d in entry.devices
     )

@@ -128,6 +128,43 @@ def test_a_device_is_never_prepared_for_two_claims(path: Path, boot_id: Path) ->
     assert s.begin(CLAIM_B, [admin]).state == ClaimState.PREPARE_STARTED
 
 
+UID_C = "cccccccc-0000-4000-8000-000000000003"
+CLAIM_C = ClaimRef(uid=UID_C, namespace="ns", name="claim-c")
+
+
+def share(uid_suffix: str) -> PreparedDevice:
+    return PreparedDevice(
+        request="gpu",
+        pool="node-1",
+        device="gpu-0",
+        shared=True,
+        share_id=f"0000000{uid_suffix}-aaaa-4aaa-8aaa-0",
+    )
+
+
+def test_shares_of_one_device_coexist_but_never_with_an_exclusive_hold(path: Path, boot_id: Path) -> None:
+    s = store(path, boot_id)
+    s.begin(CLAIM_A, [share("1")])
+    # Consumable capacity: a second share of the same device is what the allocator intended.
+    assert s.begin(CLAIM_B, [share("2")]).state == ClaimState.PREPARE_STARTED
+    # An exclusive hold of a device that is shared out is refused...
+    with pytest.raises(DeviceAlreadyPrepared, match="node-1/gpu-0"):
+        s.begin(CLAIM_C, [GPU0])
+    s.remove(UID_A)
+    s.remove(UID_B)
+    # ...and so is a share of a device held exclusively.
+    s.begin(CLAIM_C, [GPU0])
+    with pytest.raises(DeviceAlreadyPrepared, match="node-1/gpu-0 is already prepared for claim ns/claim-c"):
+        s.begin(CLAIM_A, [share("1")])
+
+
+def test_share_ids_survive_a_reload(path: Path, boot_id: Path) -> None:
+    store(path, boot_id).begin(CLAIM_A, [share("1")])
+    entry = store(path, boot_id).get(UID_A)
+    assert entry is not None
+    assert entry.devices == (share("1"),)
+
+
 def test_reboot_invalidates_entries_and_says_so(
     path: Path, boot_id: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
