@@ -19,6 +19,7 @@ from dra_operator.deviceclasses import DeviceClassKeeper
 from dra_operator.health import HEARTBEAT_ANNOTATION, Health
 from dra_operator.metrics import Metrics
 from dra_operator.reconcile.claims import ClaimReconciler
+from dra_operator.reconcile.ownership import pod_being_scheduled
 from dra_operator.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -117,7 +118,10 @@ def build_registry(parts: OperatorParts) -> kopf.OperatorRegistry:
             model.remove_pod(namespace=namespace, name=name)
             parts.claims.on_pod_gone(namespace=namespace, name=name)
         else:
-            model.upsert_pod(_plain(body))
+            obj = _plain(body)
+            model.upsert_pod(obj)
+            if pod_being_scheduled(obj):
+                parts.claims.scheduler_busy()
             if (body.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
                 parts.claims.on_pod_gone(namespace=namespace, name=name)
 

@@ -7,6 +7,7 @@ one on which the allocator finds a solution, skipping nodes that cannot have eno
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import Counter
 from collections.abc import Sequence
@@ -95,7 +96,13 @@ class AllocatorPlacer:
         from dra_operator.allocator.pools import SliceIndex
 
         if self._index is None or self._index[0] != model.generation:
-            self._index = (model.generation, SliceIndex(list(model.slices.values())))
+            # Devices in reverse order: kube-scheduler takes the first free devices of a pool, so
+            # the operator taking the last ones keeps the two allocators apart until a pool is
+            # nearly full (results name devices, so the order is invisible otherwise).
+            slices = [
+                dataclasses.replace(s, devices=tuple(reversed(s.devices))) for s in model.slices.values()
+            ]
+            self._index = (model.generation, SliceIndex(slices))
         return self._index[1]
 
     def place(self, *, claims: Sequence[ResourceClaim], model: ClusterModel) -> Placement | Unallocatable:
@@ -122,7 +129,8 @@ class AllocatorPlacer:
             allocated=AllocatedState.from_claims(model.allocated_claims()),
         )
         tried = 0
-        for name in sorted(model.nodes):
+        # Nodes in reverse name order, for the same reason as the devices.
+        for name in sorted(model.nodes, reverse=True):
             if node_local_only and free[name] < needed:
                 continue
             tried += 1

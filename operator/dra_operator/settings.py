@@ -101,6 +101,11 @@ class Settings:
     request_timeout_s: float = 60.0
     """Timeout of any other API request."""
 
+    scheduler_grace_s: float = 2.0
+    """How long the operator leaves devices to kube-scheduler after a pod with claims starts being
+    scheduled or devices are freed: two allocators writing different claims cannot be serialised by
+    the API server, so the operator gives way (pods first) instead of racing."""
+
     orphan_slice_grace_s: float = 30.0
     """How long a ResourceSlice of a deleted node may stay before the operator deletes it."""
 

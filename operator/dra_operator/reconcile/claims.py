@@ -44,6 +44,7 @@ logger = logging.getLogger(__name__)
 
 CONDITION_ANNOTATION = f"{PROJECT_DOMAIN}/condition"
 CONDITION_TYPE = "Allocated"
+RESYNC_ANNOTATION = f"{PROJECT_DOMAIN}/resync"
 _TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 _ERROR_RETRY_S = 5.0
 _CONCURRENT_WRITES = 16
@@ -171,6 +172,10 @@ class ClaimReconciler:
         self._was_reserved: set[ClaimKey] = set()
         self._writes = asyncio.Semaphore(_CONCURRENT_WRITES)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._defer_until = 0.0
+        self._last_busy = 0.0
+        self._deferred: set[ClaimKey] = set()
+        self._defer_timer: asyncio.TimerHandle | None = None
         self.synced = asyncio.Event()
         """Set once the model holds a full listing; nothing is allocated before."""
 
@@ -194,6 +199,7 @@ class ClaimReconciler:
             self._failing.pop(key, None)
             self._was_reserved.discard(key)
             if held_before:
+                self.scheduler_busy()
                 self.retry_failing()
             return
         result = self.model.upsert_claim(obj)
@@ -203,6 +209,7 @@ class ClaimReconciler:
             if result.status.reserved_for:
                 self._was_reserved.add(key)
             if held_before and result.status.allocation is None:
+                self.scheduler_busy()
                 self.retry_failing()  # devices were freed
         self.mark(key)
 
@@ -219,6 +226,26 @@ class ClaimReconciler:
             self._dirty[key] = None
         if self._failing:
             self._wake.set()
+
+    def scheduler_busy(self) -> None:
+        """kube-scheduler may be allocating now (a pod with claims is being scheduled, or devices
+        were freed and parked pods get another try): hold new allocations for the grace period."""
+        now = time.monotonic()
+        self._last_busy = now
+        self._defer_until = max(self._defer_until, now + self.settings.scheduler_grace_s)
+
+    def _defer(self, key: ClaimKey) -> None:
+        self._deferred.add(key)
+        if self._defer_timer is None:
+            delay = max(0.05, self._defer_until - time.monotonic())
+            self._defer_timer = asyncio.get_running_loop().call_later(delay, self._release_deferred)
+
+    def _release_deferred(self) -> None:
+        self._defer_timer = None
+        for key in self._deferred:
+            self._dirty[key] = None
+        self._deferred.clear()
+        self._wake.set()
 
     def on_pod_gone(self, *, namespace: str, name: str) -> None:
         """A pod vanished: claims we allocated that it reserved need their reservedFor cleaned."""
@@ -351,6 +378,10 @@ class ClaimReconciler:
 
     async def _allocate(self, claim: ResourceClaim) -> None:
         key = ClaimKey(claim.namespace, claim.name)
+        placed_at = time.monotonic()
+        if placed_at < self._defer_until:
+            self._defer(key)
+            return
         known = set(self.settings.drivers) | {s.driver for s in self.model.slices.values()}
         outcome: Placement | Unallocatable | None = validate_claim(
             claim, known_drivers=known, compiler=self.compiler
@@ -376,6 +407,20 @@ class ClaimReconciler:
                 current = await self._patch_meta(claim, finalizer=True, condition=None)
             if current is None or current.status.allocation is not None:
                 self.model.forget_assumed(key)
+                return
+            # Another allocator (kube-scheduler) may have taken one of the devices while the
+            # finalizer was being written; its write shows up in the model through the watch.
+            # Checking again here shrinks the race to the status write itself.
+            if self._last_busy > placed_at:
+                # kube-scheduler started on a pod meanwhile: give way rather than race it.
+                self.model.forget_assumed(key)
+                self._defer(key)
+                return
+            taken = [r.device_id for r in allocation.devices if self.model.holders(r.device_id) - {key}]
+            if taken:
+                self.model.forget_assumed(key)
+                logger.info("claim %s: devices %s were taken meanwhile; placing again", key, taken)
+                self.mark(key)
                 return
             obj = await self.api.patch_claim_status(
                 namespace=claim.namespace,
@@ -628,8 +673,23 @@ class ClaimReconciler:
                     await self._clear_allocation(claim)
                 except (Conflict, Gone):
                     await self._refetch(key)
+                await self._touch(others)
                 self.mark(key)
                 break
+
+    async def _touch(self, keys: list[ClaimKey]) -> None:
+        """Make the other holders of a released device send an update event. kube-scheduler tracks
+        allocated devices as a set: our release removed the device from it although the other
+        claim still holds it; an update of that claim adds it back."""
+        for key in keys:
+            try:
+                await self.api.patch_claim(
+                    namespace=key.namespace,
+                    name=key.name,
+                    body={"metadata": {"annotations": {RESYNC_ANNOTATION: _now()}}},
+                )
+            except Gone:
+                continue
 
 
 def _same_condition(old: str, new: str) -> bool:
