@@ -63,7 +63,7 @@ def pod(
         ref["resourceClaimName"] = claim_name
     if template:
         ref["resourceClaimTemplateName"] = template
-    obj = {
+    obj: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "namespace": namespace},
