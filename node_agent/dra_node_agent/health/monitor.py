@@ -195,6 +195,11 @@ class HealthMonitor:
                 await self._task
             self._task = None
         await asyncio.to_thread(self.probe.stop)
+        # A stopped monitor's series would say "healthy" for devices nobody watches any more.
+        for name in self._states:
+            metrics.forget_device(driver=self.driver, device=name)
+        metrics.TELEMETRY.forget(driver=self.driver)
+        metrics.MONITOR_UP.remove_by_labels({"driver": self.driver})
         for task in list(self._event_tasks):
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(task, timeout=5)
