@@ -27,7 +27,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -442,12 +442,20 @@ class ClaimReconciler:
             self.metrics.allocation_latency.observe(age)
         text = describe_allocation(allocation, outcome.node)
         logger.info("claim %s: %s", key, text)
-        await self.api.post_event(
-            involved=involved(claim, api_version=self.api.api_version),
-            type_="Normal",
-            reason="Allocated",
-            message=text,
+        # The Event is an explanation, not state: it is posted beside the next claim's writes.
+        self._background(
+            self.api.post_event(
+                involved=involved(claim, api_version=self.api.api_version),
+                type_="Normal",
+                reason="Allocated",
+                message=text,
+            )
         )
+
+    def _background(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _fail(self, claim: ResourceClaim, why: Unallocatable) -> None:
         key = ClaimKey(claim.namespace, claim.name)
