@@ -11,8 +11,11 @@ from dra_node_agent.discovery.simulated import SimulatedBackend
 from dra_node_agent.discovery.tpu import TpuBackend
 from dra_node_agent.health.nvml_probe import DEFAULT_IGNORED_XIDS, NvmlHealthProbe
 from dra_node_agent.health.probe import HealthProbe
-from dra_node_agent.health.simulate import FakeNvmlHealth
+from dra_node_agent.health.simulate import FakeNvmlHealth, FaultDirectory, SimulatedNvmlProbe
 from dra_node_agent.health.tpu_probe import TpuHealthProbe
+
+# Under the simulated backend's state folder: where a demo drops fault files (see FaultDirectory).
+FAULTS_FOLDER = "faults"
 
 
 def probe_for(
@@ -25,8 +28,10 @@ def probe_for(
     if isinstance(backend, SimulatedBackend):
         hardware = backend.hardware()
         if hardware.nvml is not None:
-            return NvmlHealthProbe(
-                nvml=FakeNvmlHealth.wrapping(hardware.nvml),
+            nvml = FakeNvmlHealth.wrapping(hardware.nvml)
+            return SimulatedNvmlProbe(
+                faults=FaultDirectory(path=hardware.root / FAULTS_FOLDER, nvml=nvml),
+                nvml=nvml,
                 ignored_xids=ignored_xids,
                 temperature_limit=temperature_limit,
             )

@@ -140,17 +140,7 @@ class NvmlHealthProbe:
                 continue
             except pynvml.NVMLError as err:
                 if getattr(err, "value", None) == pynvml.NVML_ERROR_GPU_IS_LOST:
-                    # NVML does not say which GPU: every device is suspect until polls tell them apart.
-                    now = self._clock()
-                    for device in self._current():
-                        emit(
-                            Observation(
-                                device=device.name,
-                                time=now,
-                                kind=ProblemKind.GPU_LOST,
-                                message="NVML reports a GPU that fell off the bus",
-                            )
-                        )
+                    self._report_lost(emit=emit)
                 else:
                     logger.warning("waiting for NVML events failed: %s", err)
                 self._stop.wait(_ERROR_PAUSE)
@@ -159,6 +149,32 @@ class NvmlHealthProbe:
                 self._dispatch(event, emit=emit, xid=xid)
             except pynvml.NVMLError as err:
                 logger.warning("cannot attribute an NVML event (type %s): %s", event.eventType, err)
+
+    def _report_lost(self, *, emit: Emit) -> None:
+        """NVML says a GPU is lost but not which: ask each GPU, and suspect all only if none answers so."""
+        devices = self._current()
+        lost = [uuid for uuid in sorted({_physical(d) for d in devices}) if self._is_lost(uuid)]
+        suspects = [d for d in devices if _physical(d) in lost] if lost else list(devices)
+        now = self._clock()
+        for device in suspects:
+            emit(
+                Observation(
+                    device=device.name,
+                    time=now,
+                    kind=ProblemKind.GPU_LOST,
+                    message=f"GPU {_physical(device)} fell off the bus"
+                    if lost
+                    else "NVML reports a lost GPU it cannot name",
+                )
+            )
+
+    def _is_lost(self, uuid: str) -> bool:
+        try:
+            handle = self._nvml.nvmlDeviceGetHandleByUUID(uuid)
+            self._nvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU)
+        except pynvml.NVMLError as err:
+            return getattr(err, "value", None) in _LOST
+        return False
 
     def _dispatch(self, event: Any, *, emit: Emit, xid: Callable[[XidReport], None]) -> None:
         uuid = _text(self._nvml.nvmlDeviceGetUUID(event.device))

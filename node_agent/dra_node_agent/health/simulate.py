@@ -9,13 +9,16 @@ from __future__ import annotations
 import queue
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pynvml
 
+from dra_node_agent.discovery.base import DiscoveredDevice
 from dra_node_agent.discovery.fakehw import FakeGpu, FakeNvml, _Handle
-from dra_node_agent.health.nvml_probe import INSTANCE_ANY
+from dra_node_agent.health.nvml_probe import INSTANCE_ANY, NvmlHealthProbe
+from dra_node_agent.health.probe import PollResult
 
 # The health functions the NVML probe calls beyond discovery's.
 HEALTH_FUNCTIONS = (
@@ -178,3 +181,49 @@ class FakeNvmlHealth(FakeNvml):
 
     def nvmlDeviceGetRemappedRows(self, handle: _Handle) -> tuple[int, int, int, int]:
         return self._healthy_gpu(handle, "nvmlDeviceGetRemappedRows")[1].remapped_rows
+
+
+class FaultDirectory:
+    """Faults for a simulated node, dropped in as files (for demos: ``touch <dir>/xid-1-79``).
+
+    ``xid-<minor>-<code>`` delivers one XID to GPU ``<minor>`` and is then removed;
+    ``lost-<minor>`` makes the GPU lost while the file exists. Read before every poll.
+    """
+
+    def __init__(self, *, path: Path, nvml: FakeNvmlHealth) -> None:
+        self.path = path
+        self._nvml = nvml
+
+    def apply(self) -> None:
+        by_minor = {str(gpu.minor): gpu.uuid for gpu in self._nvml.gpus}
+        try:
+            names = sorted(p.name for p in self.path.iterdir())
+        except OSError:
+            names = []
+        lost = set()
+        for name in names:
+            kind, _, rest = name.partition("-")
+            if kind == "xid":
+                minor, _, code = rest.partition("-")
+                if minor in by_minor and code.isdigit():
+                    self._nvml.inject_xid(by_minor[minor], int(code))
+                (self.path / name).unlink(missing_ok=True)
+            elif kind == "lost" and rest in by_minor:
+                lost.add(by_minor[rest])
+        for uuid, readings in self._nvml.health.items():
+            if uuid in lost and not readings.lost:
+                self._nvml.lose(uuid)
+            elif uuid not in lost and readings.lost:
+                self._nvml.restore(uuid)
+
+
+class SimulatedNvmlProbe(NvmlHealthProbe):
+    """The NVML probe over a ``FakeNvmlHealth``, taking faults from a ``FaultDirectory`` before each poll."""
+
+    def __init__(self, *, faults: FaultDirectory, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.faults = faults
+
+    def poll(self, *, devices: Sequence[DiscoveredDevice], now: float) -> PollResult:
+        self.faults.apply()
+        return super().poll(devices=devices, now=now)

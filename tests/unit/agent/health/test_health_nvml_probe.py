@@ -108,14 +108,26 @@ def test_mig_event_goes_to_its_instance_and_whole_gpu_events_to_all(
     assert hit == {"gpu-2-mig-1g5gb-0", "gpu-2-mig-3g20gb-4"}
 
 
-def test_lost_gpu_during_wait_marks_every_device(
+def test_lost_gpu_during_wait_marks_the_gpu_that_is_lost(
     started: tuple[NvmlHealthProbe, Collected], fake: FakeNvmlHealth
 ) -> None:
     _, got = started
-    fake.lose(fake.gpus[0].uuid)
+    fake.lose(fake.gpus[2].uuid)
+    seen = {got.next_observation(), got.next_observation()}
+    assert {o.kind for o in seen} == {ProblemKind.GPU_LOST}
+    assert {o.device for o in seen} == {"gpu-2-mig-1g5gb-0", "gpu-2-mig-3g20gb-4"}
+    assert got.observations.empty()
+
+
+def test_lost_gpu_nobody_owns_marks_every_device(
+    started: tuple[NvmlHealthProbe, Collected], fake: FakeNvmlHealth
+) -> None:
+    _, got = started
+    fake.event_sets[0].queue.put(pynvml.NVML_ERROR_GPU_IS_LOST)  # every GPU still answers
     seen = {got.next_observation() for _ in range(4)}
     assert {o.kind for o in seen} == {ProblemKind.GPU_LOST}
     assert {o.device for o in seen} == {"gpu-0", "gpu-1", "gpu-2-mig-1g5gb-0", "gpu-2-mig-3g20gb-4"}
+    assert {o.message for o in seen} == {"NVML reports a lost GPU it cannot name"}
 
 
 def test_stop_frees_the_event_set_and_shuts_nvml_down(fake: FakeNvmlHealth, tmp_path: Path) -> None:
