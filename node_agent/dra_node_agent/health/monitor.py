@@ -100,6 +100,7 @@ class HealthMonitor:
         self._event_tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake = asyncio.Event()
+        self._check_lock = asyncio.Lock()  # one poll at a time: the probe keeps per-GPU counters
         self._report_changed = asyncio.Event()
         self.changed = asyncio.Event()
         # False where the API server drops device taints (DRADeviceTaints off): devices leave instead.
@@ -216,6 +217,10 @@ class HealthMonitor:
 
     async def check(self) -> None:
         """One pass: poll every device, then let quiet problems expire."""
+        async with self._check_lock:
+            await self._check()
+
+    async def _check(self) -> None:
         devices = self._devices
         now = self._clock()
         try:
