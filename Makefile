@@ -16,7 +16,7 @@ demo: venv
 	$(VENV)/bin/dra-local-cluster demo $(DEMO_ARGS)
 
 test: venv
-	$(VENV)/bin/tox run -e lint,types,tests
+	$(VENV)/bin/tox run -e lint,types,tests,e2e
 
 clean:
 	rm -rf $(VENV) .tox .mypy_cache .ruff_cache

@@ -146,6 +146,20 @@ def wait_for_slices(cluster: LocalCluster, runtimes: Sequence[NodeRuntime], *, t
     cluster.wait_for(published, timeout=timeout, what="every agent to publish its ResourceSlices")
 
 
+def wait_for_plugins(cluster: LocalCluster, runtimes: Sequence[NodeRuntime], *, timeout: float = 60) -> None:
+    """Wait until every agent serves its kubelet registration socket (what kubelet watches for)."""
+
+    def serving() -> bool:
+        return all(any(r.registry_dir.glob("*-reg.sock")) for r in runtimes)
+
+    try:
+        cluster.wait_for(serving, timeout=timeout, what="every agent's kubelet registration socket")
+    except TimeoutError as err:
+        missing = [r.node.name for r in runtimes if not any(r.registry_dir.glob("*-reg.sock"))]
+        tails = "\n".join(f"--- {n}:\n{cluster.log_tail(f'dra-node-agent-{n}', lines=15)}" for n in missing)
+        raise TimeoutError(f"{err}; agents without a socket: {', '.join(missing)}\n{tails}") from err
+
+
 def apply_examples(cluster: LocalCluster) -> list[Path]:
     examples = sorted((repo_root() / "manifests" / "examples").glob("*.yaml"))
     if not examples:
@@ -257,7 +271,12 @@ def metrics_excerpt(port: int, *, needle: str = "device", limit: int = 8) -> lis
             text = resp.read().decode()
     except OSError as err:
         return [f"(metrics not reachable on port {port}: {err})"]
-    lines = [line for line in text.splitlines() if needle in line and not line.startswith("#")]
+    # Samples only: no HELP/TYPE comments, and no "_created" timestamps prometheus-client adds.
+    lines = [
+        line
+        for line in text.splitlines()
+        if needle in line and not line.startswith("#") and "_created" not in line.split("{")[0]
+    ]
     return lines[:limit] or [f"(no {needle} series exported yet)"]
 
 
@@ -303,6 +322,7 @@ def run_demo(*, workdir: Path, exit_after: bool) -> int:
             flush=True,
         )
         wait_for_slices(cluster, runtimes)
+        wait_for_plugins(cluster, runtimes)
         examples = apply_examples(cluster)
         print(
             f"Applied {', '.join(p.name for p in examples)}; playing the kubelet for bound pods ...",
