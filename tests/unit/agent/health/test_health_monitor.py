@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import pynvml
 import pytest
 from prometheus_client import REGISTRY
 
@@ -260,3 +261,38 @@ async def test_tpu_presence(tmp_path: Path) -> None:
     clock.advance(SETTINGS.recovery_period)
     await mon.check()
     assert mon.states()["tpu-1"].state is State.HEALTHY
+
+
+async def test_nvml_that_cannot_start_leaves_devices_unknown(fake: FakeNvmlHealth, tmp_path: Path) -> None:
+    fake.nvmlInitWithFlags(0)
+    devices = discover(fake, tmp_path)
+    fake.nvmlShutdown()
+    fake.init_error = pynvml.NVML_ERROR_DRIVER_NOT_LOADED
+    mon = HealthMonitor(
+        driver="unit-broken.nvidia.com",
+        node_name="node-b",
+        probe=NvmlHealthProbe(nvml=fake, event_timeout_ms=50),
+        devices=devices,
+        settings=SETTINGS,
+        clock=Clock(),
+    )
+    await mon.start()
+    try:
+        assert sample("dra_agent_health_monitor_up", driver="unit-broken.nvidia.com", backend="nvml") == 0
+        await mon.check()
+        assert {s.state for s in mon.states().values()} == {State.UNKNOWN}
+        assert "health check failed" in mon.states()["gpu-0"].message()
+        assert {h.health for h in mon.report()} == {HealthStatus.UNKNOWN}
+        assert mon.taints() == {}
+        assert (
+            sample(
+                "dra_agent_device_health_state",
+                driver="unit-broken.nvidia.com",
+                device="gpu-0",
+                state="unknown",
+            )
+            == 1
+        )
+    finally:
+        await mon.stop()
+    assert sample("dra_agent_device_healthy", driver="unit-broken.nvidia.com", device="gpu-0") is None
