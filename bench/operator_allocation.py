@@ -114,23 +114,33 @@ async def bench(
         allocated: dict[str, float] = {}
         done = asyncio.Event()
 
+        def seen(obj: dict[str, Any]) -> None:
+            name = obj["metadata"]["name"]
+            if name not in allocated and (obj.get("status") or {}).get("allocation"):
+                allocated[name] = time.monotonic()
+                if len(allocated) >= allocatable:
+                    done.set()
+
         async def watcher() -> None:
-            w = watch.Watch()
-            async with w.stream(
-                custom.list_namespaced_custom_object,
-                GROUP,
-                VERSION,
-                NS,
-                "resourceclaims",
-                timeout_seconds=600,
-            ) as stream:
-                async for event in stream:
-                    obj = event["object"]
-                    name = obj["metadata"]["name"]
-                    if name not in allocated and (obj.get("status") or {}).get("allocation"):
-                        allocated[name] = time.monotonic()
-                        if len(allocated) == allocatable:
-                            done.set()
+            # A watch can end (server timeout, compaction): list to catch up, then watch again.
+            while not done.is_set():
+                listing = await custom.list_namespaced_custom_object(GROUP, VERSION, NS, "resourceclaims")
+                for obj in listing.get("items", []):
+                    seen(obj)
+                w = watch.Watch()
+                async with w.stream(
+                    custom.list_namespaced_custom_object,
+                    GROUP,
+                    VERSION,
+                    NS,
+                    "resourceclaims",
+                    resource_version=listing["metadata"]["resourceVersion"],
+                    timeout_seconds=60,
+                ) as stream:
+                    async for event in stream:
+                        if isinstance(event.get("object"), dict):
+                            seen(event["object"])
+                        if done.is_set():
                             return
 
         watch_task = asyncio.create_task(watcher())

@@ -174,3 +174,29 @@ def test_two_instances_one_active_and_takeover_after_kill(
     assert_no_double_booking(items)
     assert _role(standby) == "active"
     assert standby.metric("dra_operator_allocations_total") == 4
+
+
+def test_concurrent_writer_edits_are_kept(
+    local_cluster: LocalCluster, operators: Operators, scratch: list[tuple[str, ...]]
+) -> None:
+    """O7: another client edits the claims while the operator allocates them. The operator's
+    resourceVersion preconditions make it re-read instead of overwriting; both edits survive."""
+    ns = "op-writer"
+    local_cluster.create_namespace(ns)
+    scratch.append(("namespace", ns))
+    add_gpu_node(local_cluster, scratch, "op-writer", 8)
+    local_cluster.apply([claim(f"c{i}", ns, cls=operators.gpu_class) for i in range(8)])
+    operators.start(name="writer")
+    # Label every claim, repeatedly, while the operator is allocating them.
+    for round_ in range(3):
+        for i in range(8):
+            local_cluster.kubectl(
+                "label", "resourceclaim", f"c{i}", "-n", ns, f"edit=r{round_}", "--overwrite", check=False
+            )
+    items = local_cluster.wait_for(
+        lambda: _settled(local_cluster, ns, allocated=8, total=8), timeout=60, what="8 allocated"
+    )
+    assert_no_double_booking(items)
+    for c in items:
+        assert c["metadata"]["labels"]["edit"] == "r2"
+        assert c["metadata"]["finalizers"].count(OPERATOR_FINALIZER) == 1
