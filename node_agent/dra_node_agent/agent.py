@@ -14,6 +14,7 @@ import contextlib
 import logging
 import signal
 from dataclasses import dataclass, field
+from typing import Any
 
 from kubernetes_asyncio import client
 
@@ -21,6 +22,8 @@ from dra_api.kube import UnsupportedServer, make_api_client, preferred_resource_
 from dra_node_agent.claims import ClaimReader
 from dra_node_agent.discovery.base import DiscoveredInventory, DiscoveryBackend
 from dra_node_agent.discovery.detect import DiscoveryConfig, select_backends
+from dra_node_agent.health import DEFAULT_IGNORED_XIDS, HealthSettings, TaintEffect, parse_xid_list
+from dra_node_agent.health.attach import DriverHealth, attach_health
 from dra_node_agent.http_endpoints import HttpEndpoints
 from dra_node_agent.plugin import RunningPlugin, serve_plugin
 from dra_node_agent.prepare import PrepareHandler
@@ -44,7 +47,13 @@ class DriverRuntime:
     publisher: SlicePublisher
     handler: PrepareHandler
     plugin: RunningPlugin | None = None
+    health: DriverHealth | None = None
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    def slice_devices(self) -> list[dict[str, Any]]:
+        """The devices to publish: the inventory's, with the health monitor's taints applied."""
+        devices = self.inventory.slice_devices()
+        return self.health.decorate(devices) if self.health is not None else list(devices)
 
 
 def discovery_config(settings: Settings) -> DiscoveryConfig:
@@ -77,7 +86,9 @@ async def _rediscover(runtime: DriverRuntime, *, interval: float) -> None:
             logger.info("devices of driver %s changed; republishing", inventory.driver)
             runtime.inventory = inventory
             runtime.handler.set_inventory(inventory)
-            await runtime.publisher.publish(inventory.slice_devices())
+            if runtime.health is not None:
+                runtime.health.set_devices(inventory.devices)
+            await runtime.publisher.publish(runtime.slice_devices())
 
 
 async def _clean_up_stale_claims(handler: PrepareHandler, *, interval: float) -> None:
@@ -118,8 +129,24 @@ async def _start_driver(
     )
     await handler.start()
     runtime = DriverRuntime(backend=backend, inventory=inventory, publisher=publisher, handler=handler)
+    if settings.health_enabled:
+        runtime.health = await attach_health(
+            backend=backend,
+            devices=inventory.devices,
+            slice_devices=lambda: runtime.inventory.slice_devices(),
+            publisher=publisher,
+            api=api,
+            api_version=api_version,
+            node_name=settings.node_name,
+            settings=HealthSettings(
+                poll_interval=settings.health_poll_interval,
+                recovery_period=settings.health_recovery_period,
+                taint_effect=TaintEffect(settings.health_taint_effect),
+            ),
+            ignored_xids=DEFAULT_IGNORED_XIDS | parse_xid_list(settings.additional_xids_to_ignore),
+        )
     try:
-        await publisher.publish(inventory.slice_devices())
+        await publisher.publish(runtime.slice_devices())
     except Exception as exc:  # retried by the publisher's loop; the plugin must still serve unprepare
         logger.warning("first publication of driver %s failed (will retry): %s", driver, exc)
         publisher.mark_dirty()
@@ -140,6 +167,7 @@ async def _start_driver(
         registry_dir=settings.kubelet_registry_dir,
         plugins_dir=settings.kubelet_plugins_dir,
         instance=settings.instance or None,
+        health=runtime.health.monitor.health_source() if runtime.health is not None else None,
     )
     return runtime
 
@@ -147,6 +175,8 @@ async def _start_driver(
 async def _stop_driver(runtime: DriverRuntime) -> None:
     if runtime.plugin is not None:
         await runtime.plugin.stop()
+    if runtime.health is not None:
+        await runtime.health.stop()
     for task in runtime.tasks:
         task.cancel()
     for task in runtime.tasks:

@@ -55,7 +55,13 @@ PREPARE_SECONDS = Histogram(
 )
 OPERATION_ERRORS = Counter(
     "dra_agent_claim_operation_errors_total",
-    "Claims whose prepare or unprepare failed, by driver and operation.",
+    "Claims whose prepare or unprepare failed, by driver, operation and reason (claim: the claim or "
+    "its config is wrong; device-busy; checkpoint-corrupt; io: state could not be written; internal).",
+    ["driver", "operation", "reason"],
+)
+CHECKPOINT_ERRORS = Counter(
+    "dra_agent_checkpoint_errors_total",
+    "Failed reads (corrupt checkpoint) or writes of the prepared-claims checkpoint, by driver and operation.",
     ["driver", "operation"],
 )
 DEVICE_SETUPS = Counter(
@@ -124,6 +130,7 @@ class PrepareHandler:
             entries = self.store.load()
         except cp.CheckpointCorrupt as exc:
             # Fail closed: prepare and unprepare refuse until an operator looks at the file.
+            CHECKPOINT_ERRORS.labels(self.driver, "read").inc()
             logger.error("driver %s: %s; prepare and unprepare will be refused", self.driver, exc)
             return
         for entry in self.store.invalidated:
@@ -151,20 +158,27 @@ class PrepareHandler:
                 try:
                     results[claim.uid] = PrepareResult(devices=await self._prepare_one(claim))
                 except (PrepareError, ClaimError) as exc:
-                    results[claim.uid] = self._failed("prepare", claim, str(exc))
+                    results[claim.uid] = self._failed("prepare", claim, str(exc), reason="claim")
                 except cp.CheckpointCorrupt as exc:
                     results[claim.uid] = self._failed(
-                        "prepare", claim, f"{describe(claim)}: refused, the checkpoint is corrupt: {exc}"
+                        "prepare",
+                        claim,
+                        f"{describe(claim)}: refused, the checkpoint is corrupt: {exc}",
+                        reason="checkpoint-corrupt",
                     )
                 except cp.DeviceAlreadyPrepared as exc:
-                    results[claim.uid] = self._failed("prepare", claim, f"{describe(claim)}: refused: {exc}")
+                    results[claim.uid] = self._failed(
+                        "prepare", claim, f"{describe(claim)}: refused: {exc}", reason="device-busy"
+                    )
                 except OSError as exc:
                     results[claim.uid] = self._failed(
-                        "prepare", claim, f"{describe(claim)}: writing state failed: {exc}"
+                        "prepare", claim, f"{describe(claim)}: writing state failed: {exc}", reason="io"
                     )
                 except Exception as exc:  # a bug must fail this claim only, with a trace in the log
                     logger.exception("prepare of %s failed unexpectedly", describe(claim))
-                    results[claim.uid] = self._failed("prepare", claim, f"{describe(claim)}: {exc!r}")
+                    results[claim.uid] = self._failed(
+                        "prepare", claim, f"{describe(claim)}: {exc!r}", reason="internal"
+                    )
                 PREPARE_SECONDS.labels(self.driver, "prepare").observe(time.perf_counter() - began)
         return results
 
@@ -178,17 +192,24 @@ class PrepareHandler:
                     errors[claim.uid] = ""
                 except cp.CheckpointCorrupt as exc:
                     errors[claim.uid] = self._failed(
-                        "unprepare", claim, f"{describe(claim)}: refused, the checkpoint is corrupt: {exc}"
+                        "unprepare",
+                        claim,
+                        f"{describe(claim)}: refused, the checkpoint is corrupt: {exc}",
+                        reason="checkpoint-corrupt",
                     ).error
                 except OSError as exc:
                     errors[claim.uid] = self._failed(
-                        "unprepare", claim, f"{describe(claim)}: removing state failed: {exc}"
+                        "unprepare", claim, f"{describe(claim)}: removing state failed: {exc}", reason="io"
                     ).error
                 PREPARE_SECONDS.labels(self.driver, "unprepare").observe(time.perf_counter() - began)
         return errors
 
-    def _failed(self, operation: str, claim: ClaimRef, message: str) -> PrepareResult:
-        OPERATION_ERRORS.labels(self.driver, operation).inc()
+    def _failed(self, operation: str, claim: ClaimRef, message: str, *, reason: str) -> PrepareResult:
+        OPERATION_ERRORS.labels(self.driver, operation, reason).inc()
+        if reason == "checkpoint-corrupt":
+            CHECKPOINT_ERRORS.labels(self.driver, "read").inc()
+        elif reason == "io":
+            CHECKPOINT_ERRORS.labels(self.driver, "write").inc()
         logger.warning("%s of %s failed: %s", operation, describe(claim), message)
         return PrepareResult(error=message)
 

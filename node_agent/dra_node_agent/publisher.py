@@ -30,10 +30,17 @@ from typing import Any, Final
 
 from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
+from prometheus_client import Counter
 
 from dra_api.names import RESOURCE_GROUP
 
 logger = logging.getLogger(__name__)
+
+SLICE_PUBLISHES = Counter(
+    "dra_agent_resourceslice_publish_total",
+    "ResourceSlice reconcile passes that wrote to the API server, by driver and result (success, error).",
+    ["driver", "result"],
+)
 
 MAX_DEVICES_PER_SLICE: Final = 128
 # resource.k8s.io/v1 validation: a slice whose devices use taints, consumesCounters or list-type
@@ -340,6 +347,7 @@ class SlicePublisher:
         for body in plan.create:
             await self._write(body, design=design, create=True)
         self.syncs += 1
+        SLICE_PUBLISHES.labels(self.driver, "success").inc()
         logger.info(
             "ResourceSlices of driver %s on node %s: pool generation %d%s, %d slices (%d created, %d "
             "updated, %d stale deleted)",
@@ -401,6 +409,7 @@ class SlicePublisher:
                     await self.sync()
                     backoff = self._resync_delay
                 except Exception as exc:  # any API or network failure: retry with backoff
+                    SLICE_PUBLISHES.labels(self.driver, "error").inc()
                     logger.warning(
                         "reconciling ResourceSlices of driver %s failed, retrying in %.0f s: %s",
                         self.driver,

@@ -151,6 +151,44 @@ class Settings:
             metavar="SECONDS",
         ),
     )
+    health_enabled: bool = field(
+        default=True,
+        metadata=_opt(
+            "Watch device health (NVML events and polls, TPU presence): taint unhealthy devices in "
+            "the ResourceSlice, report them on the kubelet's health stream and as metrics and Events.",
+            metavar="BOOL",
+        ),
+    )
+    health_poll_interval: float = field(
+        default=10.0,
+        metadata=_opt(
+            "Seconds between health polls (ECC, row remapping, temperature, presence).", metavar="SECONDS"
+        ),
+    )
+    health_recovery_period: float = field(
+        default=300.0,
+        metadata=_opt(
+            "Seconds a device must stay free of problems before its taint is removed; no restart needed.",
+            metavar="SECONDS",
+        ),
+    )
+    health_taint_effect: str = field(
+        default="NoSchedule",
+        metadata=_opt(
+            "Effect of the taints on unhealthy devices: NoSchedule (keep running pods) or NoExecute "
+            "(also evict pods using the device).",
+            metavar="EFFECT",
+        ),
+    )
+    additional_xids_to_ignore: str = field(
+        default="",
+        metadata=_opt(
+            "Comma-separated XIDs that are application errors, not device faults, beyond the built-in "
+            "13, 31, 43, 45, 68, 109 (same name as NVIDIA's driver).",
+            metavar="LIST",
+            env=("ADDITIONAL_XIDS_TO_IGNORE",),
+        ),
+    )
     instance: str = field(
         default="",
         metadata=_opt(
@@ -204,6 +242,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _convert(name: str, raw: str, *, default: Any) -> Any:
     if name == "kubeconfig":
         return raw or None
+    if isinstance(default, bool):
+        lowered = raw.strip().lower()
+        if lowered not in ("true", "false", "1", "0", "yes", "no"):
+            raise SettingsError(f"setting {name}: {raw!r} is not true or false")
+        return lowered in ("true", "1", "yes")
     if isinstance(default, Path):
         return Path(raw)
     if isinstance(default, float):
@@ -252,6 +295,17 @@ def validate(settings: Settings) -> None:
     if settings.gpu_driver_name == settings.tpu_driver_name:
         raise SettingsError(
             f"settings gpu_driver_name and tpu_driver_name are both {settings.gpu_driver_name!r}"
+        )
+    if settings.health_taint_effect not in ("NoSchedule", "NoExecute"):
+        raise SettingsError(
+            f"setting health_taint_effect: {settings.health_taint_effect!r} is not NoSchedule or NoExecute"
+        )
+    bad_xids = [
+        x for x in settings.additional_xids_to_ignore.split(",") if x.strip() and not x.strip().isdigit()
+    ]
+    if bad_xids:
+        raise SettingsError(
+            f"setting additional_xids_to_ignore: {bad_xids[0].strip()!r} is not a non-negative integer"
         )
     if settings.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise SettingsError(f"setting log_level: {settings.log_level!r} is not DEBUG, INFO, WARNING or ERROR")

@@ -305,7 +305,9 @@ def report(
         out.append("")
     gpu_runtime = next((r for r in runtimes if r.node.profile.startswith("h100")), runtimes[0])
     out.append(f"Device health, from the agent on {gpu_runtime.node.name} (/metrics):")
-    out.extend(f"  {line}" for line in metrics_excerpt(gpu_runtime.metrics_port))
+    out.extend(
+        f"  {line}" for line in metrics_excerpt(gpu_runtime.metrics_port, needle="dra_agent_device_healthy")
+    )
     out.append("Claims, from the operator (/metrics):")
     out.extend(f"  {line}" for line in metrics_excerpt(operator_port, needle="claims"))
     return "\n".join(out)

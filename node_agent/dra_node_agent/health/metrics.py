@@ -64,17 +64,6 @@ LAST_CHECK = Gauge(
     "When the devices of the driver were last checked successfully (Unix time).",
     ["driver"],
 )
-# Not incremented by the health package: the publisher and checkpoint code own these events.
-SLICE_PUBLISHES = Counter(
-    f"{PREFIX}_resourceslice_publish_total",
-    "ResourceSlice reconcile passes that wrote to the API server, by driver and result.",
-    ["driver", "result"],
-)
-CHECKPOINT_ERRORS = Counter(
-    f"{PREFIX}_checkpoint_errors_total",
-    "Failed reads or writes of the prepared-claims checkpoint, by driver and operation.",
-    ["driver", "operation"],
-)
 
 
 @dataclass

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
 from dra_api.kubeletapi.model import ClaimRef
 from dra_node_agent import checkpoint as cp
@@ -113,6 +114,21 @@ async def handler(tmp_path: Path, inventory: Any, claims: ClaimsByUID, boot_id: 
     h = make_handler(tmp_path, inventory, claims)
     await h.start()
     return h
+
+
+def _errors(operation: str, reason: str) -> float:
+    value = REGISTRY.get_sample_value(
+        "dra_agent_claim_operation_errors_total",
+        {"driver": DRIVER, "operation": operation, "reason": reason},
+    )
+    return value or 0.0
+
+
+def _checkpoint_errors(operation: str) -> float:
+    value = REGISTRY.get_sample_value(
+        "dra_agent_checkpoint_errors_total", {"driver": DRIVER, "operation": operation}
+    )
+    return value or 0.0
 
 
 async def test_prepare_writes_cdi_and_completes(handler: PrepareHandler, claims: ClaimsByUID) -> None:
@@ -226,9 +242,11 @@ async def test_device_held_by_another_claim_is_refused(handler: PrepareHandler, 
     claims.objects[("ns", "a")] = claim_json("a", "uid-a", [("gpu", "gpu-0")])
     claims.objects[("ns", "b")] = claim_json("b", "uid-b", [("gpu", "gpu-0")])
     assert (await handler.prepare([ref("a", "uid-a")]))["uid-a"].error == ""
+    busy_before = _errors("prepare", "device-busy")
     refused = (await handler.prepare([ref("b", "uid-b")]))["uid-b"]
     assert "gpu-0" in refused.error
     assert "ns/a" in refused.error
+    assert _errors("prepare", "device-busy") == busy_before + 1
     assert not handler.cdi.spec_path("uid-b").exists()
     assert (await handler.unprepare([ref("a", "uid-a")])) == {"uid-a": ""}
     assert (await handler.prepare([ref("b", "uid-b")]))["uid-b"].error == ""
@@ -291,8 +309,10 @@ async def test_corrupt_checkpoint_refuses_everything_and_is_kept(
     raw[at + 4] = ord("9")  # flip one byte inside the checksummed data
     handler.store.path.write_bytes(bytes(raw))
 
+    reads_before = _checkpoint_errors("read")
     restarted = make_handler(tmp_path, inventory, claims)
     await restarted.start()
+    assert _checkpoint_errors("read") == reads_before + 1
     refused = (await restarted.prepare([ref("c2", "uid-2")]))["uid-2"]
     assert "corrupt" in refused.error
     assert "checksum" in refused.error
@@ -300,6 +320,8 @@ async def test_corrupt_checkpoint_refuses_everything_and_is_kept(
     assert "corrupt" in again.error
     unprepared = await restarted.unprepare([ref("c1", "uid-1")])
     assert "corrupt" in unprepared["uid-1"]
+    assert _errors("prepare", "checkpoint-corrupt") >= 2
+    assert _errors("unprepare", "checkpoint-corrupt") >= 1
     assert restarted.store.path.read_bytes() == bytes(raw)
     assert restarted.cdi.spec_path("uid-1").exists()  # nothing was cleaned up on a guess
 
