@@ -28,10 +28,42 @@ def claim_state(*, allocated: bool, deleting: bool, ours: bool, failing: bool) -
     return "unallocatable" if failing else "pending"
 
 
+def devices_per_class(model: ClusterModel) -> dict[str, int]:
+    """How many published devices each DeviceClass's selectors match (a selector failing on a
+    device counts as no match, as in allocation)."""
+    from dra_operator.allocator.pools import DeviceEntry
+    from dra_operator.cel import compile_selector
+
+    compiled: dict[str, list[object]] = {}
+    for cls in model.classes.values():
+        try:
+            compiled[cls.name] = [compile_selector(s.cel) for s in cls.selectors if s.cel is not None]
+        except Exception:
+            continue  # reported on the class by the DeviceClass keeper
+    counts = dict.fromkeys(compiled, 0)
+    for sl in model.slices.values():
+        for device in sl.devices:
+            cel_input = DeviceEntry(slice_=sl, device=device).cel_input
+            for name, selectors in compiled.items():
+                try:
+                    if all(sel.matches(cel_input) for sel in selectors):  # type: ignore[attr-defined]
+                        counts[name] += 1
+                except Exception:
+                    continue
+    return counts
+
+
 class _ModelCollector(Collector):
     def __init__(self, model: ClusterModel, failing: Callable[[], frozenset[object]]) -> None:
         self.model = model
         self.failing = failing
+        self._per_class: tuple[int, dict[str, int]] | None = None
+
+    def _class_totals(self) -> dict[str, int]:
+        # Recomputed only when classes, slices or nodes changed.
+        if self._per_class is None or self._per_class[0] != self.model.generation:
+            self._per_class = (self.model.generation, devices_per_class(self.model))
+        return self._per_class[1]
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         model = self.model
@@ -70,6 +102,14 @@ class _ModelCollector(Collector):
         for driver, n in sorted(total.items()):
             devices.add_metric([driver], n)
         yield devices
+        per_class = GaugeMetricFamily(
+            "dra_operator_class_devices",
+            "Published devices that each DeviceClass's selectors match.",
+            labels=["device_class"],
+        )
+        for cls, n in sorted(self._class_totals().items()):
+            per_class.add_metric([cls], n)
+        yield per_class
         used = GaugeMetricFamily(
             "dra_operator_devices_allocated",
             "Devices allocated to claims (by anyone), by driver and DeviceClass of the request.",
