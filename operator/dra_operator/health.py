@@ -107,6 +107,7 @@ async def heartbeat_loop(
     *, health: Health, api: KubeApi, name: str, identity: str, priority: int, interval: float
 ) -> None:
     """Write the heartbeat and read the peers back, forever."""
+    missing_reported = False
     while True:
         stamp = f"{time.time():.3f}"
         try:
@@ -116,7 +117,15 @@ async def heartbeat_loop(
         except Exception as exc:
             logger.warning("heartbeat to peering object %s failed: %s", name, exc)
             obj = None
+        if obj is None and not missing_reported:
+            missing_reported = True
+            logger.warning(
+                "peering object ClusterKopfPeering %s is missing or unreachable: staying paused. Apply "
+                "crds/ and manifests/base/operator-peering.yaml, or run with --standalone=true",
+                name,
+            )
         if obj is not None:
+            missing_reported = False
             health.sent = f"{identity}@{stamp}"
             peers = obj.get("status") or {}
             was = health.active
