@@ -35,7 +35,8 @@ from dra_operator.handlers import OperatorParts, build_registry
 from dra_operator.health import Health, heartbeat_loop, make_app, serve
 from dra_operator.kubeapi import KubeApi
 from dra_operator.metrics import Metrics
-from dra_operator.placement import AllocatorPlacer, Placer
+from dra_operator.placement import Placer
+from dra_operator.planner import PlannerPlacer
 from dra_operator.reconcile.claims import ClaimReconciler
 from dra_operator.reconcile.ownership import allocated_by_us
 from dra_operator.reconcile.slices import OrphanSliceCollector
@@ -112,7 +113,7 @@ async def run(
     keeper = DeviceClassKeeper(api=api, settings=settings)
     claims = ClaimReconciler(
         model=model,
-        placer=placer or AllocatorPlacer(),
+        placer=placer or PlannerPlacer(policy=settings.placement_policy, prefer_last_devices=True),
         api=api,
         settings=settings,
         metrics=metrics,

@@ -29,6 +29,9 @@ class Ownership(enum.StrEnum):
     NONE = "none"
 
 
+PLACEMENT_POLICIES = ("first-fit", "bin-pack", "spread")
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     """Everything ``dra-operator run`` can be told; see each field's docstring."""
@@ -100,6 +103,10 @@ class Settings:
 
     request_timeout_s: float = 60.0
     """Timeout of any other API request."""
+
+    placement_policy: str = "first-fit"
+    """How the operator picks a node for a claim: 'first-fit' (stable node order), 'bin-pack' (the
+    node with the fewest free matching devices that still fits) or 'spread' (the most free)."""
 
     scheduler_grace_s: float = 2.0
     """How long the operator leaves devices to kube-scheduler after a pod with claims starts being
@@ -196,6 +203,9 @@ def from_sources(*, args: argparse.Namespace | None = None, env: Mapping[str, st
                 raise ValueError(f"environment variable {env_name}: {exc}") from exc
     if "kubeconfig" not in values and environ.get("KUBECONFIG"):
         values["kubeconfig"] = environ["KUBECONFIG"]
+    policy = values.get("placement_policy", "first-fit")
+    if policy not in PLACEMENT_POLICIES:
+        raise ValueError(f"placement_policy: {policy!r} is not one of {', '.join(PLACEMENT_POLICIES)}")
     return Settings(**values)
 
 

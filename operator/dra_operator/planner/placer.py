@@ -8,6 +8,7 @@ claims and allocations being written), touching only claims whose allocation cha
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from dra_api.model import AllocationResult, ResourceClaim
@@ -20,9 +21,15 @@ from dra_operator.planner.planner import FIRST_FIT, NotPlaced, PlanError, Planne
 class PlannerPlacer:
     """Cluster-wide placement for the claim reconciler (policy: first-fit, bin-pack or spread)."""
 
-    def __init__(self, *, policy: str = FIRST_FIT, gates: FeatureGates | None = None) -> None:
+    def __init__(
+        self, *, policy: str = FIRST_FIT, gates: FeatureGates | None = None, prefer_last_devices: bool = False
+    ) -> None:
         self.policy = policy
         self.gates = gates or FeatureGates()
+        # kube-scheduler takes the first free devices of a pool; an allocator running beside it takes
+        # the last ones, so the two stay apart until a pool is nearly full (results name devices, so
+        # the order is otherwise invisible).
+        self.prefer_last_devices = prefer_last_devices
         self._planner: Planner | None = None
         self._generation = -1
         self._noted: dict[ClaimKey, AllocationResult] = {}
@@ -32,9 +39,12 @@ class PlannerPlacer:
         current = _allocations(model)
         if self._planner is None or self._generation != model.generation:
             previous = self._planner.slices if self._planner is not None else None
+            slices = list(model.slices.values())
+            if self.prefer_last_devices:
+                slices = [dataclasses.replace(s, devices=tuple(reversed(s.devices))) for s in slices]
             self._planner = Planner(
                 classes=model.classes,
-                slices=SliceIndex(list(model.slices.values()), previous=previous),
+                slices=SliceIndex(slices, previous=previous),
                 nodes=model.nodes.values(),
                 allocated=current.values(),
                 gates=self.gates,

@@ -52,12 +52,12 @@ def test_bad_claims_are_explained_and_do_not_block_others(
                 cls=gpu,
                 extra_requests=[{"name": "other", "exactly": {"deviceClassName": "no-such-class"}}],
             ),
-            "DeviceClass no-such-class not found",
+            "device class no-such-class not found",
         ),
-        "too-many": (claim("too-many", ns, cls=gpu, count=9), "needs 9 devices on one node"),
+        "too-many": (claim("too-many", ns, cls=gpu, count=9), "wants 9 of class"),
         "mixed-drivers": (
             claim("mixed-drivers", ns, cls=gpu, selectors=['device.driver == "tpu.google.com"']),
-            "no node can satisfy",
+            "0 match the selectors",
         ),
         "unknown-config": (
             claim("unknown-config", ns, cls=gpu, config_driver="fpga.example.com"),

@@ -3,7 +3,8 @@ from __future__ import annotations
 from dra_api.model import ResourceClaim
 from dra_operator.cel import compile_selector
 from dra_operator.clustermodel import ClusterModel
-from dra_operator.placement import AllocatorPlacer, Placement, Unallocatable
+from dra_operator.placement import Placement, Unallocatable
+from dra_operator.planner import PlannerPlacer
 from dra_operator.reconcile.claims import validate_claim
 from tests.unit.operator.helpers import allocation, claim, gpu_class, gpu_slice, node
 
@@ -20,7 +21,9 @@ def _model(*nodes: tuple[str, int]) -> ClusterModel:
 def test_places_on_a_node_with_enough_free_devices() -> None:
     model = _model(("n1", 2), ("n2", 4))
     model.upsert_claim(claim("busy", allocation=allocation("n2", "gpu-0")))
-    result = AllocatorPlacer().place(claims=[ResourceClaim.from_json(claim("a", count=3))], model=model)
+    result = PlannerPlacer(prefer_last_devices=True).place(
+        claims=[ResourceClaim.from_json(claim("a", count=3))], model=model
+    )
     assert isinstance(result, Placement)
     assert result.node == "n2"
     devices = {r.device for r in result.allocations[0].devices}
@@ -30,26 +33,30 @@ def test_places_on_a_node_with_enough_free_devices() -> None:
 
 def test_count_larger_than_any_node_is_explained() -> None:
     model = _model(("n1", 2), ("n2", 4))
-    result = AllocatorPlacer().place(claims=[ResourceClaim.from_json(claim("a", count=5))], model=model)
+    result = PlannerPlacer(prefer_last_devices=True).place(
+        claims=[ResourceClaim.from_json(claim("a", count=5))], model=model
+    )
     assert isinstance(result, Unallocatable)
     assert result.reason == "NoFit"
-    assert "needs 5 devices on one node" in result.message
-    assert "most: 4" in result.message
+    assert "wants 5 of class gpu.nvidia.com" in result.message
+    assert "most free on one node: 4" in result.message
 
 
 def test_unknown_class_is_named() -> None:
     model = _model(("n1", 2))
-    result = AllocatorPlacer().place(claims=[ResourceClaim.from_json(claim("a", cls="nope"))], model=model)
+    result = PlannerPlacer(prefer_last_devices=True).place(
+        claims=[ResourceClaim.from_json(claim("a", cls="nope"))], model=model
+    )
     assert isinstance(result, Unallocatable)
     assert result.reason == "DeviceClassNotFound"
-    assert "DeviceClass nope not found" in result.message
+    assert "device class nope not found" in result.message
 
 
 def test_invalid_request_selector_is_named_with_its_field_and_error() -> None:
     model = _model(("n1", 2))
     bad = ResourceClaim.from_json(claim("a", selector="device.driver ==="))
     # The allocator refuses it too; validation names the field and the expression.
-    assert isinstance(AllocatorPlacer().place(claims=[bad], model=model), Unallocatable)
+    assert isinstance(PlannerPlacer(prefer_last_devices=True).place(claims=[bad], model=model), Unallocatable)
     why = validate_claim(bad, known_drivers={"gpu.nvidia.com"}, compiler=compile_selector)
     assert why is not None
     assert why.reason == "InvalidSelector"
@@ -74,16 +81,16 @@ def test_opaque_config_for_unknown_driver_is_refused() -> None:
 def test_no_fit_explains_where_devices_drop_out() -> None:
     model = _model(("n1", 2))
     other_driver = ResourceClaim.from_json(claim("a", selector='device.driver == "tpu.google.com"'))
-    result = AllocatorPlacer().place(claims=[other_driver], model=model)
+    result = PlannerPlacer(prefer_last_devices=True).place(claims=[other_driver], model=model)
     assert isinstance(result, Unallocatable)
-    assert "2 match the class, 0 pass the request selectors" in result.message
+    assert "2 match the class, 0 match the selectors" in result.message
 
 
 def test_selector_error_is_reported_even_when_no_device_is_free() -> None:
     model = _model(("n1", 1))
     model.upsert_claim(claim("busy", allocation=allocation("n1", "gpu-0")))
     broken = ResourceClaim.from_json(claim("a", selector='device.attributes["gpu.nvidia.com"].nope == "x"'))
-    result = AllocatorPlacer().place(claims=[broken], model=model)
+    result = PlannerPlacer(prefer_last_devices=True).place(claims=[broken], model=model)
     assert isinstance(result, Unallocatable)
     assert result.reason == "AllocationError"
     assert "nope" in result.message
