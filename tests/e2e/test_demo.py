@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -56,3 +57,27 @@ def test_demo_allocates_prepares_and_shows_the_environment(workdir: Path) -> Non
         ["pgrep", "-f", str(workdir)], capture_output=True, text=True, check=False
     ).stdout.split()
     assert leftovers == []
+
+
+def test_ctrl_c_stops_everything_the_demo_started(workdir: Path) -> None:
+    script = Path(sys.executable).parent / "dra-local-cluster"
+    with subprocess.Popen(
+        [str(script), "demo", "--workdir", str(workdir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    ) as demo:
+        assert demo.stdout is not None
+        seen: list[str] = []
+        for line in demo.stdout:
+            seen.append(line)
+            if "Press Ctrl-C" in line:
+                break
+        running = subprocess.run(["pgrep", "-f", str(workdir)], capture_output=True, text=True, check=False)
+        # Four control-plane components, the operator and three agents.
+        assert len(running.stdout.split()) >= 8, "".join(seen[-20:])
+        demo.send_signal(signal.SIGINT)
+        # Stopping a running demo is how it is meant to end: a clean exit.
+        assert demo.wait(timeout=90) == 0
+    leftovers = subprocess.run(["pgrep", "-f", str(workdir)], capture_output=True, text=True, check=False)
+    assert leftovers.stdout.split() == []

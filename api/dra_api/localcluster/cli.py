@@ -43,6 +43,18 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _stop_on_signals() -> None:
+    """Ctrl-C and SIGTERM both unwind through the cluster's context manager, which stops every
+    process it started. Set explicitly: a shell starting us in the background leaves SIGINT ignored,
+    and SIGTERM's default would kill us without stopping the children."""
+
+    def interrupt(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGINT, interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
@@ -58,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {name}: {getattr(binaries, name.replace('-', '_'))}")
             return 0
         workdir = args.workdir or Path(tempfile.mkdtemp(prefix="accel-dra-cluster-"))
+        _stop_on_signals()
         if args.command == "demo":
             from dra_api.localcluster.demo import run_demo
 
@@ -72,7 +85,6 @@ def main(argv: list[str] | None = None) -> int:
             if args.exit:
                 return 0
             print("Press Ctrl-C to stop everything.")
-            signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
             try:
                 while True:
                     time.sleep(3600)
@@ -82,6 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     except (BinariesUnavailable, ControlPlaneError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        # Everything started was stopped on the way out of the cluster's context manager.
+        print("stopped", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":
