@@ -113,6 +113,12 @@ class Settings:
     scheduled or devices are freed: two allocators writing different claims cannot be serialised by
     the API server, so the operator gives way (pods first) instead of racing."""
 
+    max_concurrent_writes: int = 8
+    """How many claims the operator writes to the API server at once (finalizer, then
+    status.allocation). Placement stays one claim at a time in memory, and each placed claim's
+    devices are held in the model until its writes end, so claims written together never share a
+    device; more in flight hides API round trips, fewer spares a slow API server."""
+
     orphan_slice_grace_s: float = 30.0
     """How long a ResourceSlice of a deleted node may stay before the operator deletes it."""
 
@@ -206,6 +212,8 @@ def from_sources(*, args: argparse.Namespace | None = None, env: Mapping[str, st
     policy = values.get("placement_policy", "first-fit")
     if policy not in PLACEMENT_POLICIES:
         raise ValueError(f"placement_policy: {policy!r} is not one of {', '.join(PLACEMENT_POLICIES)}")
+    if values.get("max_concurrent_writes", 1) < 1:
+        raise ValueError(f"max_concurrent_writes: must be at least 1, got {values['max_concurrent_writes']}")
     return Settings(**values)
 
 

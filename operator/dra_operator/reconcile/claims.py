@@ -11,6 +11,11 @@ Allocating a claim:
 2. add the operator's finalizer with a merge patch carrying ``metadata.resourceVersion``;
 3. write ``status.allocation`` the same way.
 
+Claims are reconciled in tasks of their own, up to ``Settings.max_concurrent_writes`` at once, so
+the API round trips of different claims overlap. Step 1 has no ``await`` in it, so placements still
+happen one at a time against a model that holds every claim in flight's devices: claims written
+together never share a device. A write that fails forgets its claim's assumed devices.
+
 A 409 Conflict means someone changed the claim first (kube-scheduler allocating it, a user editing
 it): the claim is read again and reconsidered; a device is never written into two claims by this
 operator. A claim that cannot be allocated gets a Warning Event and a condition in the annotation
@@ -47,7 +52,6 @@ CONDITION_TYPE = "Allocated"
 RESYNC_ANNOTATION = f"{PROJECT_DOMAIN}/resync"
 _TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 _ERROR_RETRY_S = 5.0
-_CONCURRENT_WRITES = 16
 
 
 def condition_json(*, status: str, reason: str, message: str, now: str | None = None) -> str:
@@ -170,7 +174,10 @@ class ClaimReconciler:
         self._failing: dict[ClaimKey, _Failure] = {}
         self._class_reports: dict[str, tuple[str, int, str]] = {}
         self._was_reserved: set[ClaimKey] = set()
-        self._writes = asyncio.Semaphore(_CONCURRENT_WRITES)
+        # Claims are reconciled in tasks of their own so that their API writes overlap; this bounds
+        # how many run at once. Placement needs no lock: a task places and assumes before its first
+        # await, and the event loop runs one task at a time.
+        self._writes = asyncio.Semaphore(settings.max_concurrent_writes)
         self._tasks: set[asyncio.Task[None]] = set()
         self._defer_until = 0.0
         self._last_busy = 0.0

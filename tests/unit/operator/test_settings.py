@@ -44,3 +44,12 @@ def test_manifest_peering_flag_is_accepted() -> None:
 def test_default_priorities_differ_between_instances() -> None:
     priorities = {parse([], env={}).priority for _ in range(5)}
     assert len(priorities) > 1
+
+
+def test_max_concurrent_writes_from_flag_or_environment_and_at_least_one() -> None:
+    assert parse([]).max_concurrent_writes == 8
+    assert parse([], env={"DRA_OPERATOR_MAX_CONCURRENT_WRITES": "3"}).max_concurrent_writes == 3
+    flagged = parse(["--max-concurrent-writes", "5"], env={"DRA_OPERATOR_MAX_CONCURRENT_WRITES": "3"})
+    assert flagged.max_concurrent_writes == 5
+    with pytest.raises(ValueError, match="max_concurrent_writes"):
+        parse(["--max-concurrent-writes", "0"])
