@@ -126,6 +126,11 @@ class ClaimService:
             raise TypeError(f"driver returned a {type(returned).__name__} instead of a mapping")
         return returned
 
+    @property
+    def abandoned_calls(self) -> int:
+        """Handler calls still running whose RPC kubelet stopped waiting for."""
+        return len(self._abandoned)
+
     def _finished(self, task: asyncio.Task[Mapping[str, object]]) -> None:
         self._running.discard(task)
         if task in self._abandoned:

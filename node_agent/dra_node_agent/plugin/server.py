@@ -79,6 +79,11 @@ class RunningPlugin:
         return self.paths.dra_socket
 
     @property
+    def abandoned_calls(self) -> int:
+        """Handler calls still running after kubelet gave up on their RPC (they run to completion)."""
+        return self._service.abandoned_calls
+
+    @property
     def registered(self) -> bool:
         """Whether kubelet's last NotifyRegistrationStatus accepted the plugin."""
         return self._registration.registered
