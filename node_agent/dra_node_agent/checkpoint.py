@@ -36,6 +36,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from dra_api.kubeletapi.model import ClaimRef  # the checkpoint records claims as kubelet names them
 from dra_api.names import PROJECT_DOMAIN
 
 log = logging.getLogger(__name__)
@@ -104,13 +105,6 @@ def remove_temp_files(directory: Path, *, prefix: str) -> int:
 class ClaimState(enum.StrEnum):
     PREPARE_STARTED = "PrepareStarted"
     PREPARE_COMPLETED = "PrepareCompleted"
-
-
-@dataclass(frozen=True)
-class ClaimRef:
-    uid: str
-    namespace: str
-    name: str
 
 
 @dataclass(frozen=True)

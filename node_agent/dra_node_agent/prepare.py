@@ -226,13 +226,12 @@ class PrepareHandler:
         # against other claims, before any device is touched (``_touches_devices``) and at the
         # latest by PrepareCompleted, before the kubelet hears of them.
         reading = asyncio.ensure_future(self._claims.read(claim))
-        ref = cp.ClaimRef(uid=claim.uid, namespace=claim.namespace, name=claim.name)
         try:
             if existing is not None:
                 # PrepareStarted from an interrupted attempt: undo what it may have done, then redo.
                 logger.info("%s: rolling back an interrupted prepare before redoing it", describe(claim))
                 await self._roll_back(existing)
-            entry = await asyncio.to_thread(self.store.begin, ref, ())
+            entry = await asyncio.to_thread(self.store.begin, claim, ())
         except BaseException:
             reading.cancel()
             await asyncio.gather(reading, return_exceptions=True)
@@ -254,7 +253,7 @@ class PrepareHandler:
 
         try:
             if self._touches_devices(devices):
-                entry = await asyncio.to_thread(self.store.begin, ref, planned)
+                entry = await asyncio.to_thread(self.store.begin, claim, planned)
             await self._set_up(entry, devices)
             await self._pause("devices-set-up")
 

@@ -48,6 +48,21 @@ def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
     path.chmod(0o600)
 
 
+def _key_usage(*, ca: bool) -> x509.KeyUsage:
+    # Signing only (EC keys); a CA also signs certificates and CRLs.
+    return x509.KeyUsage(
+        digital_signature=True,
+        key_encipherment=False,
+        content_commitment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=ca,
+        crl_sign=ca,
+        encipher_only=False,
+        decipher_only=False,
+    )
+
+
 def _name(common_name: str, organization: str | None = None) -> x509.Name:
     attrs = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
     if organization:
@@ -76,20 +91,7 @@ def _issue(
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + _VALIDITY)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                key_encipherment=False,
-                content_commitment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        .add_extension(_key_usage(ca=False), critical=True)
         .add_extension(
             x509.ExtendedKeyUsage(
                 [ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH]
@@ -121,20 +123,7 @@ def generate_pki(directory: Path) -> ClusterPKI:
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + _VALIDITY)
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                key_encipherment=False,
-                content_commitment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        .add_extension(_key_usage(ca=True), critical=True)
         .sign(ca_key, hashes.SHA256())
     )
     ca = CertPair(cert=directory / "ca.crt", key=directory / "ca.key")

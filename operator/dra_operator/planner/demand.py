@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from dra_api.model import ALL, DeviceClass, DeviceSelector, ExactDeviceRequest, ResourceClaim
+from dra_api.model import ALL, DeviceClass, DeviceRequest, DeviceSelector, ExactDeviceRequest, ResourceClaim
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +48,13 @@ def key_of(*, request: ExactDeviceRequest, device_class: DeviceClass) -> DemandK
     return DemandKey(
         class_name=device_class.name, class_selectors=device_class.selectors, selectors=request.selectors
     )
+
+
+def request_specs(request: DeviceRequest) -> list[tuple[str, ExactDeviceRequest]]:
+    """A request's ``exactly`` spec, or its subrequests named ``request/subrequest``."""
+    if request.exactly is not None:
+        return [(request.name, request.exactly)]
+    return [(f"{request.name}/{sub.name}", sub.spec) for sub in request.first_available]
 
 
 def demand_of(*, claims: Sequence[ResourceClaim], classes: dict[str, DeviceClass]) -> Demand:
@@ -88,12 +95,7 @@ def request_keys(
     out: list[tuple[str, str, DemandKey, int, str]] = []
     for claim in claims:
         for request in claim.spec.requests:
-            specs = (
-                [(request.name, request.exactly)]
-                if request.exactly is not None
-                else [(f"{request.name}/{s.name}", s.spec) for s in request.first_available]
-            )
-            for name, spec in specs:
+            for name, spec in request_specs(request):
                 device_class = classes.get(spec.device_class_name)
                 if device_class is None:
                     continue

@@ -28,7 +28,7 @@ from dra_operator.allocator import (
     SliceIndex,
 )
 from dra_operator.cel import CelCompileError, compile_selector
-from dra_operator.planner.demand import Demand, DemandKey, demand_of
+from dra_operator.planner.demand import Demand, DemandKey, demand_of, request_specs
 from dra_operator.planner.explain import Explanation, NodeAttempt, explain
 from dra_operator.planner.index import FreeDeviceIndex
 
@@ -161,12 +161,7 @@ class Planner:
         compile (in the claims or in their classes)."""
         for claim in claims:
             for request in claim.spec.requests:
-                specs = (
-                    [(request.name, request.exactly)]
-                    if request.exactly is not None
-                    else [(f"{request.name}/{s.name}", s.spec) for s in request.first_available]
-                )
-                for name, spec in specs:
+                for name, spec in request_specs(request):
                     where = f"claim {claim.ref}, request {name}"
                     device_class = self.classes.get(spec.device_class_name)
                     if spec.device_class_name and device_class is None:
