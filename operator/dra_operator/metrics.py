@@ -30,25 +30,30 @@ def claim_state(*, allocated: bool, deleting: bool, ours: bool, failing: bool) -
 
 def devices_per_class(model: ClusterModel) -> dict[str, int]:
     """How many published devices each DeviceClass's selectors match (a selector failing on a
-    device counts as no match, as in allocation)."""
+    device counts as no match, as in allocation). Classes whose selectors do not compile are left
+    out: the DeviceClass keeper reports them."""
+    from dra_operator.allocator import AllocationError, class_matches
     from dra_operator.allocator.pools import DeviceEntry
-    from dra_operator.cel import compile_selector
+    from dra_operator.cel import CelCompileError, compile_selector
 
-    compiled: dict[str, list[object]] = {}
+    valid = []
     for cls in model.classes.values():
         try:
-            compiled[cls.name] = [compile_selector(s.cel) for s in cls.selectors if s.cel is not None]
-        except Exception:
-            continue  # reported on the class by the DeviceClass keeper
-    counts = dict.fromkeys(compiled, 0)
+            for selector in cls.selectors:
+                if selector.cel is not None:
+                    compile_selector(selector.cel)  # cached by expression text
+        except CelCompileError:
+            continue
+        valid.append(cls)
+    counts = {cls.name: 0 for cls in valid}
     for sl in model.slices.values():
         for device in sl.devices:
-            cel_input = DeviceEntry(slice_=sl, device=device).cel_input
-            for name, selectors in compiled.items():
+            entry = DeviceEntry(slice_=sl, device=device)
+            for cls in valid:
                 try:
-                    if all(sel.matches(cel_input) for sel in selectors):  # type: ignore[attr-defined]
-                        counts[name] += 1
-                except Exception:
+                    if class_matches(cls, entry):
+                        counts[cls.name] += 1
+                except AllocationError:
                     continue
     return counts
 
