@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
@@ -99,6 +99,20 @@ class ClusterModel:
             self._versions[(kind, name)] = rv
         return True
 
+    def unseen_since(self, kind: str, names: Iterable[str], listed: set[str], listed_at: str) -> list[str]:
+        """Of ``names`` (what the model holds of ``kind``), those a listing taken at resourceVersion
+        ``listed_at`` no longer has, and that the model has not seen change since: deleted while
+        the watch was not looking. An object the model saw at a newer version than the listing was
+        created after it, and stays."""
+        gone = []
+        for name in names:
+            if name in listed:
+                continue
+            seen = self._versions.get((kind, name))
+            if seen is None or not listed_at or seen == listed_at or not newer_or_equal(seen, listed_at):
+                gone.append(name)
+        return gone
+
     def _forget(self, kind: str, name: str, *, deleted_at: str = "") -> None:
         # With the deletion's resourceVersion kept as a tombstone, a listing taken before the
         # deletion cannot bring the object back; a re-created object has a newer version.
@@ -138,6 +152,9 @@ class ClusterModel:
     def upsert_node(self, obj: Mapping[str, Any]) -> bool:
         """Whether what allocation sees of the node (name, labels) changed; status updates do not."""
         node = Node.from_json(obj)
+        rv = str((obj.get("metadata") or {}).get("resourceVersion", ""))
+        if not self._accept("node", node.name, rv):
+            return False
         old = self.nodes.get(node.name)
         self.nodes[node.name] = node
         if old != node:
@@ -145,9 +162,10 @@ class ClusterModel:
             return True
         return False
 
-    def remove_node(self, name: str) -> None:
+    def remove_node(self, name: str, *, resource_version: str = "") -> None:
         if self.nodes.pop(name, None) is not None:
             self.generation += 1
+        self._forget("node", name, deleted_at=resource_version)
 
     def upsert_pod(self, obj: Mapping[str, Any]) -> None:
         meta = obj.get("metadata") or {}

@@ -48,6 +48,14 @@ def build_registry(parts: OperatorParts) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
     model, metrics, health = parts.model, parts.metrics, parts.health
 
+    def seen(resource: str, type: str | None) -> None:
+        metrics.watch_events.labels(resource).inc()
+        health.event_seen()
+        if type is None:
+            # Kopf is listing (type None), which after startup means its watch had a gap (410 Gone,
+            # a reconnect): the listing shows what exists but not what was deleted meanwhile.
+            parts.claims.watch_relisted(resource)
+
     @kopf.on.startup(registry=registry)
     async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         parts.configure(settings)
@@ -59,14 +67,12 @@ def build_registry(parts: OperatorParts) -> kopf.OperatorRegistry:
 
     @kopf.on.event(RESOURCE_GROUP, "resourceclaims", registry=registry)
     async def claim_event(type: str | None, body: kopf.Body, **_: Any) -> None:
-        metrics.watch_events.labels("resourceclaims").inc()
-        health.event_seen()
+        seen("resourceclaims", type)
         parts.claims.on_claim_event(_plain(body), deleted=type == "DELETED")
 
     @kopf.on.event(RESOURCE_GROUP, "resourceslices", registry=registry)
     async def slice_event(type: str | None, body: kopf.Body, name: str, **_: Any) -> None:
-        metrics.watch_events.labels("resourceslices").inc()
-        health.event_seen()
+        seen("resourceslices", type)
         if type == "DELETED":
             model.remove_slice(
                 name, resource_version=str(body.get("metadata", {}).get("resourceVersion", ""))
@@ -83,8 +89,7 @@ def build_registry(parts: OperatorParts) -> kopf.OperatorRegistry:
 
     @kopf.on.event(RESOURCE_GROUP, "deviceclasses", registry=registry)
     async def class_event(type: str | None, body: kopf.Body, name: str, **_: Any) -> None:
-        metrics.watch_events.labels("deviceclasses").inc()
-        health.event_seen()
+        seen("deviceclasses", type)
         obj = _plain(body)
         if type == "DELETED":
             model.remove_class(name)
@@ -99,8 +104,7 @@ def build_registry(parts: OperatorParts) -> kopf.OperatorRegistry:
 
     @kopf.on.event("", "v1", "nodes", registry=registry)
     async def node_event(type: str | None, body: kopf.Body, name: str, **_: Any) -> None:
-        metrics.watch_events.labels("nodes").inc()
-        health.event_seen()
+        seen("nodes", type)
         if type == "DELETED":
             model.remove_node(name)
         elif not model.upsert_node(_plain(body)):
@@ -112,8 +116,7 @@ def build_registry(parts: OperatorParts) -> kopf.OperatorRegistry:
         type: str | None, body: kopf.Body, name: str, namespace: str | None, **_: Any
     ) -> None:
         namespace = namespace or ""
-        metrics.watch_events.labels("pods").inc()
-        health.event_seen()
+        seen("pods", type)
         if type == "DELETED":
             model.remove_pod(namespace=namespace, name=name)
             parts.claims.on_pod_gone(namespace=namespace, name=name)

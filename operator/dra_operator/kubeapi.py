@@ -7,11 +7,14 @@ server then refuses them with 409 Conflict when the object changed since it was 
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -39,6 +42,47 @@ def _translate(exc: ApiException) -> Exception:
     return exc
 
 
+def transient(exc: BaseException) -> bool:
+    """Whether an API call may succeed when simply tried again: throttling (429), a server-side
+    error (5xx), a dropped connection or a timeout. Anything else (403, 422, bugs) will not."""
+    if isinstance(exc, ApiException):
+        return exc.status == 429 or (exc.status is not None and exc.status >= 500)
+    return isinstance(exc, (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError))
+
+
+def error_cause(exc: BaseException) -> str:
+    """A short label for an API error: the HTTP status, or the exception's type."""
+    if isinstance(exc, ApiException) and exc.status is not None:
+        return str(exc.status)
+    return type(exc).__name__
+
+
+def error_text(exc: BaseException) -> str:
+    """One line for a log: the status and reason of an API error, or the exception's text."""
+    if isinstance(exc, ApiException):
+        return f"HTTP {exc.status} {exc.reason}"
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+
+
+def retry_after(exc: BaseException) -> float | None:
+    """The server's Retry-After (seconds) on a 429 or 503, if it sent one."""
+    if not isinstance(exc, ApiException) or exc.status not in (429, 503) or not exc.headers:
+        return None
+    value = exc.headers.get("Retry-After")
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:
+        return None  # an HTTP date: never sent by the API server
+
+
+@dataclass(frozen=True)
+class Listing:
+    """A complete list of one resource and the resourceVersion it was read at."""
+
+    items: list[dict[str, Any]]
+    resource_version: str
+
+
 def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -61,8 +105,14 @@ class KubeApi:
     # -- resource.k8s.io ---------------------------------------------------------------------------
 
     async def list_resource(self, plural: str) -> list[dict[str, Any]]:
+        return (await self.list_snapshot(plural)).items
+
+    async def list_snapshot(self, plural: str) -> Listing:
+        """All objects of a resource.k8s.io resource, in pages of 500. The pages of one list are one
+        consistent snapshot, at the first page's resourceVersion."""
         items: list[dict[str, Any]] = []
         cont: str | None = None
+        version = ""
         while True:
             kwargs: dict[str, Any] = {"limit": 500}
             if cont:
@@ -79,9 +129,11 @@ class KubeApi:
                 item.setdefault("apiVersion", self.api_version)
                 item.setdefault("kind", kind)
                 items.append(item)
-            cont = (page.get("metadata") or {}).get("continue")
+            meta = page.get("metadata") or {}
+            version = version or str(meta.get("resourceVersion", ""))
+            cont = meta.get("continue")
             if not cont:
-                return items
+                return Listing(items, version)
 
     async def get_claim(self, *, namespace: str, name: str) -> dict[str, Any] | None:
         try:
@@ -177,10 +229,16 @@ class KubeApi:
     # -- core --------------------------------------------------------------------------------------
 
     async def list_nodes(self) -> list[dict[str, Any]]:
-        return list(((await self._raw_get("/api/v1/nodes")) or {}).get("items", []))
+        return (await self.list_core("nodes")).items
 
     async def list_pods(self) -> list[dict[str, Any]]:
-        return list(((await self._raw_get("/api/v1/pods")) or {}).get("items", []))
+        return (await self.list_core("pods")).items
+
+    async def list_core(self, plural: str) -> Listing:
+        """All nodes or pods (cluster-wide), as one snapshot."""
+        page = (await self._raw_get(f"/api/v1/{plural}")) or {}
+        version = str((page.get("metadata") or {}).get("resourceVersion", ""))
+        return Listing(list(page.get("items", [])), version)
 
     async def _raw_get(self, path: str) -> dict[str, Any] | None:
         """GET a core object as plain JSON; None on 404. (Without preloading, the client does not
@@ -196,7 +254,9 @@ class KubeApi:
         if raw.status == 404:
             return None
         if raw.status >= 400:
-            raise ApiException(status=raw.status, reason=await raw.text())
+            error = ApiException(status=raw.status, reason=await raw.text())
+            error.headers = raw.headers  # for Retry-After
+            raise error
         data: dict[str, Any] = await raw.json()
         return data
 
@@ -232,7 +292,7 @@ class KubeApi:
             # preloading, the client does not raise on HTTP errors: the status is checked here.
             raw = await self.core.create_namespaced_event(namespace, body, _preload_content=False)
             text = await raw.text()
-        except ApiException as exc:
+        except (TimeoutError, ApiException, aiohttp.ClientError) as exc:
             logger.warning("could not post %s event %s on %s: %s", type_, reason, involved.get("name"), exc)
             return
         if raw.status >= 400:

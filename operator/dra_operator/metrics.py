@@ -174,6 +174,23 @@ class Metrics:
             ["kind"],
             registry=self.registry,
         )
+        self.relists = PromCounter(
+            "dra_operator_relists",
+            "Re-lists of a resource into the model after a watch gap (410 Gone, reconnect), by resource.",
+            ["resource"],
+            registry=self.registry,
+        )
+        self.api_retries = PromCounter(
+            "dra_operator_api_retries",
+            "Claim reconciles retried after a transient API error (429, 5xx, connection), by cause.",
+            ["cause"],
+            registry=self.registry,
+        )
+        self.events_dropped = PromCounter(
+            "dra_operator_events_dropped",
+            "Events not posted because the event queue was full.",
+            registry=self.registry,
+        )
         self.watch_events = PromCounter(
             "dra_operator_watch_events",
             "Watch events received, by resource.",

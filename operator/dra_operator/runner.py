@@ -1,9 +1,10 @@
 """``dra-operator run``: wire the parts together and run Kopf embedded (``kopf.operator``).
 
-Besides Kopf's own tasks, four of ours run beside it: the claim worker, the heartbeat (liveness and
-peering state), the sweeper (slices of vanished nodes, stale reservations), and the HTTP server for
-``/healthz`` and ``/metrics``. They are created before Kopf starts, so Kopf's shutdown leaves them to
-us, and we stop them when Kopf returns.
+Besides Kopf's own tasks, five of ours run beside it: the claim worker, the Event poster (see
+:mod:`dra_operator.events`), the heartbeat (liveness and peering state), the sweeper (slices of
+vanished nodes, stale reservations), and the HTTP server for ``/healthz`` and ``/metrics``. They are
+created before Kopf starts, so Kopf's shutdown leaves them to us, and we stop them when Kopf
+returns.
 
 One active instance: Kopf peering (ClusterKopfPeering ``accel-dra-operator``) rather than a
 coordination Lease. Kopf pauses its watch streams while a live peer has a higher priority, so a
@@ -157,6 +158,7 @@ async def run(
         asyncio.create_task(
             _sweeper(claims=claims, orphans=orphans, health=health, settings=settings), name="sweeper"
         ),
+        asyncio.create_task(claims.events.run(), name="events"),
     ]
     if not settings.standalone:
         background.append(
@@ -234,13 +236,18 @@ async def _worker(*, claims: ClaimReconciler, health: Health, keeper: DeviceClas
 async def _sweeper(
     *, claims: ClaimReconciler, orphans: OrphanSliceCollector, health: Health, settings: Settings
 ) -> None:
-    """Cleanup that no watch event announces in time: orphaned slices, stale reservations."""
+    """Cleanup that no watch event announces in time: orphaned slices, stale reservations; and the
+    periodic re-list of the model."""
     interval = max(1.0, min(settings.orphan_slice_grace_s, settings.stale_reservation_sweep_s) / 2)
-    since_reservations = 0.0
+    since_reservations = since_relist = 0.0
     while True:
         await asyncio.sleep(interval)
         if not health.active or not claims.synced.is_set():
             continue
+        since_relist += interval
+        if settings.full_relist_interval_s > 0 and since_relist >= settings.full_relist_interval_s:
+            since_relist = 0.0
+            claims.request_relist()
         try:
             await orphans.sweep()
         except Exception:

@@ -125,6 +125,11 @@ class Settings:
     stale_reservation_sweep_s: float = 60.0
     """How often reservedFor entries of vanished pods are looked for on the claims it allocated."""
 
+    full_relist_interval_s: float = 600.0
+    """How often the model is listed again from scratch, as a safety net beside the re-list after a
+    watch gap (0: never). It is what catches a deletion during a gap in a watch whose re-list
+    returned no objects at all."""
+
     log_level: str = "INFO"
     """Python log level (DEBUG, INFO, WARNING, ERROR)."""
 

@@ -32,16 +32,27 @@ import json
 import logging
 import re
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dra_api.model import AllocationResult, ResourceClaim
+from dra_api.model import AllocationResult, ModelError, ResourceClaim
 from dra_api.names import OPERATOR_FINALIZER, PROJECT_DOMAIN
 from dra_operator.clustermodel import ClaimKey, ClusterModel, InvalidClaim, claim_key_of
-from dra_operator.kubeapi import Conflict, Gone, KubeApi
+from dra_operator.events import EventSink
+from dra_operator.kubeapi import (
+    Conflict,
+    Gone,
+    KubeApi,
+    Listing,
+    error_cause,
+    error_text,
+    retry_after,
+    transient,
+)
 from dra_operator.metrics import Metrics
 from dra_operator.placement import Placement, Placer, Unallocatable
+from dra_operator.reconcile.backoff import Backoff
 from dra_operator.reconcile.ownership import allocated_by_us, generated_from_template, is_ours
 from dra_operator.settings import Settings
 
@@ -51,7 +62,7 @@ CONDITION_ANNOTATION = f"{PROJECT_DOMAIN}/condition"
 CONDITION_TYPE = "Allocated"
 RESYNC_ANNOTATION = f"{PROJECT_DOMAIN}/resync"
 _TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
-_ERROR_RETRY_S = 5.0
+RELIST_KINDS = ("deviceclasses", "resourceslices", "resourceclaims", "nodes", "pods")
 
 
 def condition_json(*, status: str, reason: str, message: str, now: str | None = None) -> str:
@@ -183,10 +194,18 @@ class ClaimReconciler:
         self._last_busy = 0.0
         self._deferred: set[ClaimKey] = set()
         self._defer_timer: asyncio.TimerHandle | None = None
+        self.backoff = Backoff()
+        self.events = EventSink(api, idle=self.idle, dropped=metrics.events_dropped)
+        self._relist_wanted: set[str] = set()
+        self._relist_task: asyncio.Task[None] | None = None
         self.synced = asyncio.Event()
         """Set once the model holds a full listing; nothing is allocated before."""
 
     # -- inputs ---------------------------------------------------------------------------------
+
+    def idle(self) -> bool:
+        """No claim queued or being written."""
+        return not self._dirty and not self._busy
 
     def failing(self) -> frozenset[object]:
         return frozenset(self._failing)
@@ -205,6 +224,7 @@ class ClaimReconciler:
             )
             self._failing.pop(key, None)
             self._was_reserved.discard(key)
+            self.backoff.forget(key)
             if held_before:
                 self.scheduler_busy()
                 self.retry_failing()
@@ -268,37 +288,117 @@ class ClaimReconciler:
 
     async def resync(self) -> None:
         """List claims, slices, classes, nodes and pods into the model; queue every claim."""
-        classes, slices, claims, nodes, pods = await asyncio.gather(
-            self.api.list_resource("deviceclasses"),
-            self.api.list_resource("resourceslices"),
-            self.api.list_resource("resourceclaims"),
-            self.api.list_nodes(),
-            self.api.list_pods(),
-        )
-        for obj in classes:
-            self.model.upsert_class(obj)
-        for obj in slices:
-            self.model.upsert_slice(obj)
-        for obj in nodes:
-            self.model.upsert_node(obj)
-        for obj in pods:
-            self.model.upsert_pod(obj)
-        for obj in claims:
-            self.on_claim_event(obj, deleted=False)
-        listed = {claim_key_of(o) for o in claims}
-        for key in list(self.model.claims) + list(self.model.invalid_claims):
-            if key not in listed:
-                self.on_claim_event(
-                    {"metadata": {"namespace": key.namespace, "name": key.name}}, deleted=True
-                )
+        counts = await self.relist(RELIST_KINDS)
         self.synced.set()
         logger.info(
             "model synced: %d claims, %d slices, %d classes, %d nodes",
-            len(claims),
-            len(slices),
-            len(classes),
-            len(nodes),
+            counts["resourceclaims"],
+            counts["resourceslices"],
+            counts["deviceclasses"],
+            counts["nodes"],
         )
+
+    async def relist(self, kinds: Iterable[str]) -> dict[str, int]:
+        """Read whole resources again and make the model match them, deletions included. A watch
+        that resumes after a gap (410 Gone, a reconnect) lists what exists, so objects deleted
+        during the gap would stay in the model for good: a deleted slice's devices would look free,
+        a deleted claim's devices held. Returns how many objects each listing had."""
+        wanted = [k for k in RELIST_KINDS if k in set(kinds)]
+        listings: list[Listing] = await asyncio.gather(*(self._list(kind) for kind in wanted))
+        changed = False
+        for kind, listing in zip(wanted, listings, strict=True):
+            changed |= self._apply_listing(kind, listing)
+        if changed:
+            self.on_cluster_change()
+        return {kind: len(listing.items) for kind, listing in zip(wanted, listings, strict=True)}
+
+    async def _list(self, kind: str) -> Listing:
+        if kind in ("nodes", "pods"):
+            return await self.api.list_core(kind)
+        return await self.api.list_snapshot(kind)
+
+    def _apply_listing(self, kind: str, listing: Listing) -> bool:
+        """Upsert what is listed, drop what is gone; whether classes, slices or nodes changed."""
+        model, at = self.model, listing.resource_version
+        before = model.generation
+        names = {str((o.get("metadata") or {}).get("name", "")) for o in listing.items}
+        if kind == "resourceclaims":
+            for obj in listing.items:
+                self.on_claim_event(obj, deleted=False)
+            listed = {str(claim_key_of(o)) for o in listing.items}
+            held = {str(k): k for k in [*model.claims, *model.invalid_claims]}
+            for name in model.unseen_since("claim", held, listed, at):
+                key = held[name]
+                logger.info("claim %s was deleted while the watch was not looking", key)
+                self.on_claim_event(
+                    {"metadata": {"namespace": key.namespace, "name": key.name, "resourceVersion": at}},
+                    deleted=True,
+                )
+            return False
+        if kind == "pods":
+            for obj in listing.items:
+                model.upsert_pod(obj)
+            listed_pods = {
+                (str(o["metadata"].get("namespace", "")), str(o["metadata"]["name"])) for o in listing.items
+            }
+            for namespace, name in [k for k in model.pods if k not in listed_pods]:
+                model.remove_pod(namespace=namespace, name=name)
+                self.on_pod_gone(namespace=namespace, name=name)
+            return False
+        upsert: Callable[[Mapping[str, Any]], object]
+        if kind == "deviceclasses":
+            upsert, version_kind, held_names = model.upsert_class, "class", list(model.classes)
+            remove: Callable[[str], None] = model.remove_class
+        elif kind == "resourceslices":
+            upsert, version_kind, held_names = model.upsert_slice, "slice", list(model.slices)
+            remove = lambda name: model.remove_slice(name, resource_version=at)  # noqa: E731
+        else:
+            upsert, version_kind, held_names = model.upsert_node, "node", list(model.nodes)
+            remove = lambda name: model.remove_node(name, resource_version=at)  # noqa: E731
+        for obj in listing.items:
+            try:
+                upsert(obj)
+            except ModelError as exc:
+                logger.warning("ignoring %s %s: %s", kind, (obj.get("metadata") or {}).get("name"), exc)
+                self.metrics.reconcile_errors.labels(kind).inc()
+        for name in model.unseen_since(version_kind, held_names, names, at):
+            logger.info("%s %s was deleted while the watch was not looking", kind, name)
+            remove(name)
+        return model.generation != before
+
+    def watch_relisted(self, kind: str) -> None:
+        """Kopf listed ``kind`` again, which it does after a gap in its watch (410 Gone, a lost
+        connection): list the cluster here too, so that what was deleted during the gap leaves the
+        model. Every kind, not just this one: a gap rarely hits one watch alone, and a watch whose
+        re-list is empty gives no event to notice it by. The events of one listing make one
+        re-list."""
+        if self.synced.is_set():
+            self.request_relist()
+
+    def request_relist(self) -> None:
+        self._relist_wanted.update(RELIST_KINDS)
+        if self._relist_task is None or self._relist_task.done():
+            self._relist_task = asyncio.create_task(self._relist_soon(), name="relist")
+
+    async def _relist_soon(self) -> None:
+        attempt = 0
+        while self._relist_wanted:
+            await asyncio.sleep(1.0)  # let Kopf's listing, which triggered this, reach the model first
+            kinds = tuple(self._relist_wanted)
+            self._relist_wanted.clear()
+            try:
+                await self.relist(kinds)
+            except Exception as exc:
+                attempt += 1
+                delay = min(30.0, 0.5 * 2**attempt)
+                logger.warning("re-listing failed (%s); retrying in %.1f s", error_text(exc), delay)
+                self._relist_wanted.update(kinds)
+                await asyncio.sleep(delay)
+                continue
+            attempt = 0
+            for kind in kinds:
+                self.metrics.relists.labels(kind).inc()
+            logger.info("re-listed %s", ", ".join(k for k in RELIST_KINDS if k in kinds))
 
     async def run(self, *, active: Callable[[], bool] = lambda: True) -> None:
         """Drain the queue forever. ``active`` is False while another instance is the active one."""
@@ -335,20 +435,41 @@ class ClaimReconciler:
 
     async def _reconcile_guarded(self, key: ClaimKey) -> None:
         try:
+            await self.backoff.wait_for_pause()
             await self.reconcile(key)
+            self.backoff.succeeded(key)
         except (Conflict, Gone):
             self.metrics.conflicts.inc()
-            await self._refetch(key)
-        except Exception:
-            logger.exception("reconciling claim %s failed; retrying in %.0f s", key, _ERROR_RETRY_S)
-            self.metrics.reconcile_errors.labels("ResourceClaim").inc()
-            self.model.forget_assumed(key)
-            asyncio.get_running_loop().call_later(_ERROR_RETRY_S, self.mark, key)
+            try:
+                await self._refetch(key)
+            except Exception as exc:
+                self._retry_later(key, exc)
+        except Exception as exc:
+            self._retry_later(key, exc)
         finally:
             self._busy.discard(key)
             self._writes.release()
             if key in self._dirty:
                 self._wake.set()
+
+    def _retry_later(self, key: ClaimKey, exc: Exception) -> None:
+        """Queue the claim again after its backoff (and after the server's Retry-After, if any)."""
+        self.model.forget_assumed(key)
+        attempt, delay = self.backoff.failed(key, retry_after=retry_after(exc))
+        if transient(exc):
+            cause = error_cause(exc)
+            self.metrics.api_retries.labels(cause).inc()
+            logger.warning(
+                "claim %s: attempt #%d failed (%s); will retry in %.1f s",
+                key,
+                attempt,
+                error_text(exc),
+                delay,
+            )
+        else:
+            logger.exception("claim %s: attempt #%d failed; will retry in %.1f s", key, attempt, delay)
+            self.metrics.reconcile_errors.labels("ResourceClaim").inc()
+        asyncio.get_running_loop().call_later(delay, self.mark, key)
 
     async def _refetch(self, key: ClaimKey) -> None:
         self.model.forget_assumed(key)
@@ -449,20 +570,12 @@ class ClaimReconciler:
             self.metrics.allocation_latency.observe(age)
         text = describe_allocation(allocation, outcome.node)
         logger.info("claim %s: %s", key, text)
-        # The Event is an explanation, not state: it is posted beside the next claim's writes.
-        self._background(
-            self.api.post_event(
-                involved=involved(claim, api_version=self.api.api_version),
-                type_="Normal",
-                reason="Allocated",
-                message=text,
-            )
+        self.events.post(
+            involved=involved(claim, api_version=self.api.api_version),
+            type_="Normal",
+            reason="Allocated",
+            message=text,
         )
-
-    def _background(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     async def _fail(self, claim: ResourceClaim, why: Unallocatable) -> None:
         key = ClaimKey(claim.namespace, claim.name)
@@ -476,7 +589,7 @@ class ClaimReconciler:
         ):
             return  # already said; no event storm while the cluster stays the same
         logger.info("claim %s cannot be allocated (%s): %s", key, why.reason, why.message)
-        await self.api.post_event(
+        self.events.post(
             involved=involved(claim, api_version=self.api.api_version),
             type_="Warning",
             reason=why.reason,
@@ -504,7 +617,7 @@ class ClaimReconciler:
         if self._class_reports.get(name) == signature:
             return
         self._class_reports[name] = signature
-        await self.api.post_event(
+        self.events.post(
             involved={
                 "apiVersion": self.api.api_version,
                 "kind": "DeviceClass",
@@ -522,7 +635,7 @@ class ClaimReconciler:
             return
         self._failing[invalid.key] = _Failure("InvalidClaim", invalid.message)
         self.metrics.allocation_failures.labels("InvalidClaim").inc()
-        await self.api.post_event(
+        self.events.post(
             involved={
                 "apiVersion": self.api.api_version,
                 "kind": "ResourceClaim",
@@ -599,7 +712,7 @@ class ClaimReconciler:
             if current is None:
                 return
             text = describe_allocation(claim.status.allocation, None).replace("allocated", "released", 1)
-            await self.api.post_event(
+            self.events.post(
                 involved=involved(claim, api_version=self.api.api_version),
                 type_="Normal",
                 reason="Deallocated",
@@ -630,7 +743,7 @@ class ClaimReconciler:
             self._was_reserved.discard(key)
             if current is not None:
                 await self._patch_meta(current, finalizer=False, condition=None)
-            await self.api.post_event(
+            self.events.post(
                 involved=involved(claim, api_version=self.api.api_version),
                 type_="Normal",
                 reason="Deallocated",
@@ -677,7 +790,7 @@ class ClaimReconciler:
                     continue
                 others = [k for k in holders if k != key]
                 logger.warning("device %s is allocated to %s and %s; releasing ours", device, key, others)
-                await self.api.post_event(
+                self.events.post(
                     involved=involved(claim, api_version=self.api.api_version),
                     type_="Warning",
                     reason="DeviceConflict",

@@ -89,7 +89,9 @@ class Operators:
     tpu_class: str
     started: list[OperatorProcess] = field(default_factory=list)
 
-    def start(self, *extra: str, wait_active: bool = True, name: str = "op") -> OperatorProcess:
+    def start(
+        self, *extra: str, wait_active: bool = True, name: str = "op", kubeconfig: Path | None = None
+    ) -> OperatorProcess:
         port = free_port()
         identity = f"{name}-{len(self.started)}-{os.getpid()}"
         log = self.workdir / f"{identity}.log"
@@ -98,7 +100,7 @@ class Operators:
             "-m",
             "dra_operator.cli",
             "run",
-            f"--kubeconfig={self.cluster.kubeconfig}",
+            f"--kubeconfig={kubeconfig or self.cluster.kubeconfig}",
             f"--metrics-port={port}",
             "--metrics-host=127.0.0.1",
             f"--gpu-class={self.gpu_class}",

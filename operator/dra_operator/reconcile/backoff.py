@@ -1,0 +1,51 @@
+"""When to try a claim again after an API error.
+
+Per claim, the delay doubles with each consecutive failure (``base``, 2 x ``base``, ... up to
+``cap``) and starts over after a success, as client-go's per-item rate limiter does. A 429 or 503
+with Retry-After pauses *every* write until then: the server asked this client to back off, and the
+next claim's write would only be refused the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Hashable
+
+
+class Backoff:
+    def __init__(
+        self, *, base: float = 0.5, cap: float = 60.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.base = base
+        self.cap = cap
+        self.clock = clock
+        self._failures: dict[Hashable, int] = {}
+        self._paused_until = 0.0
+
+    def failed(self, key: Hashable, *, retry_after: float | None = None) -> tuple[int, float]:
+        """Record a failed attempt; returns (which attempt it was, seconds to wait before the next)."""
+        attempt = self._failures.get(key, 0) + 1
+        self._failures[key] = attempt
+        delay = min(self.cap, self.base * 2 ** (attempt - 1))
+        if retry_after is not None:
+            delay = max(delay, retry_after)
+            self._paused_until = max(self._paused_until, self.clock() + retry_after)
+        return attempt, delay
+
+    def succeeded(self, key: Hashable) -> None:
+        self._failures.pop(key, None)
+
+    def forget(self, key: Hashable) -> None:
+        self._failures.pop(key, None)
+
+    def pause_left(self) -> float:
+        return max(0.0, self._paused_until - self.clock())
+
+    async def wait_for_pause(self) -> None:
+        """Sleep while a Retry-After is in force (it may be extended while sleeping)."""
+        while True:
+            left = self.pause_left()
+            if left <= 0:
+                return
+            await asyncio.sleep(left)

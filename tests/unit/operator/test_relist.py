@@ -1,0 +1,89 @@
+"""After a watch gap the model is re-listed: what was deleted meanwhile leaves it, what was created
+after the listing stays (resourceVersions decide)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dra_operator.clustermodel import ClaimKey, ClusterModel
+from dra_operator.kubeapi import Listing
+from dra_operator.metrics import Metrics
+from dra_operator.planner import PlannerPlacer
+from dra_operator.reconcile.claims import ClaimReconciler
+from dra_operator.settings import Settings
+
+from . import helpers as h
+
+
+class ListApi:
+    api_version = "resource.k8s.io/v1"
+
+    def __init__(self, listings: dict[str, Listing]) -> None:
+        self.listings = listings
+
+    async def list_snapshot(self, plural: str) -> Listing:
+        return self.listings[plural]
+
+    async def list_core(self, plural: str) -> Listing:
+        return self.listings[plural]
+
+    async def post_event(self, **_: Any) -> None:
+        return None
+
+
+def _reconciler(api: ListApi) -> tuple[ClaimReconciler, ClusterModel]:
+    model = ClusterModel()
+    reconciler = ClaimReconciler(
+        model=model,
+        placer=PlannerPlacer(policy="first-fit", prefer_last_devices=True),
+        api=api,  # type: ignore[arg-type]  # the KubeApi listing methods
+        settings=Settings(gpu_class=h.GPU),
+        metrics=Metrics(),
+    )
+    return reconciler, model
+
+
+async def test_objects_deleted_during_the_gap_leave_the_model() -> None:
+    api = ListApi({})
+    reconciler, model = _reconciler(api)
+    model.upsert_class(h.gpu_class(rv="1"))
+    model.upsert_node(h.node("n1") | {"metadata": {"name": "n1", "resourceVersion": "2"}})
+    model.upsert_node(h.node("n2") | {"metadata": {"name": "n2", "resourceVersion": "3"}})
+    model.upsert_slice(h.gpu_slice("n1", 1, rv="4"))
+    model.upsert_slice(h.gpu_slice("n2", 1, rv="5"))
+    reconciler.on_claim_event(h.claim("held", rv="6", allocation=h.allocation("n1", "gpu-0")), deleted=False)
+    # Seen on the watch after the listing below was taken: created later, must stay.
+    reconciler.on_claim_event(h.claim("newer", rv="12"), deleted=False)
+    model.upsert_slice(h.gpu_slice("n3", 1, rv="13"))
+    assert model.holders(("gpu.nvidia.com", "n1", "gpu-0")) == {ClaimKey("ns", "held")}
+
+    # At resourceVersion 10: the claim "held", slice n2-gpu and node n2 were deleted in the gap.
+    api.listings = {
+        "deviceclasses": Listing([h.gpu_class(rv="1")], "10"),
+        "resourceslices": Listing([h.gpu_slice("n1", 1, rv="4")], "10"),
+        "resourceclaims": Listing([], "10"),
+        "nodes": Listing([{"metadata": {"name": "n1", "resourceVersion": "2"}}], "10"),
+        "pods": Listing([], "10"),
+    }
+    counts = await reconciler.relist(api.listings)
+    assert counts["resourceslices"] == 1
+    assert set(model.claims) == {ClaimKey("ns", "newer")}
+    assert model.holders(("gpu.nvidia.com", "n1", "gpu-0")) == frozenset()
+    assert sorted(model.slices) == sorted(
+        [h.gpu_slice("n1", 1)["metadata"]["name"], h.gpu_slice("n3", 1)["metadata"]["name"]]
+    )
+    assert sorted(model.nodes) == ["n1"]
+
+    # A listing older than a deletion the watch did deliver cannot bring the object back.
+    reconciler.on_claim_event(
+        {"metadata": {"namespace": "ns", "name": "newer", "resourceVersion": "20"}}, deleted=True
+    )
+    api.listings["resourceclaims"] = Listing([h.claim("newer", rv="12")], "15")
+    await reconciler.relist(["resourceclaims"])
+    assert ClaimKey("ns", "newer") not in model.claims
+
+
+async def test_kopf_listing_events_before_the_first_sync_do_not_relist() -> None:
+    reconciler, _ = _reconciler(ListApi({}))
+    reconciler.watch_relisted("resourceclaims")
+    assert reconciler._relist_task is None
