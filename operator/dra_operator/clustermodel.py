@@ -86,14 +86,21 @@ class ClusterModel:
         self._assumed: dict[ClaimKey, AllocationResult] = {}
         self._assumed_devices: dict[DeviceID, ClaimKey] = {}
         self._versions: dict[tuple[str, str], str] = {}
+        # Allocations holding devices (written, or assumed while being written) and a log of the
+        # claims whose holding changed, so that a placer catches up in O(changes), not O(claims).
+        self._holding: dict[ClaimKey, AllocationResult] = {}
+        self._holding_log: list[ClaimKey] = []
+        self._holding_log_base = 0
         self.generation = 0
         """Bumped on every change of classes, slices or nodes (what allocation depends on besides claims)."""
 
     # -- bookkeeping of versions ---------------------------------------------------------------
 
     def _accept(self, kind: str, name: str, rv: str) -> bool:
+        """Whether an object at ``rv`` is news: not older than, nor the same as, what was seen (the
+        echo of the operator's own write, a listing of an unchanged object)."""
         old = self._versions.get((kind, name))
-        if old is not None and rv and not newer_or_equal(rv, old):
+        if old is not None and rv and (old == rv or not newer_or_equal(rv, old)):
             return False
         if rv:
             self._versions[(kind, name)] = rv
@@ -198,6 +205,7 @@ class ClusterModel:
                 key=key, uid=str(meta.get("uid", "")), resource_version=rv, message=str(exc)
             )
             self.invalid_claims[key] = invalid
+            self._note_holding(key)
             return invalid
         self.invalid_claims.pop(key, None)
         self.claims[key] = claim
@@ -207,6 +215,7 @@ class ClusterModel:
         if allocation is not None:
             for result in allocation.devices:
                 self._in_use[result.device_id].add(key)
+        self._note_holding(key)
         return claim
 
     def remove_claim(self, key: ClaimKey, *, resource_version: str = "") -> None:
@@ -216,6 +225,38 @@ class ClusterModel:
         self.invalid_claims.pop(key, None)
         self.claim_created.pop(key, None)
         self._forget("claim", str(key), deleted_at=resource_version)
+        self._note_holding(key)
+
+    def _note_holding(self, key: ClaimKey) -> None:
+        claim = self.claims.get(key)
+        holding = (claim.status.allocation if claim is not None else None) or self._assumed.get(key)
+        if self._holding.get(key) is holding:
+            return
+        if holding is None:
+            del self._holding[key]
+        else:
+            self._holding[key] = holding
+        self._holding_log.append(key)
+        if len(self._holding_log) > 4 * len(self._holding) + 10_000:
+            # Readers further behind than the log reaches start over from holding_allocations().
+            self._holding_log_base += len(self._holding_log)
+            self._holding_log = []
+
+    def holding_allocations(self) -> Mapping[ClaimKey, AllocationResult]:
+        """Allocations that hold devices now: written ones, and those being written (assumed)."""
+        return self._holding
+
+    @property
+    def holding_position(self) -> int:
+        """Where the log of holding changes ends now (see :meth:`holding_changes_since`)."""
+        return self._holding_log_base + len(self._holding_log)
+
+    def holding_changes_since(self, position: int) -> set[ClaimKey] | None:
+        """Claims whose holding allocation changed since ``position``; None when the log no longer
+        reaches back that far."""
+        if position < self._holding_log_base:
+            return None
+        return set(self._holding_log[position - self._holding_log_base :])
 
     def _release(self, key: ClaimKey) -> None:
         old = self.claims.get(key)
@@ -233,6 +274,7 @@ class ClusterModel:
         self._assumed[key] = allocation
         for result in allocation.devices:
             self._assumed_devices[result.device_id] = key
+        self._note_holding(key)
 
     def forget_assumed(self, key: ClaimKey) -> None:
         allocation = self._assumed.pop(key, None)
@@ -241,6 +283,7 @@ class ClusterModel:
         for result in allocation.devices:
             if self._assumed_devices.get(result.device_id) == key:
                 del self._assumed_devices[result.device_id]
+        self._note_holding(key)
 
     def assumed(self, key: ClaimKey) -> AllocationResult | None:
         return self._assumed.get(key)

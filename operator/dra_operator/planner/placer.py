@@ -33,11 +33,13 @@ class PlannerPlacer:
         self._planner: Planner | None = None
         self._generation = -1
         self._noted: dict[ClaimKey, AllocationResult] = {}
+        self._model: ClusterModel | None = None
+        self._position = 0
 
     def planner_for(self, model: ClusterModel) -> Planner:
         """The planner for the model as it is now (allocations included)."""
-        current = _allocations(model)
-        if self._planner is None or self._generation != model.generation:
+        current = model.holding_allocations()
+        if self._planner is None or self._generation != model.generation or self._model is not model:
             previous = self._planner.slices if self._planner is not None else None
             slices = list(model.slices.values())
             if self.prefer_last_devices:
@@ -51,16 +53,21 @@ class PlannerPlacer:
                 policy=self.policy,
             )
             self._generation = model.generation
-            self._noted = current
+            self._model = model
+            self._noted = dict(current)
+            self._position = model.holding_position
             return self._planner
         planner = self._planner
-        for key, old in list(self._noted.items()):
-            new = current.get(key)
-            if new is not old:
+        changed = model.holding_changes_since(self._position)
+        self._position = model.holding_position
+        for key in changed if changed is not None else set(self._noted) | set(current):
+            old, new = self._noted.get(key), current.get(key)
+            if new is old:
+                continue
+            if old is not None:
                 planner.note_released(old)
                 del self._noted[key]
-        for key, new in current.items():
-            if key not in self._noted:
+            if new is not None:
                 planner.note_allocated(new)
                 self._noted[key] = new
         return planner
@@ -72,13 +79,3 @@ class PlannerPlacer:
         if isinstance(outcome, NotPlaced):
             return Unallocatable(reason="NoFit", message=outcome.explanation.short)
         return Placement(node=outcome.node if outcome.node_bound else None, allocations=outcome.allocations)
-
-
-def _allocations(model: ClusterModel) -> dict[ClaimKey, AllocationResult]:
-    """Allocations holding devices: written ones, and those being written (assumed)."""
-    out: dict[ClaimKey, AllocationResult] = {}
-    for key, claim in model.claims.items():
-        allocation = claim.status.allocation or model.assumed(key)
-        if allocation is not None:
-            out[key] = allocation
-    return out

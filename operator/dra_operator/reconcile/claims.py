@@ -288,7 +288,7 @@ class ClaimReconciler:
 
     async def resync(self) -> None:
         """List claims, slices, classes, nodes and pods into the model; queue every claim."""
-        counts = await self.relist(RELIST_KINDS)
+        counts = await self.relist(RELIST_KINDS, mark_all=True)
         self.synced.set()
         logger.info(
             "model synced: %d claims, %d slices, %d classes, %d nodes",
@@ -298,16 +298,18 @@ class ClaimReconciler:
             counts["nodes"],
         )
 
-    async def relist(self, kinds: Iterable[str]) -> dict[str, int]:
+    async def relist(self, kinds: Iterable[str], *, mark_all: bool = False) -> dict[str, int]:
         """Read whole resources again and make the model match them, deletions included. A watch
         that resumes after a gap (410 Gone, a reconnect) lists what exists, so objects deleted
         during the gap would stay in the model for good: a deleted slice's devices would look free,
-        a deleted claim's devices held. Returns how many objects each listing had."""
+        a deleted claim's devices held. Claims that changed are queued; with ``mark_all``, every claim
+        (after a standby period, when nothing may have been done about them). Returns how many
+        objects each listing had."""
         wanted = [k for k in RELIST_KINDS if k in set(kinds)]
         listings: list[Listing] = await asyncio.gather(*(self._list(kind) for kind in wanted))
         changed = False
         for kind, listing in zip(wanted, listings, strict=True):
-            changed |= self._apply_listing(kind, listing)
+            changed |= self._apply_listing(kind, listing, mark_all=mark_all)
         if changed:
             self.on_cluster_change()
         return {kind: len(listing.items) for kind, listing in zip(wanted, listings, strict=True)}
@@ -317,7 +319,7 @@ class ClaimReconciler:
             return await self.api.list_core(kind)
         return await self.api.list_snapshot(kind)
 
-    def _apply_listing(self, kind: str, listing: Listing) -> bool:
+    def _apply_listing(self, kind: str, listing: Listing, *, mark_all: bool = False) -> bool:
         """Upsert what is listed, drop what is gone; whether classes, slices or nodes changed."""
         model, at = self.model, listing.resource_version
         before = model.generation
@@ -325,6 +327,8 @@ class ClaimReconciler:
         if kind == "resourceclaims":
             for obj in listing.items:
                 self.on_claim_event(obj, deleted=False)
+                if mark_all:
+                    self.mark(claim_key_of(obj))
             listed = {str(claim_key_of(o)) for o in listing.items}
             held = {str(k): k for k in [*model.claims, *model.invalid_claims]}
             for name in model.unseen_since("claim", held, listed, at):
@@ -478,6 +482,7 @@ class ClaimReconciler:
             self.on_claim_event({"metadata": {"namespace": key.namespace, "name": key.name}}, deleted=True)
         else:
             self.on_claim_event(obj, deleted=False)
+            self.mark(key)  # also when the watch already brought this version
 
     # -- one claim ------------------------------------------------------------------------------
 

@@ -70,3 +70,31 @@ def test_listing_older_than_a_deletion_does_not_resurrect_the_claim() -> None:
     assert model.upsert_claim(claim("a", rv="5", allocation=allocation("n1", "gpu-0"))) is None
     assert model.devices_in_use() == frozenset()
     assert model.upsert_claim(claim("a", rv="9")) is not None  # re-created later
+
+
+def test_holding_changes_are_logged_for_placers_to_catch_up() -> None:
+    model = ClusterModel()
+    start = model.holding_position
+    model.upsert_claim(claim("a", rv="1", allocation=allocation("n1", "gpu-0")))
+    model.upsert_claim(claim("b", rv="2"))  # holds nothing: not a change
+    assumed = AllocationResult.from_json(allocation("n1", "gpu-1"))
+    model.assume(ClaimKey("ns", "b"), assumed)
+    assert model.holding_changes_since(start) == {ClaimKey("ns", "a"), ClaimKey("ns", "b")}
+    assert set(model.holding_allocations()) == {ClaimKey("ns", "a"), ClaimKey("ns", "b")}
+    middle = model.holding_position
+    model.upsert_claim(claim("a", rv="1", allocation=allocation("n1", "gpu-0")))  # same version
+    assert model.holding_changes_since(middle) == set()
+    model.forget_assumed(ClaimKey("ns", "b"))
+    model.remove_claim(ClaimKey("ns", "a"), resource_version="3")
+    assert model.holding_changes_since(middle) == {ClaimKey("ns", "a"), ClaimKey("ns", "b")}
+    assert dict(model.holding_allocations()) == {}
+
+
+def test_a_reader_behind_a_trimmed_holding_log_is_told_to_start_over() -> None:
+    model = ClusterModel()
+    start = model.holding_position
+    for i in range(10_005):
+        model.upsert_claim(claim("a", rv=str(2 * i + 1), allocation=allocation("n1", "gpu-0")))
+        model.upsert_claim(claim("a", rv=str(2 * i + 2)))
+    assert model.holding_changes_since(start) is None
+    assert model.holding_changes_since(model.holding_position) == set()
