@@ -138,10 +138,10 @@ class ClusterModel:
         self.generation += 1
         return cls
 
-    def remove_class(self, name: str) -> None:
+    def remove_class(self, name: str, *, resource_version: str = "") -> None:
         if self.classes.pop(name, None) is not None:
             self.generation += 1
-        self._forget("class", name)
+        self._forget("class", name, deleted_at=resource_version)
 
     def upsert_slice(self, obj: Mapping[str, Any]) -> ResourceSlice | None:
         sl = ResourceSlice.from_json(obj)

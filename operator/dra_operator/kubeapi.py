@@ -104,9 +104,6 @@ class KubeApi:
 
     # -- resource.k8s.io ---------------------------------------------------------------------------
 
-    async def list_resource(self, plural: str) -> list[dict[str, Any]]:
-        return (await self.list_snapshot(plural)).items
-
     async def list_snapshot(self, plural: str) -> Listing:
         """All objects of a resource.k8s.io resource, in pages of 500. The pages of one list are one
         consistent snapshot, at the first page's resourceVersion."""

@@ -148,13 +148,9 @@ def describe_allocation(allocation: AllocationResult, node: str | None) -> str:
 class _Failure:
     reason: str
     message: str
-    reported: float = 0.0
 
 
 _CLASS_SELECTOR_ERROR = re.compile(r"class (\S+): selector #(\d+) on device \S+:")
-_REPORT_AGAIN_S = 300.0
-"""A failure with the same reason is reported (Event, condition) again only after this long: its
-message carries counts that move with every allocation elsewhere, and must not cause a storm."""
 
 
 class ClaimReconciler:
@@ -350,15 +346,28 @@ class ClaimReconciler:
                 self.on_pod_gone(namespace=namespace, name=name)
             return False
         upsert: Callable[[Mapping[str, Any]], object]
+        remove: Callable[..., None]
         if kind == "deviceclasses":
-            upsert, version_kind, held_names = model.upsert_class, "class", list(model.classes)
-            remove: Callable[[str], None] = model.remove_class
+            upsert, remove, version_kind, held_names = (
+                model.upsert_class,
+                model.remove_class,
+                "class",
+                list(model.classes),
+            )
         elif kind == "resourceslices":
-            upsert, version_kind, held_names = model.upsert_slice, "slice", list(model.slices)
-            remove = lambda name: model.remove_slice(name, resource_version=at)  # noqa: E731
+            upsert, remove, version_kind, held_names = (
+                model.upsert_slice,
+                model.remove_slice,
+                "slice",
+                list(model.slices),
+            )
         else:
-            upsert, version_kind, held_names = model.upsert_node, "node", list(model.nodes)
-            remove = lambda name: model.remove_node(name, resource_version=at)  # noqa: E731
+            upsert, remove, version_kind, held_names = (
+                model.upsert_node,
+                model.remove_node,
+                "node",
+                list(model.nodes),
+            )
         for obj in listing.items:
             try:
                 upsert(obj)
@@ -367,7 +376,7 @@ class ClaimReconciler:
                 self.metrics.reconcile_errors.labels(kind).inc()
         for name in model.unseen_since(version_kind, held_names, names, at):
             logger.info("%s %s was deleted while the watch was not looking", kind, name)
-            remove(name)
+            remove(name, resource_version=at)
         return model.generation != before
 
     def watch_relisted(self, kind: str) -> None:

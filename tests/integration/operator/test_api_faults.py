@@ -18,7 +18,6 @@ from typing import Any
 from dra_api.localcluster import LocalCluster
 from dra_api.localcluster.faultproxy import Fault, FaultProxy
 from tests.integration.operator.conftest import (
-    OperatorProcess,
     Operators,
     assert_no_double_booking,
     claims_json,
@@ -103,10 +102,6 @@ def test_api_error_bursts_are_retried_and_retry_after_is_honoured(
     assert min(r.at for r in later_writes) - throttled[0].at >= 3.0, later_writes[:3]
 
 
-def _metric_total(op: OperatorProcess, name: str, labels: str) -> float:
-    return op.metric(name, labels)
-
-
 def test_objects_deleted_during_a_watch_gap_leave_the_model(
     local_cluster: LocalCluster, operators: Operators, scratch: list[tuple[str, ...]]
 ) -> None:
@@ -160,13 +155,13 @@ def test_objects_deleted_during_a_watch_gap_leave_the_model(
         local_cluster.kubectl("delete", "resourceclaim", "held", "-n", ns)
         local_cluster.kubectl("delete", "resourceslice", "op-gap-2-gpu.nvidia.com")
         at_delete = {
-            kind: _metric_total(op, "dra_operator_relists_total", f'resource="{kind}"')
+            kind: op.metric("dra_operator_relists_total", f'resource="{kind}"')
             for kind in ("resourceclaims", "resourceslices")
         }
         # A re-list that began before the deletions may end after them; the one after that cannot.
         local_cluster.wait_for(
             lambda: all(
-                _metric_total(op, "dra_operator_relists_total", f'resource="{kind}"') >= at_delete[kind] + 2
+                op.metric("dra_operator_relists_total", f'resource="{kind}"') >= at_delete[kind] + 2
                 for kind in at_delete
             ),
             timeout=60,
