@@ -1,5 +1,7 @@
 """Kopf handlers: thin. Each passes the watched object to the reconcile logic and returns.
 
+ResourceClaims are not among them: they have a watch of their own (:mod:`dra_operator.claimwatch`).
+
 Handlers are registered into a registry built per operator (:func:`build_registry`), not Kopf's
 global one, so that tests can run several operators in one process.
 """
@@ -64,11 +66,6 @@ def build_registry(parts: OperatorParts) -> kopf.OperatorRegistry:
     async def login(settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo | None:
         result: kopf.ConnectionInfo | None = parts.login(settings)
         return result
-
-    @kopf.on.event(RESOURCE_GROUP, "resourceclaims", registry=registry)
-    async def claim_event(type: str | None, body: kopf.Body, **_: Any) -> None:
-        seen("resourceclaims", type)
-        parts.claims.on_claim_event(_plain(body), deleted=type == "DELETED")
 
     @kopf.on.event(RESOURCE_GROUP, "resourceslices", registry=registry)
     async def slice_event(type: str | None, body: kopf.Body, name: str, **_: Any) -> None:

@@ -1,4 +1,5 @@
-"""The only module of the operator's own logic that calls the Kubernetes API (Kopf does its watching).
+"""The only module of the operator's own logic that calls the Kubernetes API (Kopf watches everything
+but ResourceClaims, see :mod:`dra_operator.claimwatch`).
 
 Writes that must not lose a race carry ``metadata.resourceVersion`` inside a merge patch: the API
 server then refuses them with 409 Conflict when the object changed since it was read, which
@@ -9,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import json
 import logging
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +34,10 @@ class Conflict(Exception):
 
 class Gone(Exception):
     """The object does not exist (HTTP 404)."""
+
+
+class Expired(Exception):
+    """A watch's resourceVersion is too old for the server (410 Gone): list again."""
 
 
 def _translate(exc: ApiException) -> Exception:
@@ -131,6 +137,60 @@ class KubeApi:
             cont = meta.get("continue")
             if not cont:
                 return Listing(items, version)
+
+    async def watch(
+        self,
+        plural: str,
+        *,
+        resource_version: str,
+        server_timeout_s: int,
+        client_timeout_s: float,
+        connect_timeout_s: float,
+    ) -> AsyncGenerator[tuple[str, dict[str, Any]], None]:
+        """Watch a resource.k8s.io resource cluster-wide from ``resource_version``: yields (type,
+        object) for ADDED, MODIFIED, DELETED and BOOKMARK until the server ends the stream. Raises
+        :class:`Expired` on 410 Gone (as an HTTP status or as an ERROR event)."""
+        response = await self.api.call_api(
+            f"/apis/{RESOURCE_GROUP}/{self.version}/{plural}",
+            "GET",
+            query_params=[
+                ("watch", "true"),
+                ("allowWatchBookmarks", "true"),
+                ("resourceVersion", resource_version),
+                ("timeoutSeconds", str(server_timeout_s)),
+            ],
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+            _preload_content=False,
+            _request_timeout=aiohttp.ClientTimeout(total=client_timeout_s, sock_connect=connect_timeout_s),
+        )
+        raw = response[0] if isinstance(response, tuple) else response
+        try:
+            if raw.status == 410:
+                raise Expired(await raw.text())
+            if raw.status >= 400:
+                error = ApiException(status=raw.status, reason=await raw.text())
+                error.headers = raw.headers  # for Retry-After
+                raise error
+            # Objects can be larger than aiohttp's line limit: split the stream into lines here.
+            pending = bytearray()
+            async for chunk in raw.content.iter_any():
+                pending += chunk
+                start = 0
+                while (end := pending.find(b"\n", start)) >= 0:
+                    line, start = bytes(pending[start:end]), end + 1
+                    if not line.strip():
+                        continue
+                    event = json.loads(line)
+                    kind, obj = str(event.get("type", "")), event.get("object") or {}
+                    if kind == "ERROR":
+                        if obj.get("code") == 410:
+                            raise Expired(str(obj.get("message", "")))
+                        raise ApiException(status=obj.get("code"), reason=str(obj.get("message", "")))
+                    yield kind, obj
+                del pending[:start]
+        finally:
+            raw.release()
 
     async def get_claim(self, *, namespace: str, name: str) -> dict[str, Any] | None:
         try:

@@ -1,14 +1,15 @@
 """``dra-operator run``: wire the parts together and run Kopf embedded (``kopf.operator``).
 
-Besides Kopf's own tasks, five of ours run beside it: the claim worker, the Event poster (see
-:mod:`dra_operator.events`), the heartbeat (liveness and peering state), the sweeper (slices of
-vanished nodes, stale reservations), and the HTTP server for ``/healthz`` and ``/metrics``. They are
+Besides Kopf's own tasks, six of ours run beside it: the claim watch (see
+:mod:`dra_operator.claimwatch`), the claim worker, the Event poster (see :mod:`dra_operator.events`),
+the heartbeat (liveness and peering state), the sweeper (slices of vanished nodes, stale
+reservations), and the HTTP server for ``/healthz`` and ``/metrics``. They are
 created before Kopf starts, so Kopf's shutdown leaves them to us, and we stop them when Kopf
 returns.
 
 One active instance: Kopf peering (ClusterKopfPeering ``accel-dra-operator``) rather than a
 coordination Lease. Kopf pauses its watch streams while a live peer has a higher priority, so a
-standby neither handles events nor writes anything; a Lease would have to be wired around Kopf's
+standby handles none of their events and writes nothing; a Lease would have to be wired around Kopf's
 own streams to get the same effect. Priorities are random per instance, because Kopf pauses *both*
 instances on a tie. The claim worker follows the same verdict (computed from the peering status in
 the heartbeat, see :mod:`dra_operator.health`), and lists the cluster again whenever it becomes
@@ -30,6 +31,7 @@ import yaml
 
 from dra_api.kube import make_api_client, preferred_resource_version
 from dra_api.names import PROJECT_DOMAIN
+from dra_operator.claimwatch import ClaimWatch
 from dra_operator.clustermodel import ClusterModel
 from dra_operator.deviceclasses import DeviceClassKeeper
 from dra_operator.handlers import OperatorParts, build_registry
@@ -153,7 +155,9 @@ async def run(
     except OSError:
         await api_client.close()
         raise
+    watch = ClaimWatch(api=api, claims=claims, health=health, metrics=metrics, settings=settings)
     background: list[asyncio.Task[Any]] = [
+        asyncio.create_task(watch.run(), name="claim watch"),
         asyncio.create_task(_worker(claims=claims, health=health, keeper=keeper), name="claim worker"),
         asyncio.create_task(
             _sweeper(claims=claims, orphans=orphans, health=health, settings=settings), name="sweeper"

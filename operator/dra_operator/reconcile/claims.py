@@ -305,7 +305,7 @@ class ClaimReconciler:
         listings: list[Listing] = await asyncio.gather(*(self._list(kind) for kind in wanted))
         changed = False
         for kind, listing in zip(wanted, listings, strict=True):
-            changed |= self._apply_listing(kind, listing, mark_all=mark_all)
+            changed |= self.apply_listing(kind, listing, mark_all=mark_all)
         if changed:
             self.on_cluster_change()
         return {kind: len(listing.items) for kind, listing in zip(wanted, listings, strict=True)}
@@ -315,7 +315,7 @@ class ClaimReconciler:
             return await self.api.list_core(kind)
         return await self.api.list_snapshot(kind)
 
-    def _apply_listing(self, kind: str, listing: Listing, *, mark_all: bool = False) -> bool:
+    def apply_listing(self, kind: str, listing: Listing, *, mark_all: bool = False) -> bool:
         """Upsert what is listed, drop what is gone; whether classes, slices or nodes changed."""
         model, at = self.model, listing.resource_version
         before = model.generation
@@ -380,11 +380,11 @@ class ClaimReconciler:
         return model.generation != before
 
     def watch_relisted(self, kind: str) -> None:
-        """Kopf listed ``kind`` again, which it does after a gap in its watch (410 Gone, a lost
-        connection): list the cluster here too, so that what was deleted during the gap leaves the
-        model. Every kind, not just this one: a gap rarely hits one watch alone, and a watch whose
-        re-list is empty gives no event to notice it by. The events of one listing make one
-        re-list."""
+        """A watch listed ``kind`` again (Kopf's, or the claim watch), which happens after a gap in
+        it (410 Gone, a lost connection): list the cluster here too, so that what was deleted
+        during the gap leaves the model. Every kind, not just this one: a gap rarely hits one watch
+        alone, and a watch whose re-list is empty gives no event to notice it by. The events of one
+        listing make one re-list."""
         if self.synced.is_set():
             self.request_relist()
 
