@@ -7,11 +7,15 @@ on older or specially configured servers).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from pathlib import Path
 from typing import Any
 
+from aiohttp import hdrs
+from aiohttp.helpers import get_env_proxy_for_url
 from kubernetes_asyncio import client, config
+from yarl import URL
 
 from dra_api.names import RESOURCE_GROUP, RESOURCE_VERSIONS
 
@@ -33,7 +37,28 @@ async def make_api_client(
         )
     else:
         config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-    return client.ApiClient(configuration=configuration)
+    api = client.ApiClient(configuration=configuration)
+    _look_up_proxy_once(api)
+    return api
+
+
+def _look_up_proxy_once(api: client.ApiClient) -> None:
+    """kubernetes_asyncio's HTTP session trusts the environment, so aiohttp looks up the proxy
+    variables and ``~/.netrc`` in a worker thread on every request: two thread round trips per API
+    call, a measurable share of the operator's CPU under load. The proxy (``HTTPS_PROXY`` and
+    ``NO_PROXY``, as aiohttp reads them) is looked up once here instead, and the session stops
+    trusting the environment. Nothing else changes: the API is never reached with netrc logins."""
+    rest: Any = api.rest_client
+    if not rest.proxy:
+        with contextlib.suppress(LookupError):
+            proxy, proxy_auth = get_env_proxy_for_url(URL(str(api.configuration.host)))
+            rest.proxy = str(proxy)
+            if proxy_auth is not None:
+                rest.proxy_headers = {
+                    **(rest.proxy_headers or {}),
+                    hdrs.PROXY_AUTHORIZATION: proxy_auth.encode(),
+                }
+    rest.pool_manager._trust_env = False
 
 
 async def served_resource_versions(api: client.ApiClient) -> list[str]:
