@@ -260,8 +260,42 @@ async def _raw_rate(custom: Any, claims: int, in_flight: int, *, round_: int) ->
     return claims / (time.monotonic() - start)
 
 
+MANIFESTS = Path(__file__).resolve().parent.parent / "manifests" / "base"
+
+
+def service_account_kubeconfigs(cluster: LocalCluster) -> tuple[Path, Path]:
+    """Credentials as in a cluster: the operator's ServiceAccount with its ClusterRole from
+    ``manifests/base``, and one bound to cluster-admin for the benchmark's own client. Both use
+    bearer tokens, whose verification the API server caches; with the local cluster's admin client
+    certificate it would verify an ECDSA signature on every request (about a tenth of its CPU)."""
+    for name in (
+        "namespace",
+        "operator-serviceaccount",
+        "operator-clusterrole",
+        "operator-clusterrolebinding",
+    ):
+        cluster.kubectl("apply", "-f", str(MANIFESTS / f"{name}.yaml"))
+    cluster.kubectl("create", "serviceaccount", "bench-client", "-n", "accel-dra")
+    cluster.kubectl(
+        "create",
+        "clusterrolebinding",
+        "bench-client",
+        "--clusterrole=cluster-admin",
+        "--serviceaccount=accel-dra:bench-client",
+    )
+
+    def token(account: str) -> str:
+        return cluster.kubectl("create", "token", account, "-n", "accel-dra", "--duration=2h").stdout.strip()
+
+    return (
+        cluster.kubeconfig_for_token(token("accel-dra-operator"), name="bench-operator"),
+        cluster.kubeconfig_for_token(token("bench-client"), name="bench-client"),
+    )
+
+
 async def bench(cluster: LocalCluster, *, nodes: int, gpus: int, claims: int, writes: int) -> None:
-    api = await make_api_client(kubeconfig=cluster.kubeconfig)
+    operator_kubeconfig, client_kubeconfig = service_account_kubeconfigs(cluster)
+    api = await make_api_client(kubeconfig=client_kubeconfig)
     core: Any = client.CoreV1Api(api)
     custom: Any = client.CustomObjectsApi(api)
     for ns in (NS, BACKLOG_NS, RAW_NS):
@@ -280,7 +314,7 @@ async def bench(cluster: LocalCluster, *, nodes: int, gpus: int, claims: int, wr
     )
     meter = CpuMeter(cluster)
     allocatable = min(claims, nodes * gpus)  # more claims than GPUs: the rest must be explained
-    proc = start_operator(cluster, writes=writes)
+    proc = start_operator(cluster, operator_kubeconfig, writes=writes)
     try:
         # The class exists once the operator has listed the cluster and ensured its classes.
         deadline = time.monotonic() + 120
@@ -337,7 +371,7 @@ async def bench(cluster: LocalCluster, *, nodes: int, gpus: int, claims: int, wr
         await asyncio.sleep(1.0)
         start = time.monotonic()
         patches = await _claim_patches(api)
-        proc = start_operator(cluster, writes=writes)
+        proc = start_operator(cluster, operator_kubeconfig, writes=writes)
         meter.start(proc.pid)
         await asyncio.wait_for(backlog.done.wait(), timeout=1200)
         cpu, rss = meter.used(), _rss_mib(proc.pid)
@@ -377,7 +411,7 @@ def stop_operator(proc: subprocess.Popen[bytes]) -> None:
             proc.kill()
 
 
-def start_operator(cluster: LocalCluster, *, writes: int) -> subprocess.Popen[bytes]:
+def start_operator(cluster: LocalCluster, kubeconfig: Path, *, writes: int) -> subprocess.Popen[bytes]:
     port = free_port()
     log = Path(tempfile.mkdtemp(prefix="bench-operator-")) / "operator.log"
     with log.open("wb") as out:
@@ -392,7 +426,7 @@ def start_operator(cluster: LocalCluster, *, writes: int) -> subprocess.Popen[by
                 "-m",
                 "dra_operator.cli",
                 "run",
-                f"--kubeconfig={cluster.kubeconfig}",
+                f"--kubeconfig={kubeconfig}",
                 f"--metrics-port={port}",
                 "--metrics-host=127.0.0.1",
                 f"--gpu-class={GPU_CLASS}",
