@@ -1,7 +1,7 @@
 """Benchmark: 1000 standalone claims at once on 100 nodes with 8 simulated GPUs each.
 
-Runs the real control plane (``dra_api.localcluster``) and ``dra-operator run`` as a subprocess, in
-two scenarios:
+Runs the real control plane (``dra_api.localcluster``) and ``dra-operator run`` as a subprocess
+under its ServiceAccount (a token, the ClusterRole from ``manifests/base``), in two scenarios:
 
 - burst: the claims are created (50 requests in flight) while the operator runs, so creation and
   allocation share the API server; the time runs from the first creation;
