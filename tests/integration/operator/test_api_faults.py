@@ -61,9 +61,9 @@ def test_api_error_bursts_are_retried_and_retry_after_is_honoured(
             ),
             proxy.add(Fault("reset", methods=frozenset({"PATCH"}), path=writes, count=2)),
             proxy.add(Fault("status", code=500, path=writes, count=1)),
-            # Kopf's side: its watch is cut, the next two reset, then a 410 Gone, and its re-lists refused.
+            # The claim watch: cut, the next two attempts reset, then a 410 Gone, and its re-lists refused.
             proxy.add(Fault("reset", path=claim_lists, watch=True, count=2)),
-            proxy.add(Fault("gone", path=claim_lists, watch=True, count=1)),  # so Kopf lists again
+            proxy.add(Fault("gone", path=claim_lists, watch=True, count=1)),  # so it lists again
             proxy.add(Fault("status", code=500, path=claim_lists, watch=False, count=2)),
         ]
         proxy.drop_streams()
@@ -106,7 +106,7 @@ def test_objects_deleted_during_a_watch_gap_leave_the_model(
     local_cluster: LocalCluster, operators: Operators, scratch: list[tuple[str, ...]]
 ) -> None:
     """O6: while every watch of claims and slices gets 410 Gone, a claim that held the only device of
-    one node is deleted, and the slice of another node too. Kopf re-lists, which shows neither
+    one node is deleted, and the slice of another node too. The watches re-list, which shows neither
     deletion; the operator re-lists as well. Afterwards two new claims find what a gap-free view
     finds: the freed device on the first node, and nothing on the second."""
     ns = "op-gap"
