@@ -6,14 +6,20 @@ and `kubectl apply` rewriting a DeviceClass back and forth), so it is checked on
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
 
+from dra_api.names import OPERATOR_FINALIZER
 from dra_node_agent import cli as agent_cli
 from dra_node_agent import settings as agent_settings
 from dra_node_agent.discovery.simulated import available_profiles
 from dra_operator import settings as operator_settings
 from dra_operator.deviceclasses import desired_classes
 from tests.unit.deploy.render import OVERLAYS, PEERING_NAME, Obj, of_kind, one
+
+CLAIM_POLICY = "accel-dra-claim-finalizer"
 
 
 def _container(objs: list[Obj], kind: str) -> Obj:
@@ -65,3 +71,29 @@ def test_shipped_classes_are_the_ones_the_operator_keeps(rendered: dict[str, lis
         shipped = one(rendered["simulated"], "DeviceClass", name)
         assert shipped["spec"] == desired["spec"], f"the operator would rewrite DeviceClass {name}"
         assert desired["metadata"]["labels"].items() <= shipped["metadata"]["labels"].items()
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_claim_finalizer_policy_adds_the_operators_finalizer_to_the_claims_it_owns(
+    rendered: dict[str, list[Obj]], overlay: str
+) -> None:
+    """The admission policy that saves the finalizer write must name the operator's finalizer and
+    the classes it keeps, and match what it owns by default (claims no Pod owns)."""
+    objs = rendered[overlay]
+    policy = one(objs, "MutatingAdmissionPolicy", CLAIM_POLICY)
+    conditions = {c["name"]: c["expression"] for c in policy["spec"]["matchConditions"]}
+    listed = re.search(r"deviceClassName in (\[.*?\])", conditions["requests-a-driver-class"])
+    assert listed is not None
+    wanted = desired_classes(operator_settings.Settings(mig_enabled=True))
+    assert sorted(json.loads(listed.group(1))) == sorted(wanted)
+    assert operator_settings.Settings().ownership.value == "standalone"
+    assert 'r.kind == "Pod"' in conditions["not-owned-by-a-pod"]
+    assert OPERATOR_FINALIZER in conditions["finalizer-missing"]
+    (mutation,) = policy["spec"]["mutations"]
+    assert mutation["jsonPatch"]["expression"].count(OPERATOR_FINALIZER) == 2
+    assert policy["spec"]["failurePolicy"] == "Ignore"  # an optimisation: never blocks a claim
+    assert policy["spec"]["matchConstraints"]["resourceRules"][0]["operations"] == ["CREATE"]
+    bindings = [
+        b for b in of_kind(objs, "MutatingAdmissionPolicyBinding") if b["spec"]["policyName"] == CLAIM_POLICY
+    ]
+    assert len(bindings) == 1
