@@ -1,4 +1,4 @@
-"""The shipped MutatingAdmissionPolicy (``manifests/base/claim-finalizer-policy.yaml``) on the real
+"""The optional MutatingAdmissionPolicy (``manifests/optional/claim-finalizer-policy``) on the real
 API server: a claim the operator owns is created with the operator's finalizer, and the operator
 allocates it with a single status write, then releases it on deletion as before. A claim a Pod owns,
 or one of another class, is created as it was sent.
@@ -21,12 +21,12 @@ from dra_api.localcluster.faultproxy import FaultProxy
 from tests.integration.operator.conftest import Operators
 from tests.integration.operator.objects import OPERATOR_FINALIZER, add_gpu_node, claim
 
-BASE = Path(__file__).resolve().parents[3] / "manifests" / "base"
+POLICY_DIR = Path(__file__).resolve().parents[3] / "manifests" / "optional" / "claim-finalizer-policy"
 
 
 def _scoped_policy(cls: str, ns: str) -> list[dict[str, Any]]:
-    policy = yaml.safe_load((BASE / "claim-finalizer-policy.yaml").read_text())
-    binding = yaml.safe_load((BASE / "claim-finalizer-policy-binding.yaml").read_text())
+    policy = yaml.safe_load((POLICY_DIR / "policy.yaml").read_text())
+    binding = yaml.safe_load((POLICY_DIR / "binding.yaml").read_text())
     name = f"{policy['metadata']['name']}-{ns}"
     policy["metadata"]["name"] = binding["metadata"]["name"] = binding["spec"]["policyName"] = name
     conditions = policy["spec"]["matchConditions"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -17,7 +18,7 @@ from dra_node_agent import settings as agent_settings
 from dra_node_agent.discovery.simulated import available_profiles
 from dra_operator import settings as operator_settings
 from dra_operator.deviceclasses import desired_classes
-from tests.unit.deploy.render import OVERLAYS, PEERING_NAME, Obj, of_kind, one
+from tests.unit.deploy.render import MANIFESTS_DIR, OVERLAYS, PEERING_NAME, Obj, of_kind, one, render
 
 CLAIM_POLICY = "accel-dra-claim-finalizer"
 
@@ -73,13 +74,10 @@ def test_shipped_classes_are_the_ones_the_operator_keeps(rendered: dict[str, lis
         assert desired["metadata"]["labels"].items() <= shipped["metadata"]["labels"].items()
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
-def test_claim_finalizer_policy_adds_the_operators_finalizer_to_the_claims_it_owns(
-    rendered: dict[str, list[Obj]], overlay: str
-) -> None:
-    """The admission policy that saves the finalizer write must name the operator's finalizer and
-    the classes it keeps, and match what it owns by default (claims no Pod owns)."""
-    objs = rendered[overlay]
+def test_claim_finalizer_policy_adds_the_operators_finalizer_to_the_claims_it_owns(kubectl: Path) -> None:
+    """The optional admission policy that saves the finalizer write must name the operator's
+    finalizer and the classes it keeps, and match what it owns by default (claims no Pod owns)."""
+    objs = render(MANIFESTS_DIR / "optional" / "claim-finalizer-policy", kubectl=kubectl)
     policy = one(objs, "MutatingAdmissionPolicy", CLAIM_POLICY)
     conditions = {c["name"]: c["expression"] for c in policy["spec"]["matchConditions"]}
     listed = re.search(r"deviceClassName in (\[.*?\])", conditions["requests-a-driver-class"])
@@ -93,7 +91,6 @@ def test_claim_finalizer_policy_adds_the_operators_finalizer_to_the_claims_it_ow
     assert mutation["jsonPatch"]["expression"].count(OPERATOR_FINALIZER) == 2
     assert policy["spec"]["failurePolicy"] == "Ignore"  # an optimisation: never blocks a claim
     assert policy["spec"]["matchConstraints"]["resourceRules"][0]["operations"] == ["CREATE"]
-    bindings = [
-        b for b in of_kind(objs, "MutatingAdmissionPolicyBinding") if b["spec"]["policyName"] == CLAIM_POLICY
-    ]
-    assert len(bindings) == 1
+    (binding,) = of_kind(objs, "MutatingAdmissionPolicyBinding")
+    assert binding["spec"]["policyName"] == CLAIM_POLICY
+    assert all(o["metadata"]["labels"]["app.kubernetes.io/part-of"] == "accel-dra" for o in objs)
