@@ -67,8 +67,13 @@ def test_standalone_claim_is_allocated_by_the_operator_and_used_by_a_pod(
     assert "resource.kubernetes.io/delete-protection" not in allocated["metadata"].get("finalizers", [])
     assert allocated_node(allocated) == "op-sa-b"  # the only node with two GPUs
     assert len(set(device_ids(allocated))) == 2
-    reasons = {e["reason"] for e in events_for(local_cluster, ns, "two-gpus")}
-    assert "Allocated" in reasons
+    # Events go out after the writes (when the claim worker is idle), so the Event may follow the
+    # allocation by a moment.
+    local_cluster.wait_for(
+        lambda: "Allocated" in {e["reason"] for e in events_for(local_cluster, ns, "two-gpus")},
+        timeout=30,
+        what="the Allocated Event",
+    )
 
     # kube-scheduler honours the allocation: the pod lands on the allocation's node.
     local_cluster.apply([pod("user", ns, claim_name="two-gpus")])
