@@ -81,6 +81,14 @@ def retry_after(exc: BaseException) -> float | None:
         return None  # an HTTP date: never sent by the API server
 
 
+async def _api_error(raw: Any) -> ApiException:
+    """The ApiException for an unpreloaded response with an HTTP error status (the client raises
+    only when it reads the body itself), with its headers for Retry-After."""
+    error = ApiException(status=raw.status, reason=await raw.text())
+    error.headers = raw.headers
+    return error
+
+
 @dataclass(frozen=True)
 class Listing:
     """A complete list of one resource and the resourceVersion it was read at."""
@@ -169,9 +177,7 @@ class KubeApi:
             if raw.status == 410:
                 raise Expired(await raw.text())
             if raw.status >= 400:
-                error = ApiException(status=raw.status, reason=await raw.text())
-                error.headers = raw.headers  # for Retry-After
-                raise error
+                raise await _api_error(raw)
             # Objects can be larger than aiohttp's line limit: split the stream into lines here.
             pending = bytearray()
             async for chunk in raw.content.iter_any():
@@ -311,9 +317,7 @@ class KubeApi:
         if raw.status == 404:
             return None
         if raw.status >= 400:
-            error = ApiException(status=raw.status, reason=await raw.text())
-            error.headers = raw.headers  # for Retry-After
-            raise error
+            raise await _api_error(raw)
         data: dict[str, Any] = await raw.json()
         return data
 
