@@ -71,6 +71,15 @@ class ControlPlaneError(RuntimeError):
     """A component failed to start or become ready; the message carries its log tail."""
 
 
+class PortTaken(ControlPlaneError):
+    """A component could not bind a port picked for it: something else took it in between."""
+
+
+START_ATTEMPTS = 3
+"""Start-ups tried when a picked port is taken before its component binds it (outgoing connections
+draw their source ports from the same range)."""
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -159,11 +168,26 @@ class LocalCluster:
         started = time.monotonic()
         self._pki = generate_pki(self.workdir / "pki")
         atexit.register(self.stop)
-        try:
-            self._start_components(timeout=timeout)
-        except BaseException:
-            self.stop()
-            raise
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                self._start_components(timeout=timeout)
+                break
+            except PortTaken as exc:
+                self.stop()
+                if attempt == START_ATTEMPTS:
+                    raise
+                log.warning("%s; starting again with other ports", str(exc).splitlines()[0])
+                # etcd may have written its first data with the old peer URL; the logs of this
+                # attempt are kept apart, so that the next one is judged by its own.
+                shutil.rmtree(self.workdir / "etcd", ignore_errors=True)
+                kept = self.logs_dir / f"attempt-{attempt}"
+                kept.mkdir(exist_ok=True)
+                for path in self.log_files():
+                    path.rename(kept / path.name)
+                atexit.register(self.stop)
+            except BaseException:
+                self.stop()
+                raise
         self.timings["start_s"] = time.monotonic() - started
         log.info(
             "control plane ready at %s in %.1f s (logs in %s)",
@@ -366,9 +390,11 @@ class LocalCluster:
         while time.monotonic() < deadline:
             assert component.process is not None
             if component.process.poll() is not None:
-                raise ControlPlaneError(
+                tail = self.log_tail(component.name)
+                error = PortTaken if "address already in use" in tail else ControlPlaneError
+                raise error(
                     f"{component.name} exited with code {component.process.returncode} during start-up; "
-                    f"last log lines:\n{self.log_tail(component.name)}"
+                    f"last log lines:\n{tail}"
                 )
             try:
                 with urllib.request.urlopen(component.health_url, context=ctx, timeout=2) as resp:

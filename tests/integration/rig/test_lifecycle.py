@@ -6,7 +6,10 @@ import os
 import socket
 from pathlib import Path
 
+import pytest
+
 from dra_api.localcluster import LocalCluster
+from dra_api.localcluster import cluster as cluster_module
 
 
 def _listening(port: int) -> bool:
@@ -46,3 +49,35 @@ def test_stop_leaves_no_processes_or_ports(tmp_path: Path) -> None:
         "kube-controller-manager.log",
         "kube-scheduler.log",
     }
+
+
+def test_start_survives_a_port_taken_before_the_apiserver_binds_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ports are picked before the components bind them, and an outgoing connection can take one
+    in between: the API server then exits with 'address already in use', and the cluster starts
+    again with other ports instead of failing the test session."""
+    taken = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    picked: list[int] = []
+
+    def pick() -> int:
+        # The third port of the first attempt is the API server's (etcd takes the first two).
+        port = taken.getsockname()[1] if len(picked) == 2 else real_free_port()
+        picked.append(port)
+        return port
+
+    real_free_port = cluster_module.free_port
+    monkeypatch.setattr(cluster_module, "free_port", pick)
+    cluster = LocalCluster(workdir=tmp_path / "cluster")
+    try:
+        cluster.start()
+        assert cluster.kubectl("get", "--raw", "/readyz").stdout.strip() == "ok"
+        assert int(cluster.server.rsplit(":", 1)[1]) != taken.getsockname()[1]
+        first = (tmp_path / "cluster" / "logs" / "attempt-1" / "kube-apiserver.log").read_text()
+        assert "address already in use" in first
+        assert "address already in use" not in cluster.log_tail("kube-apiserver", lines=10_000)
+    finally:
+        cluster.stop()
+        taken.close()
