@@ -10,8 +10,15 @@ under its ServiceAccount (a token, the ClusterRole from ``manifests/base``), in 
 
 For each it prints the time until every claim that fits is allocated, claims/s, p50/p99 creation to
 allocation (client clocks: creation acknowledged -> allocation seen on a watch), the operator's
-RSS, and the CPU seconds each process used in the window; then, for scale, the raw rate at which the
-same API server takes claim status updates from one client with nothing else running.
+RSS, and the CPU seconds each process used in the window (and the operator's per allocated claim).
+
+Then, for scale, from the same API server in the same run:
+
+- the reference allocator: both scenarios again with the benchmark itself writing each claim's
+  allocation the operator's way, with no placement work (:class:`ReferenceAllocator`);
+- the raw rates at which it takes claim creations and claim status updates from one client with
+  nothing else running, and from them the burst bound: no allocator, however cheap, can end the
+  burst before the server has taken every creation and every allocation write at those rates.
 
     .venv/bin/python -m bench.operator_allocation [--nodes 100] [--gpus 8] [--claims 1000] [--writes 8]
         [--no-policy]
@@ -35,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +57,8 @@ GPU_CLASS = "gpu.nvidia.com"  # the shipped name, which the claim finalizer poli
 NS = "bench"
 BACKLOG_NS = "bench-backlog"
 RAW_NS = "bench-raw"
+REFERENCE_NS = ("bench-reference", "bench-reference-backlog")
+MERGE_PATCH = "application/merge-patch+json"
 
 
 def _slice(node: str, gpus: int) -> dict[str, Any]:
@@ -111,8 +121,11 @@ class CpuMeter:
         self.self_pid = os.getpid()
         self._start: dict[str, float] = {}
 
-    def start(self, operator_pid: int) -> None:
-        self.pids["operator"] = operator_pid
+    def start(self, operator_pid: int | None) -> None:
+        if operator_pid is None:
+            self.pids.pop("operator", None)
+        else:
+            self.pids["operator"] = operator_pid
         self._start = {name: _cpu_s(pid) for name, pid in self.pids.items()}
         self._start["benchmark client"] = time.process_time()
 
@@ -161,24 +174,84 @@ class Run:
                     if self.done.is_set():
                         return
 
-    async def create(self, count: int) -> float:
-        """Create ``count`` claims, 50 requests in flight; returns how long it took."""
+    async def create(
+        self, count: int, *, created: Callable[[int, dict[str, Any]], None] | None = None
+    ) -> float:
+        """Create ``count`` claims, 50 requests in flight; returns how long it took. ``created`` is
+        called with each claim's index and the object the API server returned."""
 
         async def one(i: int) -> None:
             name = f"c{i:04d}"
-            await self.custom.create_namespaced_custom_object(
+            obj = await self.custom.create_namespaced_custom_object(
                 GROUP, VERSION, self.ns, "resourceclaims", _claim(name, self.ns, GPU_CLASS)
             )
             self.created[name] = time.monotonic()
+            if created is not None:
+                created(i, obj)
 
         start = time.monotonic()
         await _bounded([one(i) for i in range(count)], 50)
         return time.monotonic() - start
 
 
+def _allocation(i: int, *, gpus: int) -> dict[str, Any]:
+    """An allocation as the operator writes it: claim ``i`` gets GPU ``i % gpus`` of node ``i // gpus``."""
+    node = f"bench-node-{i // gpus:03d}"
+    return {
+        "devices": {
+            "results": [
+                {"request": "gpu", "driver": "gpu.nvidia.com", "pool": node, "device": f"gpu-{i % gpus}"}
+            ]
+        },
+        "nodeSelector": {
+            "nodeSelectorTerms": [
+                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+            ]
+        },
+        "allocationTimestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+class ReferenceAllocator:
+    """An allocator with no placement work and no watch of its own, in the benchmark's process: it
+    knows each claim from the reply to its creation and writes a precomputed allocation the
+    operator's way (merge patch of the status with a resourceVersion precondition, at most
+    ``writes`` at once). The claims that do not fit get no write, as the operator's condition writes
+    come after its window too. Not a ceiling: its HTTP client costs CPU on the same cores (the burst
+    bound printed from the raw rates is the ceiling); it shows what the operator's own work adds."""
+
+    def __init__(self, custom: Any, *, allocatable: int, gpus: int, writes: int) -> None:
+        self.custom, self.allocatable, self.gpus = custom, allocatable, gpus
+        self._writes = asyncio.Semaphore(writes)
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def allocate(self, i: int, obj: dict[str, Any]) -> None:
+        if i < self.allocatable:
+            self._tasks.append(asyncio.create_task(self._write(i, obj)))
+
+    async def _write(self, i: int, obj: dict[str, Any]) -> None:
+        meta = obj["metadata"]
+        async with self._writes:
+            await self.custom.patch_namespaced_custom_object_status(
+                GROUP,
+                VERSION,
+                meta["namespace"],
+                "resourceclaims",
+                meta["name"],
+                {
+                    "metadata": {"resourceVersion": meta["resourceVersion"]},
+                    "status": {"allocation": _allocation(i, gpus=self.gpus)},
+                },
+                _content_type=MERGE_PATCH,
+            )
+
+    async def wait(self) -> None:
+        await asyncio.gather(*self._tasks)
+
+
 async def _claim_patches(api: Any) -> float:
     """PATCH requests on resourceclaims the API server has answered so far, from its own metrics
-    (only the operator patches claims in this benchmark)."""
+    (in each window only the allocator being measured patches claims)."""
     response = await api.call_api("/metrics", "GET", auth_settings=["BearerToken"], _preload_content=False)
     raw = response[0] if isinstance(response, tuple) else response
     total = 0.0
@@ -205,7 +278,7 @@ def _report(
     claims: int,
     start: float,
     cpu: dict[str, float],
-    rss: float,
+    rss: float | None,
     patches: float,
     extra: str = "",
 ) -> tuple[float, float]:
@@ -230,7 +303,10 @@ def _report(
         # at which allocations land once they flow.
         print(f"from the first allocation to the last: {(run.expected - 1) / (total - first):.0f} claims/s")
     print(f"claim writes (PATCH) in the window: {patches:.0f} -> {patches / total:.0f}/s")
-    print(f"operator RSS after allocating: {rss:.0f} MiB")
+    if rss is not None:
+        print(f"operator RSS after allocating: {rss:.0f} MiB")
+    if cpu.get("operator"):
+        print(f"operator CPU per allocated claim: {1000 * cpu['operator'] / run.expected:.2f} ms")
     print(
         "CPU seconds in the window: "
         + ", ".join(f"{name} {seconds:.1f}" for name, seconds in sorted(cpu.items(), key=lambda kv: -kv[1]))
@@ -239,10 +315,12 @@ def _report(
     return rate, patches / total
 
 
-async def _raw_rate(custom: Any, claims: int, in_flight: int, *, round_: int) -> float:
-    """The same API server, one client, plain claim status writes: the ceiling for any allocator.
-    Each round writes the allocation of claims of its own (an allocation is immutable)."""
+async def _raw_rates(custom: Any, claims: int, in_flight: int, *, round_: int) -> tuple[float, float]:
+    """The same API server, one client: claim creations (50 in flight), then plain claim status
+    writes (``in_flight``) on them, the ceiling for any allocator. Returns both rates. Each round
+    writes the allocation of claims of its own (an allocation is immutable)."""
     names = [f"r{round_}-{i:04d}" for i in range(claims)]
+    start = time.monotonic()
     await _bounded(
         [
             custom.create_namespaced_custom_object(
@@ -252,6 +330,7 @@ async def _raw_rate(custom: Any, claims: int, in_flight: int, *, round_: int) ->
         ],
         50,
     )
+    create_rate = claims / (time.monotonic() - start)
 
     async def status(name: str) -> None:
         result = {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "raw", "device": name}
@@ -262,12 +341,58 @@ async def _raw_rate(custom: Any, claims: int, in_flight: int, *, round_: int) ->
             "resourceclaims",
             name,
             {"status": {"allocation": {"devices": {"results": [result]}}}},
-            _content_type="application/merge-patch+json",
+            _content_type=MERGE_PATCH,
         )
 
     start = time.monotonic()
     await _bounded([status(name) for name in names], in_flight)
-    return claims / (time.monotonic() - start)
+    return create_rate, claims / (time.monotonic() - start)
+
+
+async def _reference_runs(
+    api: Any, meter: CpuMeter, *, claims: int, allocatable: int, gpus: int, writes: int
+) -> tuple[float, float]:
+    """The burst and the backlog with the reference allocator in the operator's place, measured as
+    the operator's runs are (the same watch, the same clocks); returns the two claims/s."""
+    custom: Any = client.CustomObjectsApi(api)
+    core: Any = client.CoreV1Api(api)
+    rates = []
+    for ns, backlog in zip(REFERENCE_NS, (False, True), strict=True):
+        await core.create_namespace({"metadata": {"name": ns}})
+        run = Run(custom, ns, allocatable)
+        allocator = ReferenceAllocator(custom, allocatable=allocatable, gpus=gpus, writes=writes)
+        objects: list[tuple[int, dict[str, Any]]] = []
+        if backlog:
+            await run.create(claims, created=lambda i, obj: objects.append((i, obj)))  # noqa: B023 (used before the loop moves on)
+        watcher = asyncio.create_task(run.watch())
+        await asyncio.sleep(1.0)
+        start = time.monotonic()
+        meter.start(None)
+        patches = await _claim_patches(api)
+        if backlog:
+            for i, obj in objects:
+                allocator.allocate(i, obj)
+            extra = ""
+        else:
+            created_in = await run.create(claims, created=allocator.allocate)
+            extra = f"claims created in {created_in:.1f} s"
+        await allocator.wait()
+        await asyncio.wait_for(run.done.wait(), timeout=1200)
+        cpu = meter.used()
+        title = "backlog: claims created first" if backlog else "burst: claims created while it writes"
+        rate, _ = _report(
+            f"reference allocator, {title}",
+            run,
+            claims=claims,
+            start=start,
+            cpu=cpu,
+            rss=None,
+            patches=await _claim_patches(api) - patches,
+            extra=extra,
+        )
+        watcher.cancel()
+        rates.append(rate)
+    return rates[0], rates[1]
 
 
 MANIFESTS = Path(__file__).resolve().parent.parent / "manifests" / "base"
@@ -418,17 +543,51 @@ async def bench(
         watcher.cancel()
         stop_operator(proc)
 
-        rounds = [await _raw_rate(custom, claims, 16, round_=i) for i in range(3)]
+        # 3. The same two scenarios with the reference allocator in the operator's place.
+        reference = await _reference_runs(
+            api, meter, claims=claims, allocatable=allocatable, gpus=gpus, writes=writes
+        )
+
+        raw = [await _raw_rates(custom, claims, 16, round_=i) for i in range(3)]
+        rounds = [status for _, status in raw]
         print("--- raw claim status updates, one client (16 in flight), nothing else running")
         print(f"3 rounds of {claims}: " + ", ".join(f"{r:.0f}/s" for r in rounds))
+        print("their creations (50 in flight): " + ", ".join(f"{c:.0f}/s" for c, _ in raw))
         best = statistics.median(rounds)
-        ratios = f"burst {100 * burst_rate / best:.0f} %, backlog {100 * backlog_rate / best:.0f} %"
-        print(f"operator claims/s vs raw (median): {ratios}")
+        # The burst asks the API server for every creation and every allocation write inside its
+        # window: with the server's CPU the bottleneck (both cores are busy in the burst), even an
+        # allocator that costs nothing ends no sooner than the two at their raw rates, one after
+        # the other.
+        creations = statistics.median(c for c, _ in raw)
+        bound = allocatable / (claims / creations + allocatable / best)
+        print(
+            f"burst bound for any allocator: {allocatable} / ({claims} / {creations:.0f}/s + "
+            f"{allocatable} / {best:.0f}/s) = {bound:.0f} claims/s, {100 * bound / best:.0f} % of raw"
+        )
+
+        def vs(rate: float, base: float) -> str:
+            return f"{100 * rate / base:.0f} %"
+
+        print(
+            "operator claims/s vs raw (median): "
+            f"burst {vs(burst_rate, best)}, backlog {vs(backlog_rate, best)}"
+        )
         # Without the claim finalizer policy each allocated claim takes two writes (finalizer, then
         # status.allocation), and claims/s can reach at most half the raw rate; the writes' ratio
         # shows how close the operator gets either way.
-        writes_ratio = f"burst {100 * burst_writes / best:.0f} %, backlog {100 * backlog_writes / best:.0f} %"
-        print(f"operator claim writes/s vs raw (median): {writes_ratio}")
+        print(
+            "operator claim writes/s vs raw (median): "
+            f"burst {vs(burst_writes, best)}, backlog {vs(backlog_writes, best)}"
+        )
+        print(
+            "reference allocator claims/s vs raw (median): "
+            f"burst {vs(reference[0], best)}, backlog {vs(reference[1], best)}"
+        )
+        print(
+            "operator claims/s vs the reference allocator: "
+            f"burst {vs(burst_rate, reference[0])}, backlog {vs(backlog_rate, reference[1])}"
+        )
+        print(f"operator burst claims/s vs the burst bound: {vs(burst_rate, bound)}")
     finally:
         stop_operator(proc)
         await api.close()
