@@ -57,7 +57,6 @@ GPU_CLASS = "gpu.nvidia.com"  # the shipped name, which the claim finalizer poli
 NS = "bench"
 BACKLOG_NS = "bench-backlog"
 RAW_NS = "bench-raw"
-REFERENCE_NS = ("bench-reference", "bench-reference-backlog")
 MERGE_PATCH = "application/merge-patch+json"
 
 
@@ -349,50 +348,48 @@ async def _raw_rates(custom: Any, claims: int, in_flight: int, *, round_: int) -
     return create_rate, claims / (time.monotonic() - start)
 
 
-async def _reference_runs(
-    api: Any, meter: CpuMeter, *, claims: int, allocatable: int, gpus: int, writes: int
-) -> tuple[float, float]:
-    """The burst and the backlog with the reference allocator in the operator's place, measured as
-    the operator's runs are (the same watch, the same clocks); returns the two claims/s."""
+async def _reference_run(
+    api: Any, meter: CpuMeter, *, backlog: bool, claims: int, allocatable: int, gpus: int, writes: int
+) -> float:
+    """The burst or the backlog with the reference allocator in the operator's place, measured as
+    the operator's runs are (the same watch, the same clocks); returns its claims/s."""
     custom: Any = client.CustomObjectsApi(api)
     core: Any = client.CoreV1Api(api)
-    rates = []
-    for ns, backlog in zip(REFERENCE_NS, (False, True), strict=True):
-        await core.create_namespace({"metadata": {"name": ns}})
-        run = Run(custom, ns, allocatable)
-        allocator = ReferenceAllocator(custom, allocatable=allocatable, gpus=gpus, writes=writes)
-        objects: list[tuple[int, dict[str, Any]]] = []
-        if backlog:
-            await run.create(claims, created=lambda i, obj: objects.append((i, obj)))  # noqa: B023 (used before the loop moves on)
-        watcher = asyncio.create_task(run.watch())
-        await asyncio.sleep(1.0)
-        start = time.monotonic()
-        meter.start(None)
-        patches = await _claim_patches(api)
-        if backlog:
-            for i, obj in objects:
-                allocator.allocate(i, obj)
-            extra = ""
-        else:
-            created_in = await run.create(claims, created=allocator.allocate)
-            extra = f"claims created in {created_in:.1f} s"
-        await allocator.wait()
-        await asyncio.wait_for(run.done.wait(), timeout=1200)
-        cpu = meter.used()
-        title = "backlog: claims created first" if backlog else "burst: claims created while it writes"
-        rate, _ = _report(
-            f"reference allocator, {title}",
-            run,
-            claims=claims,
-            start=start,
-            cpu=cpu,
-            rss=None,
-            patches=await _claim_patches(api) - patches,
-            extra=extra,
-        )
-        watcher.cancel()
-        rates.append(rate)
-    return rates[0], rates[1]
+    ns = "bench-reference-backlog" if backlog else "bench-reference"
+    await core.create_namespace({"metadata": {"name": ns}})
+    run = Run(custom, ns, allocatable)
+    allocator = ReferenceAllocator(custom, allocatable=allocatable, gpus=gpus, writes=writes)
+    objects: list[tuple[int, dict[str, Any]]] = []
+    if backlog:
+        await run.create(claims, created=lambda i, obj: objects.append((i, obj)))
+    watcher = asyncio.create_task(run.watch())
+    await asyncio.sleep(1.0)
+    start = time.monotonic()
+    meter.start(None)
+    patches = await _claim_patches(api)
+    extra = ""
+    if backlog:
+        for i, obj in objects:
+            allocator.allocate(i, obj)
+    else:
+        created_in = await run.create(claims, created=allocator.allocate)
+        extra = f"claims created in {created_in:.1f} s"
+    await allocator.wait()
+    await asyncio.wait_for(run.done.wait(), timeout=1200)
+    cpu = meter.used()
+    title = "backlog: claims created first" if backlog else "burst: claims created while it writes"
+    rate, _ = _report(
+        f"reference allocator, {title}",
+        run,
+        claims=claims,
+        start=start,
+        cpu=cpu,
+        rss=None,
+        patches=await _claim_patches(api) - patches,
+        extra=extra,
+    )
+    watcher.cancel()
+    return rate
 
 
 MANIFESTS = Path(__file__).resolve().parent.parent / "manifests" / "base"
@@ -544,9 +541,12 @@ async def bench(
         stop_operator(proc)
 
         # 3. The same two scenarios with the reference allocator in the operator's place.
-        reference = await _reference_runs(
-            api, meter, claims=claims, allocatable=allocatable, gpus=gpus, writes=writes
-        )
+        reference = [
+            await _reference_run(
+                api, meter, backlog=backlog, claims=claims, allocatable=allocatable, gpus=gpus, writes=writes
+            )
+            for backlog in (False, True)
+        ]
 
         raw = [await _raw_rates(custom, claims, 16, round_=i) for i in range(3)]
         rounds = [status for _, status in raw]

@@ -167,14 +167,14 @@ class LocalCluster:
         self.logs_dir.mkdir(exist_ok=True)
         started = time.monotonic()
         self._pki = generate_pki(self.workdir / "pki")
-        atexit.register(self.stop)
         for attempt in range(1, START_ATTEMPTS + 1):
+            atexit.register(self.stop)  # stop() unregisters it
             try:
                 self._start_components(timeout=timeout)
                 break
-            except PortTaken as exc:
+            except BaseException as exc:
                 self.stop()
-                if attempt == START_ATTEMPTS:
+                if not isinstance(exc, PortTaken) or attempt == START_ATTEMPTS:
                     raise
                 log.warning("%s; starting again with other ports", str(exc).splitlines()[0])
                 # etcd may have written its first data with the old peer URL; the logs of this
@@ -184,10 +184,6 @@ class LocalCluster:
                 kept.mkdir(exist_ok=True)
                 for path in self.log_files():
                     path.rename(kept / path.name)
-                atexit.register(self.stop)
-            except BaseException:
-                self.stop()
-                raise
         self.timings["start_s"] = time.monotonic() - started
         log.info(
             "control plane ready at %s in %.1f s (logs in %s)",
