@@ -296,6 +296,35 @@ class ClusterModel:
     def holders(self, device: DeviceID) -> frozenset[ClaimKey]:
         return frozenset(self._in_use.get(device, ()))
 
+    def taken_by_others(self, key: ClaimKey, allocation: AllocationResult) -> dict[DeviceID, ClaimKey]:
+        """Devices of ``allocation`` (meant for claim ``key``) that another claim holds in a way that
+        excludes it, written or being written, with one such holder each. As in the allocator,
+        admin access excludes nothing, and shares of one device exclude each other only when an
+        exclusive allocation is involved."""
+        taken: dict[DeviceID, ClaimKey] = {}
+        for result in allocation.devices:
+            if result.admin_access:
+                continue
+            device = result.device_id
+            candidates = set(self._in_use.get(device, ()))
+            writer = self._assumed_devices.get(device)
+            if writer is not None:
+                candidates.add(writer)
+            candidates.discard(key)
+            for other in sorted(candidates):
+                held = self._holding.get(other)
+                if held is None:
+                    continue
+                for r in held.devices:
+                    if r.device_id != device or r.admin_access:
+                        continue
+                    if r.share_id is None or result.share_id is None:
+                        taken[device] = other
+                        break
+                if device in taken:
+                    break
+        return taken
+
     def allocated_claims(self) -> Iterator[ResourceClaim]:
         """Claims holding devices: allocated ones, and those with an allocation being written."""
         for key, claim in self.claims.items():

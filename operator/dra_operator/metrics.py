@@ -186,6 +186,14 @@ class Metrics:
             ["cause"],
             registry=self.registry,
         )
+        self.index_repairs = PromCounter(
+            "dra_operator_placer_index_repairs",
+            "Times the placer's free-device index disagreed with the cluster model and was rebuilt, by "
+            "how it was found: 'placement' (it chose a device another claim holds) or 'check' "
+            "(--verify-placer-index).",
+            ["found_by"],
+            registry=self.registry,
+        )
         self.events_dropped = PromCounter(
             "dra_operator_events_dropped",
             "Events not posted because the event queue was full.",

@@ -34,3 +34,11 @@ class Unallocatable:
 
 class Placer(Protocol):
     def place(self, *, claims: Sequence[ResourceClaim], model: ClusterModel) -> Placement | Unallocatable: ...
+
+    def disagreements(self, model: ClusterModel) -> list[str]:
+        """Where the placer's own view of free devices differs from ``model`` (empty: none)."""
+        ...
+
+    def rebuild(self) -> None:
+        """Forget every view derived from the model; the next placement starts from the model."""
+        ...

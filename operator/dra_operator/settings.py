@@ -119,6 +119,12 @@ class Settings:
     devices are held in the model until its writes end, so claims written together never share a
     device; more in flight hides API round trips, fewer spares a slow API server."""
 
+    verify_placer_index: bool = False
+    """After every event, compare the placer's free-device index with the cluster model; on a
+    difference, log an error naming it, count it in dra_operator_placer_index_repairs_total and
+    rebuild the index. Costs O(devices in use) per event: for tests and for chasing a suspected
+    bug, not for production."""
+
     orphan_slice_grace_s: float = 30.0
     """How long a ResourceSlice of a deleted node may stay before the operator deletes it."""
 

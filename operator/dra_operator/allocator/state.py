@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from dra_api.model import AllocationResult, ResourceClaim
 from dra_api.quantity import Quantity
@@ -33,11 +34,17 @@ class AllocatedState:
 
     ``devices``: exclusively allocated devices. ``shared``: allocations of multi-allocatable devices
     (consumable capacity), by share ID. ``capacity``: capacity already consumed per device.
+
+    Adding and removing allocations counts holders: a device two allocations hold (two allocators
+    racing, or a holder the caller has not yet learnt is gone) stays in use until both are removed.
+    A set would free it with the first removal, and the device would be handed out while held.
     """
 
     devices: set[DeviceID] = field(default_factory=set)
     shared: set[SharedDeviceID] = field(default_factory=set)
     capacity: dict[DeviceID, dict[str, Quantity]] = field(default_factory=dict)
+    # Holders beyond one, per device or share: entries put straight into the sets count as one.
+    _extra: dict[DeviceID | SharedDeviceID, int] = field(default_factory=dict, repr=False, compare=False)
 
     def in_use_ids(self) -> set[DeviceID]:
         """Every device some claim holds, exclusively or shared (upstream ``IsDeviceAllocated``)."""
@@ -67,9 +74,9 @@ class AllocatedState:
                 continue
             device_id = result.device_id
             if result.share_id is None:
-                self.devices.add(device_id)
+                self._hold(self.devices, device_id)
                 continue
-            self.shared.add((*device_id, result.share_id))
+            self._hold(self.shared, (*device_id, result.share_id))
             if result.consumed_capacity:
                 self._add_capacity(device_id, result.consumed_capacity, sign=1)
 
@@ -79,11 +86,26 @@ class AllocatedState:
                 continue
             device_id = result.device_id
             if result.share_id is None:
-                self.devices.discard(device_id)
+                self._let_go(self.devices, device_id)
                 continue
-            self.shared.discard((*device_id, result.share_id))
+            self._let_go(self.shared, (*device_id, result.share_id))
             if result.consumed_capacity:
                 self._add_capacity(device_id, result.consumed_capacity, sign=-1)
+
+    def _hold(self, held: set[Any], key: Any) -> None:
+        if key in held:
+            self._extra[key] = self._extra.get(key, 0) + 1
+        else:
+            held.add(key)
+
+    def _let_go(self, held: set[Any], key: Any) -> None:
+        extra = self._extra.get(key, 0)
+        if extra > 1:
+            self._extra[key] = extra - 1
+        elif extra == 1:
+            del self._extra[key]
+        else:
+            held.discard(key)
 
     def _add_capacity(self, device_id: DeviceID, amounts: Mapping[str, Quantity], *, sign: int) -> None:
         current = self.capacity.setdefault(device_id, {})
@@ -105,4 +127,5 @@ class AllocatedState:
             devices=set(self.devices),
             shared=set(self.shared),
             capacity={k: dict(v) for k, v in self.capacity.items()},
+            _extra=dict(self._extra),
         )

@@ -123,7 +123,12 @@ class FreeDeviceIndex:
         self.classes = classes
         self.nodes: list[Node] = sorted(nodes, key=lambda n: n.name)
         self.rank: dict[str, int] = {n.name: i for i, n in enumerate(self.nodes)}
-        self.in_use: set[DeviceID] = set(in_use)
+        # Devices held exclusively, and holders beyond the first of each: a device two allocations
+        # hold stays taken until both are released (see AllocatedState).
+        self.in_use: set[DeviceID] = set()
+        self._extra_holders: dict[DeviceID, int] = {}
+        for did in in_use:
+            self._hold(did)
         self._keys: dict[DemandKey, KeyCounts] = {}
         # node-local slices per node rank (slices of nodes outside the cluster are left out)
         self._node_slices: list[list[ResourceSlice]] = [
@@ -133,18 +138,40 @@ class FreeDeviceIndex:
     # ---- allocations ---------------------------------------------------------------------------
 
     def note_allocated(self, allocation: AllocationResult) -> None:
-        for did in _exclusive(allocation):
-            if did in self.in_use:
-                continue
-            self.in_use.add(did)
-            self._adjust(did, -1)
+        for did in exclusive_devices(allocation):
+            if self._hold(did):
+                self._adjust(did, -1)
 
     def note_released(self, allocation: AllocationResult) -> None:
-        for did in _exclusive(allocation):
-            if did not in self.in_use:
-                continue
-            self.in_use.discard(did)
-            self._adjust(did, +1)
+        for did in exclusive_devices(allocation):
+            if self._let_go(did):
+                self._adjust(did, +1)
+
+    def _hold(self, did: DeviceID) -> bool:
+        """Count one more holder of ``did``; True when it was free."""
+        if did in self.in_use:
+            self._extra_holders[did] = self._extra_holders.get(did, 0) + 1
+            return False
+        self.in_use.add(did)
+        return True
+
+    def _let_go(self, did: DeviceID) -> bool:
+        """Count one holder less of ``did``; True when it is free now."""
+        extra = self._extra_holders.get(did, 0)
+        if extra:
+            if extra == 1:
+                del self._extra_holders[did]
+            else:
+                self._extra_holders[did] = extra - 1
+            return False
+        if did not in self.in_use:
+            return False
+        self.in_use.discard(did)
+        return True
+
+    def holder_counts(self) -> dict[DeviceID, int]:
+        """How many allocations hold each device in use (for consistency checks)."""
+        return {did: 1 + self._extra_holders.get(did, 0) for did in self.in_use}
 
     def _adjust(self, did: DeviceID, delta: int) -> None:
         for counts in self._keys.values():
@@ -153,6 +180,29 @@ class FreeDeviceIndex:
                 counts.set_free(rank, counts.free[rank] + delta)
             elif did in counts.shared:
                 counts.shared_free += delta
+
+    def count_problems(self) -> list[str]:
+        """Free counts that do not match the index's own devices and in-use set (empty: none)."""
+        problems = []
+        for key, counts in self._keys.items():
+            evaluated = [rank for rank in range(len(self.nodes)) if rank not in set(counts.pending)]
+            free = dict.fromkeys(evaluated, 0)
+            for did, rank in counts.local.items():
+                if did not in self.in_use:
+                    free[rank] += 1
+            for rank in evaluated:
+                if counts.free[rank] != free[rank]:
+                    problems.append(
+                        f"index key {key.class_name}: node {self.nodes[rank].name} counted "
+                        f"{counts.free[rank]} free, its devices say {free[rank]}"
+                    )
+            shared_free = sum(1 for did in counts.shared if did not in self.in_use)
+            if counts.shared_free != shared_free:
+                problems.append(
+                    f"index key {key.class_name}: {counts.shared_free} shared devices counted free, "
+                    f"its devices say {shared_free}"
+                )
+        return problems
 
     # ---- keys ----------------------------------------------------------------------------------
 
@@ -237,7 +287,8 @@ def _matches(*, key: DemandKey, device_class: DeviceClass, entry: DeviceEntry) -
         return True  # let the allocator meet (and report) the error on this device's node
 
 
-def _exclusive(allocation: AllocationResult) -> Iterator[DeviceID]:
+def exclusive_devices(allocation: AllocationResult) -> Iterator[DeviceID]:
+    """The devices ``allocation`` takes for itself (not admin access, not a share of a device)."""
     for result in allocation.devices:
         if result.admin_access or result.share_id is not None:
             continue

@@ -9,12 +9,14 @@ claims and allocations being written), touching only claims whose allocation cha
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Sequence
 
 from dra_api.model import AllocationResult, ResourceClaim
 from dra_operator.allocator import FeatureGates, SliceIndex
 from dra_operator.clustermodel import ClaimKey, ClusterModel
 from dra_operator.placement import Placement, Unallocatable
+from dra_operator.planner.index import exclusive_devices
 from dra_operator.planner.planner import FIRST_FIT, NotPlaced, PlanError, Planner
 
 
@@ -71,6 +73,40 @@ class PlannerPlacer:
                 planner.note_allocated(new)
                 self._noted[key] = new
         return planner
+
+    def rebuild(self) -> None:
+        """Drop the planner: the next placement builds it afresh from the model."""
+        self._planner = None
+
+    def disagreements(self, model: ClusterModel) -> list[str]:
+        """Where the planner, brought up to date with ``model`` as a placement would, disagrees
+        with it: devices held by a different number of allocations than the model's holding
+        allocations say, and free counts of the index that do not match its own devices. Empty
+        when they agree. O(devices in use + devices evaluated): for tests and for checking a
+        suspicion, not for every placement."""
+        planner = self.planner_for(model)
+        expected = Counter(did for a in model.holding_allocations().values() for did in exclusive_devices(a))
+        problems = []
+        counted = planner.index.holder_counts()
+        for did in sorted(expected.keys() | counted.keys()):
+            want, have = expected.get(did, 0), counted.get(did, 0)
+            if want != have:
+                holders = ", ".join(
+                    sorted(
+                        str(k) for k, a in model.holding_allocations().items() if did in exclusive_devices(a)
+                    )
+                )
+                problems.append(
+                    f"index counts {have} holders of {'/'.join(did)}, the model {want} ({holders or 'none'})"
+                )
+        allocator_held = planner.allocator.allocated.devices
+        for did in sorted(allocator_held ^ expected.keys()):
+            problems.append(
+                f"allocator counts {'/'.join(did)} {'held' if did in allocator_held else 'free'}, "
+                f"the model {'held' if did in expected else 'free'}"
+            )
+        problems += planner.index.count_problems()
+        return problems
 
     def place(self, *, claims: Sequence[ResourceClaim], model: ClusterModel) -> Placement | Unallocatable:
         outcome = self.planner_for(model).plan(list(claims))

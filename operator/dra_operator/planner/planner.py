@@ -30,7 +30,7 @@ from dra_operator.allocator import (
 from dra_operator.cel import CelCompileError, compile_selector
 from dra_operator.planner.demand import Demand, DemandKey, demand_of, request_specs
 from dra_operator.planner.explain import Explanation, NodeAttempt, explain
-from dra_operator.planner.index import FreeDeviceIndex
+from dra_operator.planner.index import FreeDeviceIndex, exclusive_devices
 
 logger = logging.getLogger(__name__)
 
@@ -301,10 +301,8 @@ def _index_for(
     gates: FeatureGates,
     allocations: Iterable[AllocationResult],
 ) -> FreeDeviceIndex:
-    """The index with the devices of existing allocations already taken."""
-    in_use = {
-        r.device_id for a in allocations for r in a.devices if not r.admin_access and r.share_id is None
-    }
+    """The index with the devices of existing allocations already taken (once per holder)."""
+    in_use = [did for a in allocations for did in exclusive_devices(a)]
     return FreeDeviceIndex(slices=slices, nodes=nodes, classes=classes, gates=gates, in_use=in_use)
 
 

@@ -38,7 +38,7 @@ from typing import Any
 
 from dra_api.model import AllocationResult, ModelError, ResourceClaim
 from dra_api.names import OPERATOR_FINALIZER, PROJECT_DOMAIN
-from dra_operator.clustermodel import ClaimKey, ClusterModel, InvalidClaim, claim_key_of
+from dra_operator.clustermodel import ClaimKey, ClusterModel, DeviceID, InvalidClaim, claim_key_of
 from dra_operator.events import EventSink
 from dra_operator.kubeapi import (
     Conflict,
@@ -50,6 +50,7 @@ from dra_operator.kubeapi import (
     retry_after,
     transient,
 )
+from dra_operator.logthrottle import LogThrottle, held_back
 from dra_operator.metrics import Metrics
 from dra_operator.placement import Placement, Placer, Unallocatable
 from dra_operator.reconcile.backoff import Backoff
@@ -60,7 +61,6 @@ logger = logging.getLogger(__name__)
 
 CONDITION_ANNOTATION = f"{PROJECT_DOMAIN}/condition"
 CONDITION_TYPE = "Allocated"
-RESYNC_ANNOTATION = f"{PROJECT_DOMAIN}/resync"
 _TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 RELIST_KINDS = ("deviceclasses", "resourceslices", "resourceclaims", "nodes", "pods")
 
@@ -144,6 +144,15 @@ def describe_allocation(allocation: AllocationResult, node: str | None) -> str:
     return f"allocated {devices or 'no devices'} {where}"
 
 
+class DevicesTaken(Exception):
+    """The devices placed for a claim are held by other claims (``taken``: device -> a holder): a
+    race with another allocator, or a placer out of step with the model."""
+
+    def __init__(self, taken: Mapping[DeviceID, ClaimKey]) -> None:
+        self.taken = dict(taken)
+        super().__init__(", ".join(f"{'/'.join(d)} (held by {k})" for d, k in sorted(self.taken.items())))
+
+
 @dataclass
 class _Failure:
     reason: str
@@ -191,6 +200,8 @@ class ClaimReconciler:
         self._deferred: set[ClaimKey] = set()
         self._defer_timer: asyncio.TimerHandle | None = None
         self.backoff = Backoff()
+        self._log_throttle = LogThrottle()
+        self._index_reported: set[DeviceID] = set()
         self.events = EventSink(api, idle=self.idle, dropped=metrics.events_dropped)
         self._relist_wanted: set[str] = set()
         self._relist_task: asyncio.Task[None] | None = None
@@ -224,6 +235,7 @@ class ClaimReconciler:
             if held_before:
                 self.scheduler_busy()
                 self.retry_failing()
+            self._verify_after_event()
             return
         result = self.model.upsert_claim(obj)
         if result is None:
@@ -235,6 +247,7 @@ class ClaimReconciler:
                 self.scheduler_busy()
                 self.retry_failing()  # devices were freed
         self.mark(key)
+        self._verify_after_event()
 
     def on_cluster_change(self) -> None:
         """Slices, classes or nodes changed: claims that could not be allocated get another try."""
@@ -243,6 +256,47 @@ class ClaimReconciler:
             if is_ours(claim, ownership=self.settings.ownership, classes=self.classes):
                 self._dirty[ClaimKey(claim.namespace, claim.name)] = None
         self._wake.set()
+        self._verify_after_event()
+
+    def _verify_after_event(self) -> None:
+        if self.settings.verify_placer_index:
+            self.check_placer(found_by="check")
+
+    def check_placer(
+        self,
+        *,
+        found_by: str,
+        claim: ResourceClaim | None = None,
+        taken: Mapping[DeviceID, ClaimKey] | None = None,
+    ) -> bool:
+        """Compare the placer's free-device index with the model; on a difference, rebuild the
+        index from the model, count it, log it (at most every 30 s) and, when a placement ran into
+        it, post a Warning Event on the claim once per device. True when they disagreed."""
+        problems = self.placer.disagreements(self.model)
+        if not problems:
+            return False
+        self.metrics.index_repairs.labels(found_by).inc()
+        self.placer.rebuild()
+        held = self._log_throttle.allow(("placer index", found_by))
+        if held is not None:
+            logger.error(
+                "placer index disagrees with the model (found by %s); rebuilt it from the model: %s%s",
+                found_by,
+                "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else ""),
+                held_back(held),
+            )
+        fresh = {d: k for d, k in (taken or {}).items() if d not in self._index_reported}
+        if claim is not None and fresh:
+            self._index_reported.update(fresh)
+            devices = ", ".join(f"{'/'.join(d)} (held by {k})" for d, k in sorted(fresh.items()))
+            self.events.post(
+                involved=involved(claim, api_version=self.api.api_version),
+                type_="Warning",
+                reason="PlacementIndexRepaired",
+                message=f"the operator's free-device index counted {devices} as free; it was rebuilt "
+                "from the cluster state and the claim will be placed again",
+            )
+        return True
 
     def retry_failing(self) -> None:
         for key in self._failing:
@@ -451,6 +505,8 @@ class ClaimReconciler:
             await self.backoff.wait_for_pause()
             await self.reconcile(key)
             self.backoff.succeeded(key)
+        except DevicesTaken as exc:
+            self._retry_later(key, exc)
         except (Conflict, Gone):
             self.metrics.conflicts.inc()
             try:
@@ -469,19 +525,40 @@ class ClaimReconciler:
         """Queue the claim again after its backoff (and after the server's Retry-After, if any)."""
         self.model.forget_assumed(key)
         attempt, delay = self.backoff.failed(key, retry_after=retry_after(exc))
-        if transient(exc):
-            cause = error_cause(exc)
-            self.metrics.api_retries.labels(cause).inc()
-            logger.warning(
-                "claim %s: attempt #%d failed (%s); will retry in %.1f s",
-                key,
-                attempt,
-                error_text(exc),
-                delay,
-            )
+        # One line per claim and kind of failure every 30 s at most: a failure that keeps coming
+        # back is counted in the next line logged, not repeated.
+        held = self._log_throttle.allow((key, type(exc)))
+        if isinstance(exc, DevicesTaken):
+            if held is not None:
+                logger.info(
+                    "claim %s: devices %s were taken meanwhile; placing again in %.1f s (attempt #%d)%s",
+                    key,
+                    exc,
+                    delay,
+                    attempt,
+                    held_back(held),
+                )
+        elif transient(exc):
+            self.metrics.api_retries.labels(error_cause(exc)).inc()
+            if held is not None:
+                logger.warning(
+                    "claim %s: attempt #%d failed (%s); will retry in %.1f s%s",
+                    key,
+                    attempt,
+                    error_text(exc),
+                    delay,
+                    held_back(held),
+                )
         else:
-            logger.exception("claim %s: attempt #%d failed; will retry in %.1f s", key, attempt, delay)
             self.metrics.reconcile_errors.labels("ResourceClaim").inc()
+            if held is not None:
+                logger.exception(
+                    "claim %s: attempt #%d failed; will retry in %.1f s%s",
+                    key,
+                    attempt,
+                    delay,
+                    held_back(held),
+                )
         asyncio.get_running_loop().call_later(delay, self.mark, key)
 
     async def _refetch(self, key: ClaimKey) -> None:
@@ -558,12 +635,14 @@ class ClaimReconciler:
                 self.model.forget_assumed(key)
                 self._defer(key)
                 return
-            taken = [r.device_id for r in allocation.devices if self.model.holders(r.device_id) - {key}]
+            taken = self.model.taken_by_others(key, allocation)
             if taken:
+                # Held by a claim written meanwhile (a race: the placer has caught up by now), or
+                # held all along by a claim the placer counted free: then its index is repaired
+                # here. Either way the claim goes through its back-off, never straight back.
                 self.model.forget_assumed(key)
-                logger.info("claim %s: devices %s were taken meanwhile; placing again", key, taken)
-                self.mark(key)
-                return
+                self.check_placer(found_by="placement", claim=claim, taken=taken)
+                raise DevicesTaken(taken)
             obj = await self.api.patch_claim_status(
                 namespace=claim.namespace,
                 name=claim.name,
@@ -796,7 +875,13 @@ class ClaimReconciler:
 
     async def _repair_double_bookings(self) -> None:
         """A device in two claims can only come from two allocators racing on different claims
-        (the scheduler and this operator). Give up our copy if no pod uses it yet."""
+        (the scheduler and this operator). Give up our copy if no pod uses it yet.
+
+        kube-scheduler (1.36) keeps allocated devices in a set, adds a claim's devices when it sees
+        the claim allocated and removes them when it sees it deallocated or deleted; an update that
+        leaves the allocation as it was changes nothing. So after this release it counts the device
+        free although the other claim still holds it, until it lists claims again: no write of ours
+        can tell it otherwise. Avoiding the race (the scheduler grace period) is the real cure."""
         for device, holders in self.model.double_booked().items():
             for key in sorted(holders):
                 claim = self.model.claims.get(key)
@@ -815,23 +900,8 @@ class ClaimReconciler:
                     await self._clear_allocation(claim)
                 except (Conflict, Gone):
                     await self._refetch(key)
-                await self._touch(others)
                 self.mark(key)
                 break
-
-    async def _touch(self, keys: list[ClaimKey]) -> None:
-        """Make the other holders of a released device send an update event. kube-scheduler tracks
-        allocated devices as a set: our release removed the device from it although the other
-        claim still holds it; an update of that claim adds it back."""
-        for key in keys:
-            try:
-                await self.api.patch_claim(
-                    namespace=key.namespace,
-                    name=key.name,
-                    body={"metadata": {"annotations": {RESYNC_ANNOTATION: _now()}}},
-                )
-            except Gone:
-                continue
 
 
 def _same_condition(old: str, new: str) -> bool:

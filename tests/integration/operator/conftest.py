@@ -2,8 +2,10 @@
 
 ``operators`` starts ``dra-operator run`` subprocesses (admin kubeconfig, their own metrics port,
 the project's peering object) and stops them after the test; a test can SIGKILL one to exercise
-restarts. Each test uses its own namespace, node names and DeviceClass names, so tests sharing the
-session's cluster stay independent.
+restarts. Every one of them compares its placer's index with its model after every event
+(``--verify-placer-index``), and a test whose operators logged a disagreement fails. Each test
+uses its own namespace, node names and DeviceClass names, so tests sharing the session's cluster
+stay independent.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from dra_api.localcluster.cluster import free_port
 REPO = Path(__file__).resolve().parents[3]
 GPU_DRIVER = "gpu.nvidia.com"
 TPU_DRIVER = "tpu.google.com"
+INDEX_DISAGREES = "placer index disagrees"  # what the operator logs when --verify-placer-index finds one
 
 
 @dataclass
@@ -112,8 +115,9 @@ class Operators:
             "--stale-reservation-sweep-seconds=5",
             *extra,
         ]
+        env = {**os.environ, "DRA_OPERATOR_VERIFY_PLACER_INDEX": "true"}
         with log.open("ab") as out:
-            proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+            proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=env)
         op = OperatorProcess(proc=proc, port=port, log=log, args=args, identity=identity)
         self.started.append(op)
         if wait_active:
@@ -131,6 +135,17 @@ class Operators:
     def stop_all(self) -> None:
         for op in self.started:
             op.stop()
+
+    def index_disagreements(self) -> list[str]:
+        """Lines in which an operator said its placer's index disagreed with its model."""
+        found = []
+        for op in self.started:
+            try:
+                text = op.log.read_text(errors="replace")
+            except OSError:
+                continue
+            found += [f"{op.identity}: {line}" for line in text.splitlines() if INDEX_DISAGREES in line]
+        return found
 
 
 def install_peering(cluster: LocalCluster) -> None:
@@ -150,6 +165,10 @@ def operators(
     ops = Operators(cluster=local_cluster, workdir=tmp_path, gpu_class=f"{tag}-gpu", tpu_class=f"{tag}-tpu")
     yield ops
     ops.stop_all()
+    disagreements = ops.index_disagreements()
+    assert not disagreements, "the operator's placer index disagreed with its model:\n" + "\n".join(
+        disagreements[:10]
+    )
     for cls in (ops.gpu_class, ops.tpu_class):
         local_cluster.kubectl("delete", "deviceclass", cls, "--ignore-not-found", "--wait=false")
 

@@ -67,3 +67,44 @@ def test_errors_keep_their_reason() -> None:
     )
     assert isinstance(outcome, Unallocatable)
     assert outcome.reason == "DeviceClassNotFound"
+
+
+def test_a_device_two_claims_hold_stays_taken_until_both_release_it() -> None:
+    # Two allocators racing (kube-scheduler and the operator), or a holder whose deletion the model
+    # has not seen yet, leave one device in two claims. Releasing one of them (the operator gives
+    # up its copy) must not make the device free while the other still holds it: a placer that
+    # offered it again would be told "taken" forever (the livelock of issue 18).
+    model = _model()
+    placer = PlannerPlacer(policy="first-fit")
+    for name, rv, devices in (("a", "5", ("gpu-0",)), ("c", "6", ("gpu-0",)), ("b", "7", ("gpu-1",))):
+        written = claim(name, request(), allocation=allocation("n1", *devices))
+        written["metadata"]["resourceVersion"] = rv
+        model.upsert_claim(written)
+    assert placer.disagreements(model) == []
+    released = claim("c", request())
+    released["metadata"]["resourceVersion"] = "8"
+    model.upsert_claim(released)
+    assert placer.disagreements(model) == []
+    outcome = placer.place(claims=[ResourceClaim.from_json(released)], model=model)
+    assert isinstance(outcome, Placement)
+    chosen = [r.device_id for r in outcome.allocations[0].devices]
+    assert chosen[0][1] == "n2"  # n1's two GPUs are both held (gpu-0 by a, gpu-1 by b)
+    assert model.taken_by_others(ClaimKey("default", "c"), outcome.allocations[0]) == {}
+    # The other holder goes too: now gpu-0 is free.
+    model.remove_claim(ClaimKey("default", "a"))
+    assert placer.disagreements(model) == []
+    assert placer.planner_for(model).index.holder_counts() == {("gpu.nvidia.com", "n1", "gpu-1"): 1}
+
+
+def test_disagreements_name_the_device_and_a_rebuild_repairs_them() -> None:
+    model = _model()
+    written = claim("a", request(), allocation=allocation("n1", "gpu-0"))
+    written["metadata"]["resourceVersion"] = "5"
+    model.upsert_claim(written)
+    placer = PlannerPlacer()
+    planner = placer.planner_for(model)
+    planner.note_released(model.holding_allocations()[ClaimKey("default", "a")])  # a bug, simulated
+    problems = placer.disagreements(model)
+    assert any("gpu.nvidia.com/n1/gpu-0" in p and "default/a" in p for p in problems), problems
+    placer.rebuild()
+    assert placer.disagreements(model) == []

@@ -52,7 +52,7 @@ def test_prometheusrule_has_the_rule_files_groups() -> None:
 def test_promtool_checks_the_rules() -> None:
     result = promtool("check", "rules", str(RULES))
     assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
-    assert b"SUCCESS: 7 rules found" in result.stdout
+    assert b"SUCCESS: 8 rules found" in result.stdout
 
 
 def test_promtool_rule_tests_fire_the_device_unhealthy_alert() -> None:
