@@ -54,12 +54,13 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from dra_api.kube import make_api_client
-from dra_api.localcluster import LocalCluster
-from dra_api.localcluster.cluster import free_port
+from dra_devcluster import LocalCluster
+from dra_devcluster.cluster import free_port
 
 GROUP, VERSION = "resource.k8s.io", "v1"
 OPERATOR_FINALIZER = "dra.accel.dev/allocation"
 REPLACING = "placing again"  # what the operator logs when it places a claim again
+ALLOCATED = ": allocated "  # what it logs for each claim it allocates
 DeviceID = tuple[str, str, str]
 
 
@@ -146,6 +147,7 @@ class ChaosReport:
     final_claims: int = 0
     final_allocated: int = 0
     log_lines: int = 0
+    operator_allocations: int = 0
     replacing_lines: int = 0
     quiet_cpu_s: float = 0.0
     quiet_log_bytes: int = 0
@@ -156,7 +158,8 @@ class ChaosReport:
         return (
             f"actions: {acts}; operator kills: {self.kills}; double-booking samples: {self.samples} "
             f"(violations {len(self.double_bookings)}); settled: {self.settled} in {self.settle_s:.1f} s "
-            f"({self.final_allocated} of {self.final_claims} claims allocated); operator log: "
+            f"({self.final_allocated} of {self.final_claims} claims allocated); claims the operator "
+            f"allocated: {self.operator_allocations}; operator log: "
             f"{self.log_lines} lines, {self.replacing_lines} '{REPLACING}'; quiet window: "
             f"{self.quiet_cpu_s:.2f} CPU s, {self.quiet_log_bytes} log bytes, "
             f"{self.quiet_replacing_lines} '{REPLACING}'"
@@ -315,6 +318,7 @@ class Chaos:
         await self._quiet_window()
         self.report.log_lines = self.operator.log_lines()
         self.report.replacing_lines = self.operator.log_count(REPLACING)
+        self.report.operator_allocations = self.operator.log_count(ALLOCATED)
         return self.report
 
     # -- the churn ------------------------------------------------------------------------------
@@ -641,6 +645,7 @@ def main() -> None:
                 "settled": report.settled,
                 "settle_s": round(report.settle_s, 1),
                 "problems": report.problems[:10],
+                "operator_allocations": report.operator_allocations,
                 "log_lines": report.log_lines,
                 "replacing_lines": report.replacing_lines,
                 "quiet_cpu_s": round(report.quiet_cpu_s, 2),
