@@ -22,6 +22,9 @@ COPY pyproject.toml README.md ./
 COPY api ./api
 COPY operator ./operator
 COPY node_agent ./node_agent
+# The local development cluster is part of the same distribution (dra-local-cluster); nothing in
+# the operator or the agent imports it.
+COPY devcluster ./devcluster
 # --no-build-isolation: build with the pinned tools above instead of whatever is newest.
 RUN pip wheel --no-deps --no-build-isolation --wheel-dir /wheels .
 

@@ -30,8 +30,8 @@ from kubernetes_asyncio import client
 
 from dra_api.kube import make_api_client
 from dra_api.kubeletapi.model import ClaimRef
-from dra_api.localcluster import LocalCluster, temporary_cluster
-from dra_api.localcluster.kubelet import KubeletPluginClient
+from dra_devcluster import LocalCluster, temporary_cluster
+from dra_devcluster.kubelet import KubeletPluginClient
 
 GPU = "gpu.nvidia.com"
 NODE = "bench-node"

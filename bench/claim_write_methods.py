@@ -23,7 +23,7 @@ from kubernetes_asyncio import client
 
 from bench.operator_allocation import GROUP, VERSION, _bounded, _claim, service_account_kubeconfigs
 from dra_api.kube import make_api_client
-from dra_api.localcluster import LocalCluster
+from dra_devcluster import LocalCluster
 
 NS = "bench-methods"
 

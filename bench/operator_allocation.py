@@ -1,6 +1,6 @@
 """Benchmark: 1000 standalone claims at once on 100 nodes with 8 simulated GPUs each.
 
-Runs the real control plane (``dra_api.localcluster``) and ``dra-operator run`` as a subprocess
+Runs the real control plane (``dra_devcluster``) and ``dra-operator run`` as a subprocess
 under its ServiceAccount (a token, the ClusterRole from ``manifests/base``), in two scenarios:
 
 - burst: the claims are created (50 requests in flight) while the operator runs, so creation and
@@ -49,8 +49,8 @@ from typing import Any
 from kubernetes_asyncio import client, watch
 
 from dra_api.kube import make_api_client
-from dra_api.localcluster import LocalCluster
-from dra_api.localcluster.cluster import free_port
+from dra_devcluster import LocalCluster
+from dra_devcluster.cluster import free_port
 
 GROUP, VERSION = "resource.k8s.io", "v1"
 GPU_CLASS = "gpu.nvidia.com"  # the shipped name, which the claim finalizer policy matches

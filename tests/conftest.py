@@ -1,7 +1,7 @@
 """Fixtures shared by all test suites.
 
 ``local_cluster`` starts one real control plane per test session (built or found binaries; see
-``dra_api.localcluster``). It never skips: if the binaries cannot be provided, the tests that need
+``dra_devcluster``). It never skips: if the binaries cannot be provided, the tests that need
 it fail with the reason. When a test that used it fails, the tails of the components' logs are
 attached to the test report and the full logs stay in the session's temporary directory.
 """
@@ -12,7 +12,7 @@ from collections.abc import Generator, Iterator
 
 import pytest
 
-from dra_api.localcluster import LocalCluster
+from dra_devcluster import LocalCluster
 
 _CLUSTER_KEY = pytest.StashKey[LocalCluster]()
 

@@ -1,10 +1,15 @@
-"""Find or build the control-plane binaries: etcd, kube-apiserver, -controller-manager, -scheduler, kubectl.
+"""Find or build the control-plane binaries (etcd, kube-apiserver, -controller-manager, -scheduler,
+kubectl) and the node binaries (kubelet, containerd, its runc shim, ctr).
 
 Order of preference, per binary:
 1. a directory named by ``DRA_CONTROL_PLANE_ASSETS``, then by ``KUBEBUILDER_ASSETS`` (envtest's
    convention; envtest ships only etcd, kube-apiserver and kubectl, so the rest is still built);
-2. the per-user cache ``$XDG_CACHE_HOME/accel-dra/control-plane/<versions>/bin``;
-3. a build from the pinned Go modules (``gomod/``) with the machine's Go toolchain, into that cache.
+2. the per-user cache ``$XDG_CACHE_HOME/accel-dra/control-plane/<versions>/bin`` (node binaries:
+   ``.../accel-dra/node/<versions>/bin``);
+3. a build from the pinned Go modules with the machine's Go toolchain, into that cache: ``gomod/``
+   (Kubernetes, etcd) and ``gomod/containerd/`` (containerd, whose dependencies differ).
+
+runc and the CNI plugins come from Debian packages (``runc``, ``containernetworking-plugins``).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
@@ -26,6 +31,7 @@ log = logging.getLogger(__name__)
 
 KUBERNETES_VERSION = "v1.36.3"
 ETCD_VERSION = "v3.6.8"
+CONTAINERD_VERSION = "v2.2.9"
 
 ASSETS_ENV = "DRA_CONTROL_PLANE_ASSETS"
 ENVTEST_ASSETS_ENV = "KUBEBUILDER_ASSETS"
@@ -40,6 +46,39 @@ _PACKAGES: dict[str, str] = {
     "kubectl": "k8s.io/kubernetes/cmd/kubectl",
 }
 BINARY_NAMES = tuple(_PACKAGES)
+
+# Node binaries: Go package and the module folder (under gomod/) that pins it.
+_NODE_PACKAGES: dict[str, tuple[str, str]] = {
+    "kubelet": ("k8s.io/kubernetes/cmd/kubelet", "."),
+    "containerd": ("github.com/containerd/containerd/v2/cmd/containerd", "containerd"),
+    "containerd-shim-runc-v2": (
+        "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2",
+        "containerd",
+    ),
+    "ctr": ("github.com/containerd/containerd/v2/cmd/ctr", "containerd"),
+}
+NODE_BINARY_NAMES = tuple(_NODE_PACKAGES)
+_MODULE_FILES = {
+    ".": ("go.mod", "go.sum", "tools.go", "etcd/main.go"),
+    "containerd": ("go.mod", "go.sum", "tools.go"),
+}
+# What a plain `go build` leaves as "v0.0.0-master+$Format:%H$"; Kubernetes' own build sets these.
+_VERSION_LDFLAGS = {
+    ".": " ".join(
+        f"-X k8s.io/component-base/version.{k}={v}"
+        for k, v in (
+            ("gitVersion", KUBERNETES_VERSION),
+            ("gitMajor", KUBERNETES_VERSION.split(".")[0].removeprefix("v")),
+            ("gitMinor", KUBERNETES_VERSION.split(".")[1]),
+            ("gitTreeState", "clean"),
+        )
+    ),
+    "containerd": f"-X github.com/containerd/containerd/v2/version.Version={CONTAINERD_VERSION}",
+}
+# containerd's build tags for a static binary without the snapshotters that need cgo or kernel headers.
+_BUILD_TAGS = {"containerd": "no_btrfs no_devmapper no_zfs urfave_cli_no_docs"}
+RUNC_PACKAGE, CNI_PACKAGE = "runc", "containernetworking-plugins"
+CNI_PLUGIN_DIRS = (Path("/usr/lib/cni"), Path("/opt/cni/bin"))
 
 
 class BinariesUnavailable(RuntimeError):
@@ -111,33 +150,45 @@ def _build_lock(directory: Path) -> Iterator[None]:
 
 
 def build(names: list[str], *, into: Path) -> None:
-    """Build ``names`` from the pinned Go modules into ``into`` (blocking; minutes when cold)."""
+    """Build control-plane binaries ``names`` from the pinned Go modules into ``into`` (blocking;
+    minutes when cold)."""
+    log.info(
+        "building %s (Kubernetes %s, etcd %s); cold builds take many minutes",
+        ", ".join(names),
+        KUBERNETES_VERSION,
+        ETCD_VERSION,
+    )
+    _go_build({n: _PACKAGES[n] for n in names}, module=".", into=into, unavailable=_unavailable_message)
+
+
+def _go_build(
+    packages: dict[str, str], *, module: str, into: Path, unavailable: Callable[[list[str], str], str]
+) -> None:
+    """``go build`` the binary -> package map from the module folder ``module`` of ``gomod/``."""
+    names = list(packages)
     go = shutil.which("go")
     if go is None:
-        raise BinariesUnavailable(_unavailable_message(names, "no `go` on PATH"))
+        raise BinariesUnavailable(unavailable(names, "no `go` on PATH"))
     into.mkdir(parents=True, exist_ok=True)
-    source = resources.files("dra_api.localcluster") / "gomod"
+    source = resources.files("dra_devcluster") / "gomod" / module
     with tempfile.TemporaryDirectory(prefix="accel-dra-gobuild-") as tmp:
-        module = Path(tmp)
-        for rel in ("go.mod", "go.sum", "tools.go", "etcd/main.go"):
-            (module / rel).parent.mkdir(parents=True, exist_ok=True)
-            (module / rel).write_bytes((source / rel).read_bytes())
+        workdir = Path(tmp)
+        for rel in _MODULE_FILES[module]:
+            (workdir / rel).parent.mkdir(parents=True, exist_ok=True)
+            (workdir / rel).write_bytes((source / rel).read_bytes())
         staging = into / ".staging"
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir()
-        command = [go, "build", "-trimpath", "-o", str(staging), *(_PACKAGES[n] for n in names)]
-        log.info(
-            "building %s (Kubernetes %s, etcd %s); cold builds take many minutes",
-            ", ".join(names),
-            KUBERNETES_VERSION,
-            ETCD_VERSION,
-        )
+        command = [go, "build", "-trimpath", "-ldflags", _VERSION_LDFLAGS[module], "-o", str(staging)]
+        if module in _BUILD_TAGS:
+            command += ["-tags", _BUILD_TAGS[module]]
+        command += list(packages.values())
         started = time.monotonic()
         env = dict(os.environ, CGO_ENABLED="0", GOFLAGS="-mod=readonly")
-        result = subprocess.run(command, cwd=module, env=env, capture_output=True, text=True, check=False)
+        result = subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True, check=False)
         if result.returncode != 0:
             tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-20:])
-            raise BinariesUnavailable(_unavailable_message(names, f"`go build` failed:\n{tail}"))
+            raise BinariesUnavailable(unavailable(names, f"`go build` failed:\n{tail}"))
         # Rename one by one so a reader never sees a half-written binary.
         for name in names:
             os.replace(staging / name, into / name)
@@ -163,3 +214,88 @@ def ensure_binaries(*, allow_build: bool = True) -> Binaries:
         for name in missing:
             found[name] = bin_dir / name
     return Binaries.from_mapping(found)
+
+
+class NodeUnavailable(BinariesUnavailable):
+    """A real node cannot be run here: a binary or a Debian package it needs is missing."""
+
+
+@dataclass(frozen=True)
+class NodeBinaries:
+    kubelet: Path
+    containerd: Path
+    containerd_shim_runc_v2: Path
+    ctr: Path
+    runc: Path
+    cni_dir: Path
+
+
+def node_cache_dir() -> Path:
+    """The per-user, per-version directory that holds the built node binaries."""
+    return (
+        cache_dir().parent.parent
+        / "node"
+        / f"kubernetes-{KUBERNETES_VERSION}-containerd-{CONTAINERD_VERSION}"
+    )
+
+
+def _node_unavailable_message(missing: list[str], reason: str) -> str:
+    return (
+        f"cannot provide node binaries {', '.join(missing)}: {reason}. Install a Go toolchain "
+        f"(go 1.26+) that reaches the Go module proxy, so they are built once into {node_cache_dir()}, "
+        f"or put kubelet {KUBERNETES_VERSION}, containerd {CONTAINERD_VERSION}, containerd-shim-runc-v2 "
+        f"and ctr in {ASSETS_ENV}."
+    )
+
+
+def ensure_node_binaries(*, allow_build: bool = True) -> NodeBinaries:
+    """Paths to what a real node runs, building the Go binaries that are missing when allowed;
+    runc and the CNI plugins must be installed from Debian's packages."""
+    runc = shutil.which("runc") or ("/usr/sbin/runc" if _usable(Path("/usr/sbin/runc")) else None)
+    cni_dir = next((d for d in CNI_PLUGIN_DIRS if _usable(d / "bridge")), None)
+    absent = [pkg for pkg, found in ((RUNC_PACKAGE, runc), (CNI_PACKAGE, cni_dir)) if found is None]
+    if absent:
+        raise NodeUnavailable(
+            f"a real node needs the Debian packages {', '.join(absent)}: "
+            f"apt-get install -y {' '.join(absent)}"
+        )
+    assert runc is not None
+    assert cni_dir is not None
+    found: dict[str, Path] = {}
+    assets = os.environ.get(ASSETS_ENV)
+    bin_dir = node_cache_dir() / "bin"
+    for name in NODE_BINARY_NAMES:
+        for candidate in ([Path(assets) / name] if assets else []) + [bin_dir / name]:
+            if _usable(candidate):
+                found[name] = candidate
+                break
+    missing = [n for n in NODE_BINARY_NAMES if n not in found]
+    if missing:
+        if not allow_build:
+            raise NodeUnavailable(_node_unavailable_message(missing, "building was not allowed"))
+        with _build_lock(node_cache_dir()):
+            still_missing = [n for n in missing if not _usable(bin_dir / n)]
+            for module in dict.fromkeys(_NODE_PACKAGES[n][1] for n in still_missing):
+                names = [n for n in still_missing if _NODE_PACKAGES[n][1] == module]
+                log.info(
+                    "building %s (Kubernetes %s, containerd %s); a cold build takes minutes",
+                    ", ".join(names),
+                    KUBERNETES_VERSION,
+                    CONTAINERD_VERSION,
+                )
+                _go_build(
+                    {n: _NODE_PACKAGES[n][0] for n in names},
+                    module=module,
+                    into=bin_dir,
+                    unavailable=_node_unavailable_message,
+                )
+        for name in missing:
+            found[name] = bin_dir / name
+    return NodeBinaries(
+        kubelet=found["kubelet"],
+        containerd=found["containerd"],
+        containerd_shim_runc_v2=found["containerd-shim-runc-v2"],
+        ctr=found["ctr"],
+        runc=Path(runc),
+        cni_dir=cni_dir,
+    )

@@ -10,15 +10,26 @@ import tempfile
 import time
 from pathlib import Path
 
-from dra_api.localcluster.binaries import (
+from dra_devcluster.binaries import (
     BINARY_NAMES,
+    CONTAINERD_VERSION,
     ETCD_VERSION,
     KUBERNETES_VERSION,
+    NODE_BINARY_NAMES,
     BinariesUnavailable,
+    NodeUnavailable,
     cache_dir,
     ensure_binaries,
+    ensure_node_binaries,
+    node_cache_dir,
 )
-from dra_api.localcluster.cluster import ControlPlaneError, LocalCluster
+from dra_devcluster.cluster import ControlPlaneError, LocalCluster
+from dra_devcluster.node import NodeStartError
+
+_FAKE_NODES_HINT = (
+    "A machine that cannot run a kubelet can still run the control plane with Node objects that have "
+    "none: dra-local-cluster up --fake-nodes."
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -27,19 +38,34 @@ def _parser() -> argparse.ArgumentParser:
         description=f"A real Kubernetes {KUBERNETES_VERSION} control plane (etcd {ETCD_VERSION}) on loopback",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("build", help="find or build the binaries and print where they are")
+    sub.add_parser("build", help="find or build the control-plane and node binaries and print where they are")
     up = sub.add_parser("up", help="start a control plane and keep it running until Ctrl-C")
     up.add_argument(
         "--workdir", type=Path, help="directory for certs, data and logs (default: a new temp dir)"
     )
-    up.add_argument("--nodes", type=int, default=1, help="number of Node objects to create (default 1)")
+    up.add_argument(
+        "--nodes",
+        type=int,
+        default=1,
+        help="number of real nodes (kubelet + containerd) to start (default 1)",
+    )
+    up.add_argument(
+        "--fake-nodes",
+        action="store_true",
+        help="create Node objects without a kubelet instead (for machines that cannot run one)",
+    )
     up.add_argument("--exit", action="store_true", help="stop again right after start-up (smoke test)")
     demo = sub.add_parser(
         "demo",
-        help="the full demo: control plane, operator, agents on simulated GPUs and TPUs, the examples",
+        help="the full demo: control plane, real nodes, operator, agents (simulated GPUs, TPUs), examples",
     )
     demo.add_argument("--workdir", type=Path, help="directory for everything the demo writes (default: temp)")
     demo.add_argument("--exit", action="store_true", help="print the results and stop instead of waiting")
+    demo.add_argument(
+        "--fake-nodes",
+        action="store_true",
+        help="Node objects without a kubelet, the demo plays the kubelet (for machines that cannot run one)",
+    )
     return parser
 
 
@@ -68,16 +94,28 @@ def main(argv: list[str] | None = None) -> int:
             )
             for name in BINARY_NAMES:
                 print(f"  {name}: {getattr(binaries, name.replace('-', '_'))}")
+            started = time.monotonic()
+            node = ensure_node_binaries()
+            print(
+                f"node binaries (kubelet {KUBERNETES_VERSION}, containerd {CONTAINERD_VERSION}) ready in "
+                f"{time.monotonic() - started:.0f} s (cache: {node_cache_dir()}):"
+            )
+            for name in (*NODE_BINARY_NAMES, "runc"):
+                print(f"  {name}: {getattr(node, name.replace('-', '_'))}")
+            print(f"  CNI plugins: {node.cni_dir}")
             return 0
         workdir = args.workdir or Path(tempfile.mkdtemp(prefix="accel-dra-cluster-"))
         _stop_on_signals()
         if args.command == "demo":
-            from dra_api.localcluster.demo import run_demo
+            from dra_devcluster.demo import run_demo
 
-            return run_demo(workdir=workdir, exit_after=args.exit)
+            return run_demo(workdir=workdir, exit_after=args.exit, fake_nodes=args.fake_nodes)
         with LocalCluster(workdir=workdir) as cluster:
             for i in range(args.nodes):
-                cluster.add_node(f"node-{i + 1}")
+                if args.fake_nodes:
+                    cluster.add_node(f"node-{i + 1}")
+                else:
+                    cluster.add_real_node(f"node-{i + 1}")
             print(f"\nControl plane ready at {cluster.server} in {cluster.timings['start_s']:.1f} s.")
             print(f"Logs: {cluster.logs_dir}\n\nPoint kubectl at it:\n")
             print(f"  export KUBECONFIG={cluster.kubeconfig}")
@@ -91,8 +129,12 @@ def main(argv: list[str] | None = None) -> int:
             except KeyboardInterrupt:
                 print("\nstopping")
         return 0
+    except NodeStartError as err:
+        print(f"error: {err}\n{_FAKE_NODES_HINT}", file=sys.stderr)
+        return 2
     except (BinariesUnavailable, ControlPlaneError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        hint = f"\n{_FAKE_NODES_HINT}" if isinstance(err, NodeUnavailable) else ""
+        print(f"error: {err}{hint}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         # Everything started was stopped on the way out of the cluster's context manager.

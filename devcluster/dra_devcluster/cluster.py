@@ -2,7 +2,7 @@
 
 Used by the tests and by the demo. Nodes are plain Node objects marked Ready (no kubelet), so the
 real scheduler binds pods to them; the kubelet's side of the plugin protocol is played elsewhere
-(``dra_api.localcluster.kubelet``).
+(``dra_devcluster.kubelet``).
 
 The API is synchronous on purpose: it manages child processes and is called from pytest fixtures
 and CLIs, never from inside an event loop.
@@ -32,12 +32,16 @@ from typing import Any
 
 import yaml
 
-from dra_api.localcluster.binaries import Binaries, ensure_binaries
-from dra_api.localcluster.pki import CertPair, ClusterPKI, generate_pki
+from dra_devcluster.binaries import Binaries, ensure_binaries, ensure_node_binaries
+from dra_devcluster.images import ImageArchive, build_images
+from dra_devcluster.node import NodePorts, RealNode
+from dra_devcluster.pki import CertPair, ClusterPKI, generate_pki
 
 log = logging.getLogger(__name__)
 
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
+# Longest node folder path that leaves room for the kubelet's and the plugins' socket paths.
+_NODE_ROOT_LIMIT = 48
 
 # DRA feature gates that are beta in Kubernetes 1.36, all switched on (DRADeviceTaintRules is
 # beta but off by default upstream). GA gates are locked on and may not be named.
@@ -51,6 +55,10 @@ BETA_DRA_FEATURE_GATES: Mapping[str, bool] = {
     "DRAResourceClaimDeviceStatus": True,
     "DRASchedulerFilterTimeout": True,
     "DRAResourceClaimGranularStatusAuthorization": True,
+    # Device health in pod status (containerStatuses[].allocatedResourcesStatus and its message):
+    # beta in 1.36; named so that a binary built without version stamps still has them on.
+    "ResourceHealthStatus": True,
+    "ResourceHealthStatusMessage": True,
 }
 
 # The controller-manager runs its defaults minus what needs kubelets or a cloud. The node-lifecycle
@@ -124,6 +132,8 @@ class LocalCluster:
     feature_gates: Mapping[str, bool] = field(default_factory=lambda: dict(BETA_DRA_FEATURE_GATES))
     _components: list[_Component] = field(default_factory=list, init=False)
     _pki: ClusterPKI | None = field(default=None, init=False)
+    _real_nodes: list[RealNode] = field(default_factory=list, init=False)
+    _images: list[ImageArchive] = field(default_factory=list, init=False)
     _apiserver_port: int = field(default=0, init=False)
     timings: dict[str, float] = field(default_factory=dict, init=False)
 
@@ -198,6 +208,10 @@ class LocalCluster:
         One at a time because the apiserver shuts down slowly when etcd vanishes under it;
         SIGKILL after a grace period.
         """
+        for node in reversed(self._real_nodes):
+            self._drain(node)
+            node.stop()
+        self._real_nodes.clear()
         for component in reversed(self._components):
             proc = component.process
             if proc is None or proc.poll() is not None:
@@ -520,6 +534,81 @@ class LocalCluster:
             }
         }
         self.kubectl("patch", "node", name, "--subresource=status", "--type=merge", "-p", json.dumps(status))
+
+    def add_real_node(self, name: str, *, timeout: float = 90.0) -> RealNode:
+        """Start a real node: its own containerd and a kubelet that registers Node ``name``, with
+        the local images imported; returns once the Node is Ready. Raises NodeStartError naming the
+        part that failed (binaries or packages missing: NodeUnavailable) with its log tail; the
+        Node objects of :meth:`add_node` remain for machines that cannot run a kubelet."""
+        assert self._pki is not None, "start the control plane first"
+        binaries = ensure_node_binaries()
+        if not self._images:
+            self._images = build_images(self.workdir / "images")
+        # Unix socket paths are limited to 107 bytes: a node's folder sits under the cluster's when
+        # that path is short, else under a short temporary one linked from there.
+        (self.workdir / "nodes").mkdir(exist_ok=True)
+        root = self.workdir / "nodes" / name
+        if len(str(root)) > _NODE_ROOT_LIMIT:
+            root = Path(tempfile.mkdtemp(prefix="dra-node-")) / name
+            (self.workdir / "nodes" / name).symlink_to(root)
+        node = RealNode(
+            name=name,
+            index=len(self._real_nodes) + 1,
+            root=root,
+            binaries=binaries,
+            ca=self._pki.ca,
+            server=self.server,
+            ports=NodePorts(kubelet=free_port(), healthz=free_port()),
+            feature_gates=self.feature_gates,
+        )
+        self._real_nodes.append(node)
+        node.start(images=self._images, timeout=timeout)
+        node.wait_healthy(timeout=timeout)
+
+        def ready() -> bool:
+            if not node.running("kubelet"):
+                raise node.start_error("kubelet", "it exited")
+            result = self.kubectl(
+                "get",
+                "node",
+                name,
+                "-o",
+                "jsonpath={.status.conditions[?(@.type=='Ready')].status}",
+                check=False,
+            )
+            return result.stdout.strip() == "True"
+
+        try:
+            self.wait_for(ready, timeout=timeout, interval=0.3, what=f"node {name} Ready")
+        except TimeoutError as exc:
+            raise node.start_error("kubelet", str(exc)) from None
+        log.info("real node %s ready (kubelet %s, containerd in %s)", name, node.ports.kubelet, root)
+        return node
+
+    @property
+    def real_nodes(self) -> list[RealNode]:
+        return list(self._real_nodes)
+
+    def _drain(self, node: RealNode, *, timeout: float = 30.0) -> None:
+        """Delete the node's pods and let its kubelet stop them: it tears down their sandboxes and
+        networks, which killing the processes would leave behind."""
+        if not node.running("kubelet") or not self._components:
+            return
+        self.kubectl(
+            "delete", "pods", "--all-namespaces", f"--field-selector=spec.nodeName={node.name}",
+            "--grace-period=0", "--force", "--wait=false", check=False,
+        )  # fmt: skip
+        deadline = time.monotonic() + timeout
+        while node.tasks() and time.monotonic() < deadline:
+            time.sleep(0.5)
+
+    def remove_real_node(self, name: str) -> None:
+        """Stop a real node (kubelet, containerd, its containers) and delete its Node object."""
+        for node in [n for n in self._real_nodes if n.name == name]:
+            self._drain(node)
+            node.stop()
+            self._real_nodes.remove(node)
+        self.kubectl("delete", "node", name, "--ignore-not-found", "--wait=false", check=False)
 
     def delete_node(self, name: str) -> None:
         self.kubectl("delete", "node", name, "--wait=true")

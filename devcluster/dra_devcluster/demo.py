@@ -1,13 +1,18 @@
 """The one-command demo: the real control plane, the operator, one agent per node, and the examples.
 
-Two GPU nodes (8 simulated H100 each) and one TPU node (v6e 2x4). The operator and the agents run
-as local processes in simulated mode; this module plays the kubelet for every pod the scheduler
-binds (registration, then NodePrepareResources over the agents' real unix sockets) and prints what
-a user wants to see: claims, their devices and nodes, the environment each container would get
-from the CDI specs, and device-health metrics.
+Two GPU nodes (8 simulated H100 each) and one TPU node (v6e 2x4), each a real kubelet with its own
+containerd (:mod:`dra_devcluster.node`). The operator and the agents run as local processes, the
+agents in simulated mode serving their node's kubelet. The examples are applied as they are written,
+with one change: their image is the local busybox image (no registry is reachable). The demo prints
+what a user wants to see: the claims, each pod's node and devices, what each container printed (the
+environment and device nodes from the CDI specs), each container's allocatedResourcesStatus, and
+device-health metrics.
 
-It lives in ``dra_api`` because it is shared tooling; it starts the operator and the agents through
-their console entry points and never imports them.
+With ``fake_nodes`` (``--fake-nodes``, for machines that cannot run a kubelet) the nodes are Node
+objects only, and this module plays the kubelet instead: registration, then NodePrepareResources
+over the agents' unix sockets; it then prints the environment the CDI specs would give.
+
+It starts the operator and the agents through their console entry points and never imports them.
 """
 
 from __future__ import annotations
@@ -22,9 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from dra_api.kubeletapi.model import ClaimRef
-from dra_api.localcluster.cluster import LocalCluster, free_port
-from dra_api.localcluster.kubelet import KubeletClientError, KubeletPluginClient
+from dra_devcluster.cluster import LocalCluster, free_port
+from dra_devcluster.images import WORKLOAD_IMAGE
+from dra_devcluster.kubelet import KubeletClientError, KubeletPluginClient
+from dra_devcluster.node import RealNode
 
 
 @dataclass(frozen=True)
@@ -55,22 +64,23 @@ class NodeRuntime:
     node: DemoNode
     root: Path
     metrics_port: int
+    real: RealNode | None = None
 
     @property
     def registry_dir(self) -> Path:
-        return self.root / "plugins_registry"
+        return self.real.registry_dir if self.real else self.root / "plugins_registry"
 
     @property
     def plugins_dir(self) -> Path:
-        return self.root / "plugins"
+        return self.real.plugins_dir if self.real else self.root / "plugins"
 
     @property
     def cdi_dir(self) -> Path:
-        return self.root / "cdi"
+        return self.real.cdi_dir if self.real else self.root / "cdi"
 
     @property
     def state_dir(self) -> Path:
-        return self.root / "state"
+        return self.root / "agent-state" if self.real else self.root / "state"
 
 
 @dataclass
@@ -84,7 +94,7 @@ class PreparedPod:
 
 
 def repo_root() -> Path:
-    return Path(__file__).resolve().parents[3]
+    return Path(__file__).resolve().parents[2]
 
 
 def _console_script(name: str) -> str:
@@ -93,9 +103,11 @@ def _console_script(name: str) -> str:
     return str(candidate) if candidate.exists() else name
 
 
-def start_components(cluster: LocalCluster, *, workdir: Path) -> tuple[list[NodeRuntime], int]:
-    """Create the nodes and start the operator and one agent per node; returns runtimes and the
-    operator's metrics port."""
+def start_components(
+    cluster: LocalCluster, *, workdir: Path, fake_nodes: bool = False
+) -> tuple[list[NodeRuntime], int]:
+    """Create the nodes (real ones unless ``fake_nodes``) and start the operator and one agent per
+    node; returns runtimes and the operator's metrics port."""
     runtimes: list[NodeRuntime] = []
     # As a real install does: the project's CRDs (Kopf peering) before the operator.
     cluster.kubectl("apply", "-k", str(repo_root() / "crds"))
@@ -113,8 +125,14 @@ def start_components(cluster: LocalCluster, *, workdir: Path) -> tuple[list[Node
         ],
     )
     for node in DEMO_NODES:
-        cluster.add_node(node.name, labels=node.labels)
-        runtime = NodeRuntime(node=node, root=workdir / "nodes" / node.name, metrics_port=free_port())
+        if fake_nodes:
+            cluster.add_node(node.name, labels=node.labels)
+            runtime = NodeRuntime(node=node, root=workdir / "nodes" / node.name, metrics_port=free_port())
+        else:
+            real = cluster.add_real_node(node.name)
+            labels = [f"{k}={v}" for k, v in node.labels.items()]
+            cluster.kubectl("label", "node", node.name, *labels, "--overwrite")
+            runtime = NodeRuntime(node=node, root=real.root, metrics_port=free_port(), real=real)
         for directory in (runtime.registry_dir, runtime.plugins_dir, runtime.cdi_dir, runtime.state_dir):
             directory.mkdir(parents=True, exist_ok=True)
         cluster.spawn(
@@ -160,12 +178,22 @@ def wait_for_plugins(cluster: LocalCluster, runtimes: Sequence[NodeRuntime], *, 
         raise TimeoutError(f"{err}; agents without a socket: {', '.join(missing)}\n{tails}") from err
 
 
-def apply_examples(cluster: LocalCluster) -> list[Path]:
+def apply_examples(cluster: LocalCluster, *, image: str | None = None) -> list[Path]:
+    """Apply the examples as written; with ``image``, every container runs that image instead."""
     examples = sorted((repo_root() / "manifests" / "examples").glob("*.yaml"))
     if not examples:
         raise FileNotFoundError(f"no examples under {repo_root() / 'manifests' / 'examples'}")
     for path in examples:
-        cluster.kubectl("apply", "-f", str(path))
+        if image is None:
+            cluster.kubectl("apply", "-f", str(path))
+            continue
+        docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+        for doc in docs:
+            spec = doc.get("spec") or {}
+            pod_spec = (spec.get("template") or {}).get("spec") if doc["kind"] != "Pod" else spec
+            for container in (pod_spec or {}).get("containers") or []:
+                container["image"] = image
+        cluster.apply(docs)
     return examples
 
 
@@ -303,45 +331,150 @@ def report(
         for error in pod.errors:
             out.append(f"  PREPARE ERROR: {error}")
         out.append("")
+    out.extend(_metrics_sections(runtimes, operator_port))
+    return "\n".join(out)
+
+
+@dataclass
+class RunningPod:
+    namespace: str
+    name: str
+    node: str
+    claims: list[dict[str, Any]]
+    log: list[str]
+    resource_status: list[str]
+    phase: str
+
+
+def wait_for_running_pods(
+    cluster: LocalCluster, runtimes: Sequence[NodeRuntime], *, expected_pods: int, timeout: float = 180
+) -> list[RunningPod]:
+    """The example pods once each runs on a real node and has printed something (or time is up)."""
+    by_node = {r.node.name: r for r in runtimes}
+    found: dict[tuple[str, str], RunningPod] = {}
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = {}
+        for pod in cluster.get_json("pods", "--all-namespaces")["items"]:
+            namespace, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+            runtime = by_node.get(pod["spec"].get("nodeName") or "")
+            if runtime is None or runtime.real is None or not namespace.startswith("dra-example"):
+                continue
+            names = _claim_names(pod) or []
+            claims = [cluster.get_json("resourceclaim", n, "-n", namespace) for n in names]
+            found[(namespace, name)] = RunningPod(
+                namespace=namespace,
+                name=name,
+                node=runtime.node.name,
+                claims=claims,
+                log=_container_log(runtime.real, pod),
+                resource_status=_resource_status(pod),
+                phase=str(pod.get("status", {}).get("phase", "")),
+            )
+        if len(found) >= expected_pods and all(p.phase == "Running" and p.log for p in found.values()):
+            break
+        time.sleep(0.5)
+    return sorted(found.values(), key=lambda p: (p.namespace, p.name))
+
+
+def _container_log(node: RealNode, pod: Mapping[str, Any]) -> list[str]:
+    meta = pod["metadata"]
+    lines: list[str] = []
+    for path in sorted(node.pod_logs_dir.glob(f"{meta['namespace']}_{meta['name']}_{meta['uid']}/*/*.log")):
+        for line in path.read_text(errors="replace").splitlines():
+            parts = line.split(" ", 3)  # <time> <stream> <P|F> <text>, as the kubelet writes them
+            lines.append(parts[3] if len(parts) == 4 else line)
+    return lines
+
+
+def _resource_status(pod: Mapping[str, Any]) -> list[str]:
+    out = []
+    for status in pod.get("status", {}).get("containerStatuses") or []:
+        for entry in status.get("allocatedResourcesStatus") or []:
+            for resource in entry.get("resources") or []:
+                health = resource.get("health", "")
+                message = f" ({resource['message']})" if resource.get("message") else ""
+                out.append(f"{status['name']}: {entry['name']} {resource['resourceID']} {health}{message}")
+    return out
+
+
+def report_running(
+    cluster: LocalCluster, runtimes: Sequence[NodeRuntime], pods: Sequence[RunningPod], operator_port: int
+) -> str:
+    out: list[str] = ["$ kubectl get resourceclaims -A"]
+    out.append(cluster.kubectl("get", "resourceclaims", "--all-namespaces").stdout.rstrip())
+    out.append("")
+    for pod in pods:
+        out.append(f"pod {pod.namespace}/{pod.name} on {pod.node} ({pod.phase}):")
+        for claim in pod.claims:
+            results = ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get(
+                "results"
+            ) or []
+            devices = ", ".join(f"{r['device']} ({r['driver']})" for r in results) or "(not allocated)"
+            out.append(f"  claim {claim['metadata']['name']}: {devices}")
+        out.append(f"  $ kubectl logs -n {pod.namespace} {pod.name}")
+        out.extend(f"  | {line}" for line in pod.log or ["(nothing yet)"])
+        out.append("  allocatedResourcesStatus:")
+        out.extend(f"    {line}" for line in pod.resource_status or ["(none reported)"])
+        out.append("")
+    out.extend(_metrics_sections(runtimes, operator_port))
+    return "\n".join(out)
+
+
+def _metrics_sections(runtimes: Sequence[NodeRuntime], operator_port: int) -> list[str]:
     gpu_runtime = next((r for r in runtimes if r.node.profile.startswith("h100")), runtimes[0])
-    out.append(f"Device health, from the agent on {gpu_runtime.node.name} (/metrics):")
+    out = [f"Device health, from the agent on {gpu_runtime.node.name} (/metrics):"]
     out.extend(
         f"  {line}" for line in metrics_excerpt(gpu_runtime.metrics_port, needle="dra_agent_device_healthy")
     )
     out.append("Claims, from the operator (/metrics):")
     out.extend(f"  {line}" for line in metrics_excerpt(operator_port, needle="claims"))
-    return "\n".join(out)
+    return out
 
 
-def run_demo(*, workdir: Path, exit_after: bool) -> int:
+def run_demo(*, workdir: Path, exit_after: bool, fake_nodes: bool = False) -> int:
     print(f"Starting a local Kubernetes control plane in {workdir} ...", flush=True)
     with LocalCluster(workdir=workdir) as cluster:
         print(f"Control plane ready at {cluster.server} in {cluster.timings['start_s']:.1f} s.", flush=True)
-        runtimes, operator_port = start_components(cluster, workdir=workdir)
+        runtimes, operator_port = start_components(cluster, workdir=workdir, fake_nodes=fake_nodes)
         profiles = ", ".join(f"{r.node.name}: {r.node.profile}" for r in runtimes)
+        kind = "Node objects without a kubelet" if fake_nodes else "real nodes (kubelet + containerd)"
         print(
-            f"Started the operator and {len(runtimes)} node agents ({profiles}); waiting for slices ...",
+            f"Started {len(runtimes)} {kind}, the operator and one agent per node ({profiles}); "
+            "waiting for slices ...",
             flush=True,
         )
         wait_for_slices(cluster, runtimes)
         wait_for_plugins(cluster, runtimes)
-        examples = apply_examples(cluster)
-        print(
-            f"Applied {', '.join(p.name for p in examples)}; playing the kubelet for bound pods ...",
-            flush=True,
-        )
-        pods = play_kubelet(cluster, runtimes, expected_pods=3)
-        print()
-        print(report(cluster, runtimes, pods, operator_port))
+        if fake_nodes:
+            examples = apply_examples(cluster)
+            print(
+                f"Applied {', '.join(p.name for p in examples)}; playing the kubelet for bound pods ...",
+                flush=True,
+            )
+            pods = play_kubelet(cluster, runtimes, expected_pods=3)
+            print()
+            print(report(cluster, runtimes, pods, operator_port))
+            failed = len(pods) < 3 or any(p.errors for p in pods)
+        else:
+            examples = apply_examples(cluster, image=WORKLOAD_IMAGE)
+            print(
+                f"Applied {', '.join(p.name for p in examples)} (image: {WORKLOAD_IMAGE}); "
+                "waiting for their pods to run ...",
+                flush=True,
+            )
+            running = wait_for_running_pods(cluster, runtimes, expected_pods=3)
+            print()
+            print(report_running(cluster, runtimes, running, operator_port))
+            failed = len(running) < 3 or any(p.phase != "Running" or not p.log for p in running)
         print()
         print("Use the cluster further:")
         print(f"  export KUBECONFIG={cluster.kubeconfig}")
         kubectl = cluster.binaries.kubectl if cluster.binaries else "kubectl"
         print(f"  {kubectl} get resourceslices,resourceclaims -A")
         print(f"Component logs: {cluster.logs_dir}")
-        failed = len(pods) < 3 or any(p.errors for p in pods)
         if failed:
-            print(f"\nDEMO INCOMPLETE: {len(pods)} of 3 pods prepared; see the logs above.", file=sys.stderr)
+            print("\nDEMO INCOMPLETE: not every example pod ran; see the output above.", file=sys.stderr)
         if exit_after:
             return 1 if failed else 0
         print("\nPress Ctrl-C to stop everything.", flush=True)

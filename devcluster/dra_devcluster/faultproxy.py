@@ -2,7 +2,7 @@
 
 Integration tests point the process under test (an operator, an agent) at :attr:`FaultProxy.kubeconfig`
 instead of the admin kubeconfig. Every request the proxy does not fault is forwarded unchanged to the
-real apiserver of a :class:`~dra_api.localcluster.LocalCluster` and the real response is streamed
+real apiserver of a :class:`~dra_devcluster.LocalCluster` and the real response is streamed
 back chunk by chunk, so lists, writes and long-lived watches behave exactly as against the apiserver
 itself. A test adds :class:`Fault` rules to make chosen requests fail: a Kubernetes Status error
 (503, 429 with Retry-After, ...), a connection reset with no response, or a watch that ends at once
@@ -43,7 +43,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
-from dra_api.localcluster.cluster import LocalCluster
+from dra_devcluster.cluster import LocalCluster
 
 log = logging.getLogger(__name__)
 

@@ -178,3 +178,22 @@ def generate_pki(directory: Path) -> ClusterPKI:
         sa_private_key=sa_private,
         sa_public_key=sa_public,
     )
+
+
+def issue_client_cert(
+    *, ca: CertPair, directory: Path, stem: str, common_name: str, organization: str | None = None
+) -> CertPair:
+    """A client certificate signed by the cluster CA (read from ``ca``), e.g. a node's
+    ``CN=system:node:<name>, O=system:nodes``, which the Node authorizer and NodeRestriction judge."""
+    ca_cert = x509.load_pem_x509_certificate(ca.cert.read_bytes())
+    ca_key = serialization.load_pem_private_key(ca.key.read_bytes(), password=None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    directory.mkdir(parents=True, exist_ok=True)
+    return _issue(
+        directory=directory,
+        stem=stem,
+        subject=_name(common_name, organization),
+        ca_cert=ca_cert,
+        ca_key=ca_key,
+        server=False,
+    )

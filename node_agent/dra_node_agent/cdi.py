@@ -179,8 +179,9 @@ def build_claim_spec(
 
     `config` is the claim's validated opaque config, if any; a `TpuConfig` shapes the TPU env.
 
-    Simulated inventories describe device nodes that do not exist on the host, so their specs
-    carry environment only (a runtime fails to create a container whose device node is missing).
+    A simulated inventory's device nodes are named only when they exist on the host as character
+    devices (``simulated_nodes_on_host``); otherwise its specs carry environment only (a runtime
+    fails to create a container whose device node is missing or not a device).
     """
     if not _UID.match(claim_uid):
         raise ValueError(f"claim UID {claim_uid!r}: not a lower-case RFC 4122 UID")
@@ -196,7 +197,8 @@ def build_claim_spec(
         if is_tpu:
             edits = edits.merged(ContainerEdits(env=(tpu_device_env(device=device, claim_uid=claim_uid),)))
         if inventory.simulated:
-            edits = ContainerEdits(env=(*edits.env, _simulated_device_env(device)))
+            nodes = edits.device_nodes if inventory.simulated_nodes_on_host else ()
+            edits = ContainerEdits(device_nodes=nodes, env=(*edits.env, _simulated_device_env(device)))
         cdi_devices.append(
             {
                 "name": cdi_device_name(claim_uid=claim_uid, device_name=device.name),
@@ -216,7 +218,7 @@ def build_claim_spec(
     else:
         claim_edits = gpu_claim_edits(devices)
     common = inventory.common_edits.merged(claim_edits)
-    if inventory.simulated:
+    if inventory.simulated and not inventory.simulated_nodes_on_host:
         common = ContainerEdits(env=common.env)
     spec: dict[str, Any] = {"cdiVersion": "", "kind": cdi_kind(driver), "devices": cdi_devices}
     if not common.is_empty():

@@ -1,7 +1,9 @@
 """The README's first command, end to end: `dra-local-cluster demo --exit` as a user runs it.
 
-It starts its own control plane, the operator and three node agents as processes, applies the
-examples and plays the kubelet; the test reads what it prints, as a user would.
+It starts its own control plane, three real nodes (kubelet + containerd), the operator and three
+node agents as processes, and applies the examples, whose containers print their devices; the test
+reads what the demo prints, as a user would. `--fake-nodes` (no kubelet; the demo plays it) is
+checked too.
 """
 
 from __future__ import annotations
@@ -26,10 +28,10 @@ def workdir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def test_demo_allocates_prepares_and_shows_the_environment(workdir: Path) -> None:
+def _run_demo(workdir: Path, *extra: str) -> str:
     script = Path(sys.executable).parent / "dra-local-cluster"
     result = subprocess.run(
-        [str(script), "demo", "--exit", "--workdir", str(workdir)],
+        [str(script), "demo", "--exit", "--workdir", str(workdir), *extra],
         capture_output=True,
         text=True,
         timeout=540,
@@ -37,14 +39,47 @@ def test_demo_allocates_prepares_and_shows_the_environment(workdir: Path) -> Non
     )
     output = result.stdout
     assert result.returncode == 0, f"demo failed:\n{output[-4000:]}\n{result.stderr[-4000:]}"
-
     # Every example's claim is allocated by kube-scheduler and reserved for its pod.
     claims = re.findall(r"^(dra-example-\S+)\s+(\S+)\s+allocated,reserved\s", output, re.MULTILINE)
     assert sorted(ns for ns, _ in claims) == [
         "dra-example-gke-gpu",
         "dra-example-single-gpu",
         "dra-example-tpu",
-    ]
+    ], output
+    # Everything it started is gone again.
+    leftovers = subprocess.run(
+        ["pgrep", "-f", str(workdir)], capture_output=True, text=True, check=False
+    ).stdout.split()
+    assert leftovers == []
+    return output
+
+
+def test_demo_runs_the_examples_on_real_nodes_and_shows_their_devices(workdir: Path) -> None:
+    output = _run_demo(workdir)
+    # What the containers printed: the GKE and TPU examples their environment and device files,
+    # the NVIDIA one its device file (no nvidia-smi in the image). All from the agents' CDI specs.
+    assert re.search(r"^  \| NVIDIA_VISIBLE_DEVICES=GPU-[0-9a-f-]+$", output, re.MULTILINE), output
+    assert (
+        len(re.findall(r"^  \| c\S+\s+\d+\s+\S+\s+\S+\s+195,\s+\d+ .* /dev/nvidia\d+$", output, re.MULTILINE))
+        >= 2
+    )
+    assert re.search(r"^  \| TPU_ACCELERATOR_TYPE=v6e-8$", output, re.MULTILINE), output
+    assert re.search(r"^  \| TPU_VISIBLE_CHIPS=0,1,2,3,4,5,6,7$", output, re.MULTILINE)
+    assert re.search(r"^  \| TPU_DEVICE_\d+_RESOURCE_CLAIM=[0-9a-f-]{36}$", output, re.MULTILINE)
+    # `ls -l /dev/vfio`: the eight chips' groups and the vfio container node, all character devices
+    assert len(re.findall(r"^  \| c\S+\s.*\s243,\s+\d+ .* \d+$", output, re.MULTILINE)) == 8, output
+    assert re.search(r"^  \| c\S+\s.*\s10,\s+196 .* vfio$", output, re.MULTILINE), output
+    # The kubelet reports each device's health in the container's status.
+    healthy = re.findall(r"^    \S+: claim:\S+ (\S+) Healthy$", output, re.MULTILINE)
+    # (named by the CDI device IDs the agents returned)
+    assert len([r for r in healthy if r.startswith("k8s.gpu.nvidia.com/claim=")]) == 2, output
+    assert len([r for r in healthy if r.startswith("k8s.tpu.google.com/claim=")]) == 8, output
+    assert "DEMO INCOMPLETE" not in output
+    assert "export KUBECONFIG=" in output
+
+
+def test_demo_without_a_kubelet_plays_it_and_shows_the_environment(workdir: Path) -> None:
+    output = _run_demo(workdir, "--fake-nodes")
     # The kubelet's prepare returned CDI devices, and the containers would see them.
     assert "PREPARE ERROR" not in output
     assert re.search(r"env NVIDIA_VISIBLE_DEVICES=GPU-[0-9a-f-]+", output)
@@ -52,11 +87,6 @@ def test_demo_allocates_prepares_and_shows_the_environment(workdir: Path) -> Non
     assert re.search(r"env TPU_VISIBLE_CHIPS=0,1,2,3,4,5,6,7$", output, re.MULTILINE)
     assert re.search(r"env TPU_DEVICE_\d+_RESOURCE_CLAIM=[0-9a-f-]{36}", output)
     assert "export KUBECONFIG=" in output
-    # Everything it started is gone again.
-    leftovers = subprocess.run(
-        ["pgrep", "-f", str(workdir)], capture_output=True, text=True, check=False
-    ).stdout.split()
-    assert leftovers == []
 
 
 def test_ctrl_c_stops_everything_the_demo_started(workdir: Path) -> None:
@@ -74,8 +104,9 @@ def test_ctrl_c_stops_everything_the_demo_started(workdir: Path) -> None:
             if "Press Ctrl-C" in line:
                 break
         running = subprocess.run(["pgrep", "-f", str(workdir)], capture_output=True, text=True, check=False)
-        # Four control-plane components, the operator and three agents.
-        assert len(running.stdout.split()) >= 8, "".join(seen[-20:])
+        # Four control-plane components, the operator, three agents, three kubelets and their
+        # containerds (and the containers' shims).
+        assert len(running.stdout.split()) >= 14, "".join(seen[-20:])
         demo.send_signal(signal.SIGINT)
         # Stopping a running demo is how it is meant to end: a clean exit.
         assert demo.wait(timeout=90) == 0

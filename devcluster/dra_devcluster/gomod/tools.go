@@ -1,4 +1,4 @@
-// Pins the control-plane binaries the local cluster builds; keeps their packages in go.sum.
+// Pins the control-plane binaries and the kubelet the local cluster builds; keeps their packages in go.sum.
 //go:build tools
 
 package tools
@@ -8,4 +8,5 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 	_ "k8s.io/kubernetes/cmd/kubectl"
+	_ "k8s.io/kubernetes/cmd/kubelet"
 )

@@ -215,6 +215,9 @@ class DiscoveredInventory:
     available: bool = True
     errors: tuple[str, ...] = ()
     simulated: bool = False
+    simulated_nodes_on_host: bool = False
+    """For a simulated inventory: its device nodes exist on the host as character devices (the
+    fake /dev could hold them), so CDI specs may name them; otherwise specs carry environment only."""
 
     def slice_devices(self) -> list[dict[str, Any]]:
         return [d.to_slice_device() for d in self.devices]

@@ -8,7 +8,9 @@ Linux does, so the real backends read them unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -307,8 +309,37 @@ def _symlink(link: Path, target: Path) -> None:
     link.symlink_to(os.path.relpath(target, link.parent))
 
 
-def write_pci_tree(root: Path, functions: Iterable[FakePciFunction]) -> None:
-    """Write `root/sys/...` and `root/dev/...` for `functions` (idempotent)."""
+# Character device numbers of the fake /dev nodes. NVIDIA's are the driver's (195; nvidiactl 255);
+# nvidia-uvm, nvidia-caps and vfio groups get a major at module load, so these are typical values;
+# accel is the kernel's accel class (261); /dev/vfio/vfio is misc 10:196.
+NVIDIA_MAJOR, NVIDIACTL_MINOR = 195, 255
+NVIDIA_UVM_MAJOR, NVIDIA_CAPS_MAJOR = 510, 511
+ACCEL_MAJOR, VFIO_GROUP_MAJOR, VFIO_CONTAINER = 261, 243, (10, 196)
+
+
+def make_device_node(path: Path, *, major: int, minor: int, char_device: bool) -> None:
+    """A character device at ``path`` when ``char_device`` and the process may create one (root,
+    CAP_MKNOD), so that a container runtime can inject it as it would the real one; otherwise an
+    empty file (test fixtures kept in version control, unprivileged runs)."""
+    if char_device:
+        with contextlib.suppress(FileNotFoundError):
+            if not stat.S_ISCHR(path.lstat().st_mode):
+                path.unlink()
+        try:
+            os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+        except FileExistsError:
+            return
+        except PermissionError:
+            pass
+        else:
+            path.chmod(0o666)  # as the driver's nodes are; mknod's mode went through the umask
+            return
+    path.touch()
+
+
+def write_pci_tree(root: Path, functions: Iterable[FakePciFunction], *, char_devices: bool = False) -> None:
+    """Write `root/sys/...` and `root/dev/...` for `functions` (idempotent); `char_devices`: the
+    /dev entries are character devices (see :func:`make_device_node`)."""
     sys_root = root / "sys"
     dev_root = root / "dev"
     vfio_used = False
@@ -337,26 +368,40 @@ def write_pci_tree(root: Path, functions: Iterable[FakePciFunction]) -> None:
             if fn.driver == "vfio-pci":
                 vfio_used = True
                 (dev_root / "vfio").mkdir(parents=True, exist_ok=True)
-                (dev_root / "vfio" / str(fn.iommu_group)).touch()
+                make_device_node(
+                    dev_root / "vfio" / str(fn.iommu_group),
+                    major=VFIO_GROUP_MAJOR,
+                    minor=fn.iommu_group,
+                    char_device=char_devices,
+                )
         if fn.accel:
             class_dir = device_dir / "accel" / fn.accel
             class_dir.mkdir(parents=True, exist_ok=True)
             _symlink(class_dir / "device", device_dir)
             _symlink(sys_root / "class" / "accel" / fn.accel, class_dir)
             dev_root.mkdir(parents=True, exist_ok=True)
-            (dev_root / fn.accel).touch()
+            minor = int(fn.accel.removeprefix("accel") or 0)
+            make_device_node(dev_root / fn.accel, major=ACCEL_MAJOR, minor=minor, char_device=char_devices)
     if vfio_used:
-        (dev_root / "vfio" / "vfio").touch()
+        major, minor = VFIO_CONTAINER
+        make_device_node(dev_root / "vfio" / "vfio", major=major, minor=minor, char_device=char_devices)
 
 
-def write_nvidia_nodes(root: Path, gpus: Sequence[FakeGpu]) -> None:
-    """Fake /dev/nvidia* nodes and the /proc MIG capability files for `gpus` under `root`."""
+def write_nvidia_nodes(root: Path, gpus: Sequence[FakeGpu], *, char_devices: bool = False) -> None:
+    """Fake /dev/nvidia* nodes and the /proc MIG capability files for `gpus` under `root`;
+    `char_devices`: the /dev entries are character devices (see :func:`make_device_node`)."""
     dev_root = root / "dev"
     dev_root.mkdir(parents=True, exist_ok=True)
-    for name in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"):
-        (dev_root / name).touch()
+    for name, major, minor in (
+        ("nvidiactl", NVIDIA_MAJOR, NVIDIACTL_MINOR),
+        ("nvidia-uvm", NVIDIA_UVM_MAJOR, 0),
+        ("nvidia-uvm-tools", NVIDIA_UVM_MAJOR, 1),
+    ):
+        make_device_node(dev_root / name, major=major, minor=minor, char_device=char_devices)
     for gpu in gpus:
-        (dev_root / f"nvidia{gpu.minor}").touch()
+        make_device_node(
+            dev_root / f"nvidia{gpu.minor}", major=NVIDIA_MAJOR, minor=gpu.minor, char_device=char_devices
+        )
         for mig in gpu.migs:
             gi_minor, ci_minor = mig_capability_minors(gpu.minor, mig.gi_id, mig.ci_id)
             base = root / "proc" / "driver" / "nvidia" / "capabilities" / f"gpu{gpu.minor}" / "mig"
@@ -367,7 +412,12 @@ def write_nvidia_nodes(root: Path, gpus: Sequence[FakeGpu]) -> None:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(f"DeviceFileMinor: {minor}\nDeviceFileMode: 292\nDeviceFileModify: 1\n")
                 (dev_root / "nvidia-caps").mkdir(exist_ok=True)
-                (dev_root / "nvidia-caps" / f"nvidia-cap{minor}").touch()
+                make_device_node(
+                    dev_root / "nvidia-caps" / f"nvidia-cap{minor}",
+                    major=NVIDIA_CAPS_MAJOR,
+                    minor=minor,
+                    char_device=char_devices,
+                )
 
 
 def mig_capability_minors(gpu_minor: int, gi_id: int, ci_id: int) -> tuple[int, int]:

@@ -9,7 +9,9 @@ that kind would. UUIDs derive from the node name, so two simulated nodes never s
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib.resources
+import stat
 import tempfile
 import threading
 import uuid as uuidlib
@@ -364,6 +366,9 @@ class SimulatedHardware:
     root: Path
     nvml: FakeNvml | None = None
     backend: NvmlBackend | TpuBackend | None = field(default=None, repr=False)
+    char_devices: bool = False
+    """Whether the fake /dev holds character devices (the agent may mknod), which a container
+    runtime can inject as it would the real ones."""
 
 
 class SimulatedBackend:
@@ -403,9 +408,10 @@ class SimulatedBackend:
         return await asyncio.to_thread(self.discover_sync)
 
     def discover_sync(self) -> DiscoveredInventory:
-        backend = self.hardware().backend
-        assert backend is not None
-        return backend.discover_sync()
+        hardware = self.hardware()
+        assert hardware.backend is not None
+        inventory = hardware.backend.discover_sync()
+        return dataclasses.replace(inventory, simulated_nodes_on_host=hardware.char_devices)
 
     def hardware(self) -> SimulatedHardware:
         """Build the fake hardware on first use (blocking file writes)."""
@@ -422,7 +428,8 @@ class SimulatedBackend:
         if profile.nvidia is not None:
             gpus = simulated_gpus(profile.nvidia, node_name=self._node_name)
             write_pci_tree(root, _gpu_pci_functions(profile.nvidia))
-            write_nvidia_nodes(root, gpus)
+            write_nvidia_nodes(root, gpus, char_devices=True)
+            char_devices = _char_device(root / "dev" / "nvidiactl")
             nvml = FakeNvml(
                 gpus=gpus,
                 driver_version=profile.nvidia.driver_version,
@@ -433,11 +440,14 @@ class SimulatedBackend:
                 nvml=nvml,
                 sysfs_root=root / "sys",
                 proc_root=root / "proc",
+                host_dev_dir=str(root / "dev") if char_devices else "/dev",
                 simulated=True,
             )
-            return SimulatedHardware(root=root, nvml=nvml, backend=backend)
+            return SimulatedHardware(root=root, nvml=nvml, backend=backend, char_devices=char_devices)
         assert profile.tpu is not None
-        write_pci_tree(root, tpu_pci_functions(profile.tpu))
+        write_pci_tree(root, tpu_pci_functions(profile.tpu), char_devices=True)
+        nodes = [p for p in (root / "dev").rglob("*") if not p.is_dir()]
+        char_devices = bool(nodes) and all(_char_device(p) for p in nodes)
         backend = TpuBackend(
             node_name=self._node_name,
             driver=driver,
@@ -445,9 +455,17 @@ class SimulatedBackend:
             dev_root=root / "dev",
             topology=profile.tpu.topology,
             tpu_env_path=None,
+            host_dev_dir=str(root / "dev") if char_devices else "/dev",
             simulated=True,
         )
-        return SimulatedHardware(root=root, backend=backend)
+        return SimulatedHardware(root=root, backend=backend, char_devices=char_devices)
+
+
+def _char_device(path: Path) -> bool:
+    try:
+        return stat.S_ISCHR(path.lstat().st_mode)
+    except OSError:
+        return False
 
 
 def profile_summary(profiles: Sequence[str]) -> dict[str, str]:

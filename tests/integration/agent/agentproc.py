@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from dra_api.localcluster import LocalCluster
-from dra_api.localcluster.cluster import free_port
+from dra_devcluster import LocalCluster, RealNode
+from dra_devcluster.cluster import free_port
 
 REPO = Path(__file__).resolve().parents[3]
 GPU = "gpu.nvidia.com"
@@ -35,21 +35,34 @@ AGENT_SERVICE_ACCOUNT = "accel-dra-node-agent"
 
 @dataclass
 class AgentDirs:
-    """One node's host folders: kubelet's, CDI, agent state, and a fake /proc for the boot ID."""
+    """One node's host folders: kubelet's, CDI, agent state, and a fake /proc for the boot ID. On a
+    real node the kubelet's and containerd's folders are the node's (``for_node``)."""
 
     root: Path
+    kubelet_registry: Path | None = None
+    kubelet_plugins: Path | None = None
+    cdi_dir: Path | None = None
+
+    @classmethod
+    def for_node(cls, node: RealNode) -> AgentDirs:
+        return cls(
+            root=node.root / "agent",
+            kubelet_registry=node.registry_dir,
+            kubelet_plugins=node.plugins_dir,
+            cdi_dir=node.cdi_dir,
+        )
 
     @property
     def registry(self) -> Path:
-        return self.root / "reg"
+        return self.kubelet_registry or self.root / "reg"
 
     @property
     def plugins(self) -> Path:
-        return self.root / "plg"
+        return self.kubelet_plugins or self.root / "plg"
 
     @property
     def cdi(self) -> Path:
-        return self.root / "cdi"
+        return self.cdi_dir or self.root / "cdi"
 
     @property
     def state(self) -> Path:

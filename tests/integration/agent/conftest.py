@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from dra_api.localcluster import LocalCluster
+from dra_devcluster import LocalCluster
 
 from .agentproc import GPU, TPU, AgentDirs, AgentProcess, agent_kubeconfig
 

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from dra_api.kubeletapi.model import ClaimRef, PrepareResult
-from dra_api.localcluster import LocalCluster
-from dra_api.localcluster.kubelet import KubeletClientError, KubeletPluginClient
+from dra_devcluster import LocalCluster
+from dra_devcluster.kubelet import KubeletClientError, KubeletPluginClient
 
 from .agentproc import GPU, AgentProcess
 from .conftest import (

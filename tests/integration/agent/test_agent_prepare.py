@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from dra_api.kubeletapi.model import ClaimRef, DRAVersion
-from dra_api.localcluster import LocalCluster
-from dra_api.localcluster.kubelet import KubeletPluginClient
+from dra_devcluster import LocalCluster
+from dra_devcluster.kubelet import KubeletPluginClient
 
 from .agentproc import GPU, AgentProcess
 from .conftest import apply_in, gpu_pod, node_slices, wait_allocated_claim, wait_slices

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from dra_api.localcluster import LocalCluster
+from dra_devcluster import LocalCluster
 
 from .agentproc import GPU, TPU, AgentProcess
 from .conftest import node_slices, wait_slices, wait_until

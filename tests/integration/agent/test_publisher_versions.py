@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from dra_api.kube import make_api_client
-from dra_api.localcluster import LocalCluster
+from dra_devcluster import LocalCluster
 from dra_node_agent.publisher import SlicePublisher
 
 from .agentproc import GPU

@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 import yaml
 
-from dra_api.localcluster import LocalCluster
-from dra_api.localcluster.cluster import free_port
+from dra_devcluster import LocalCluster
+from dra_devcluster.cluster import free_port
 from tests.unit.deploy.render import (
     AGENT_SA,
     CRDS_DIR,
@@ -512,10 +512,14 @@ def test_components_work_with_only_their_own_permissions(
             (result,) = claim["status"]["allocation"]["devices"]["results"]
             assert (result["driver"], result["pool"]) == ("gpu.nvidia.com", NODE_A)
             assert claim["metadata"]["finalizers"]
-            events = cluster.get_json(
-                "events", "-n", namespace, "--field-selector=involvedObject.name=one-gpu"
+            # Events go out after the writes, once the claim worker is idle: wait for it.
+            cluster.wait_for(
+                lambda: cluster.get_json(
+                    "events", "-n", namespace, "--field-selector=involvedObject.name=one-gpu"
+                )["items"],
+                timeout=30,
+                what="the operator's Event about the claim",
             )
-            assert events["items"], "the operator posted no Event about the claim"
             assert _healthy(agent_port)
             assert _healthy(operator_port)
             # Deallocation and finalizer removal also go through the operator's own permissions.

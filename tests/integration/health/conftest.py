@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import pytest
 
 from dra_api.kube import make_api_client
-from dra_api.localcluster import LocalCluster
+from dra_devcluster import LocalCluster
 from tests.integration.agent.agentproc import agent_kubeconfig
 from tests.integration.operator.conftest import operators  # noqa: F401 - the fixture, reused
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from dra_api.localcluster import LocalCluster
+from dra_devcluster import LocalCluster
 from dra_node_agent.discovery.simulated import SimulatedBackend
 from dra_node_agent.health import HealthSettings
 from dra_node_agent.health.attach import attach_health

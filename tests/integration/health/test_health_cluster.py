@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from dra_api.kubeletapi.model import ClaimRef, DeviceHealth, HealthStatus, PrepareResult
-from dra_api.localcluster import LocalCluster
-from dra_api.localcluster.kubelet import HealthStream, HealthStreamEnded, KubeletPluginClient
+from dra_devcluster import LocalCluster
+from dra_devcluster.kubelet import HealthStream, HealthStreamEnded, KubeletPluginClient
 from dra_node_agent.health import (
     HealthMonitor,
     HealthSettings,

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dra_api.localcluster.cluster import free_port
+from dra_devcluster.cluster import free_port
 from dra_node_agent.health import HealthMonitor, HealthSettings, NvmlHealthProbe
 from dra_node_agent.http_endpoints import HttpEndpoints
 from tests.integration.operator.conftest import Operators

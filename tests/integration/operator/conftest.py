@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from dra_api.localcluster import LocalCluster
-from dra_api.localcluster.cluster import free_port
+from dra_devcluster import LocalCluster
+from dra_devcluster.cluster import free_port
 
 REPO = Path(__file__).resolve().parents[3]
 GPU_DRIVER = "gpu.nvidia.com"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dra_api.localcluster import LocalCluster
+from dra_devcluster import LocalCluster
 from tests.integration.objects import gpu_devices, resource_slice
 
 OPERATOR_FINALIZER = "dra.accel.dev/allocation"

@@ -15,8 +15,8 @@ import json
 import time
 from typing import Any
 
-from dra_api.localcluster import LocalCluster
-from dra_api.localcluster.faultproxy import Fault, FaultProxy
+from dra_devcluster import LocalCluster
+from dra_devcluster.faultproxy import Fault, FaultProxy
 from tests.integration.operator.conftest import (
     Operators,
     assert_no_double_booking,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from dra_api.localcluster import LocalCluster
+from dra_devcluster import LocalCluster
 from tests.integration.operator.conftest import Operators, assert_no_double_booking, claims_json, events_for
 from tests.integration.operator.objects import (
     CONDITION_ANNOTATION,

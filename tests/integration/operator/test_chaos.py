@@ -17,7 +17,7 @@ from bench.operator_chaos import (
     prepare_cluster,
     run_chaos,
 )
-from dra_api.localcluster import LocalCluster
+from dra_devcluster import LocalCluster
 from tests.integration.operator.conftest import INDEX_DISAGREES, install_peering
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dra_api.localcluster import LocalCluster
+from dra_devcluster import LocalCluster
 from tests.integration.operator.conftest import Operators, assert_no_double_booking, claims_json
 from tests.integration.operator.objects import add_gpu_node, claim, claim_template, pod
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import yaml
 
-from dra_api.localcluster import LocalCluster
-from dra_api.localcluster.faultproxy import FaultProxy
+from dra_devcluster import LocalCluster
+from dra_devcluster.faultproxy import FaultProxy
 from tests.integration.operator.conftest import Operators
 from tests.integration.operator.objects import OPERATOR_FINALIZER, add_gpu_node, claim
 

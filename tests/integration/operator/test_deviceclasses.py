@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from dra_api.localcluster import LocalCluster
+from dra_devcluster import LocalCluster
 from tests.integration.operator.conftest import Operators
 
 MANAGED = "app.kubernetes.io/managed-by"

@@ -8,7 +8,7 @@ import signal
 import time
 from pathlib import Path
 
-from dra_api.localcluster import LocalCluster
+from dra_devcluster import LocalCluster
 from tests.integration.operator.conftest import Operators
 from tests.integration.operator.objects import add_gpu_node, claim
 

@@ -21,8 +21,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from dra_api.localcluster import LocalCluster
-from dra_api.localcluster.faultproxy import Fault, FaultProxy
+from dra_devcluster import LocalCluster
+from dra_devcluster.faultproxy import Fault, FaultProxy
 
 pytestmark = pytest.mark.cluster
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from dra_api.localcluster import LocalCluster
-from dra_api.localcluster import cluster as cluster_module
+from dra_devcluster import LocalCluster
+from dra_devcluster import cluster as cluster_module
 
 
 def _listening(port: int) -> bool:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from dra_api.localcluster import LocalCluster
+from dra_devcluster import LocalCluster
 from tests.integration.objects import device_class, gpu_devices, pod_spec, resource_slice, tpu_devices
 
 GPU = "gpu.nvidia.com"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from dra_api.localcluster import ensure_binaries
+from dra_devcluster import ensure_binaries
 from tests.unit.deploy.render import CRDS_DIR, OVERLAYS, Obj, overlay_dir, render
 
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from dra_api.localcluster import binaries
-from dra_api.localcluster.binaries import BINARY_NAMES, BinariesUnavailable, ensure_binaries
+from dra_devcluster import binaries
+from dra_devcluster.binaries import BINARY_NAMES, BinariesUnavailable, ensure_binaries
 
 
 def _fake_binaries(directory: Path, names: tuple[str, ...] = BINARY_NAMES) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -177,12 +178,32 @@ def test_tpu_v4_accel_nodes_and_wraparound() -> None:
     assert env["TPU_WORKER_HOSTNAMES"] == "a,b"
 
 
-def test_simulated_specs_carry_no_device_nodes(tmp_path: Path) -> None:
+def test_simulated_specs_name_the_fake_device_nodes_when_they_are_character_devices(tmp_path: Path) -> None:
     inventory = SimulatedBackend(profile="h100-80gb-x8", node_name="n", state_dir=tmp_path).discover_sync()
-    spec = build_claim_spec(claim_uid=UID, devices=inventory.devices[:2], inventory=inventory)
+    nvidia0 = tmp_path / "dev" / "nvidia0"
+    # As root (CI, a node's agent) the fake /dev holds character devices with the driver's numbers.
+    assert inventory.simulated_nodes_on_host == stat.S_ISCHR(nvidia0.lstat().st_mode)
+    if inventory.simulated_nodes_on_host:
+        assert (os.major(nvidia0.lstat().st_rdev), os.minor(nvidia0.lstat().st_rdev)) == (195, 0)
+    with_nodes = dataclasses.replace(inventory, simulated_nodes_on_host=True)
+    spec = build_claim_spec(claim_uid=UID, devices=with_nodes.devices[:2], inventory=with_nodes)
     assert_valid_cdi(spec)
-    text = json.dumps(spec)
-    assert "deviceNodes" not in text
+    assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [
+        {"path": "/dev/nvidia0", "hostPath": str(nvidia0)}
+    ]
+    common = [n["path"] for n in spec["containerEdits"]["deviceNodes"]]
+    assert common == ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+    assert env_of(spec["devices"][0]["containerEdits"]) == {
+        "DRA_SIMULATED_DEVICE_GPU_0": inventory.devices[0].uuid
+    }
+
+
+def test_simulated_specs_carry_no_device_nodes_the_host_cannot_inject(tmp_path: Path) -> None:
+    inventory = SimulatedBackend(profile="h100-80gb-x8", node_name="n", state_dir=tmp_path).discover_sync()
+    plain = dataclasses.replace(inventory, simulated_nodes_on_host=False)
+    spec = build_claim_spec(claim_uid=UID, devices=plain.devices[:2], inventory=plain)
+    assert_valid_cdi(spec)
+    assert "deviceNodes" not in json.dumps(spec)
     assert env_of(spec["devices"][0]["containerEdits"]) == {
         "DRA_SIMULATED_DEVICE_GPU_0": inventory.devices[0].uuid
     }

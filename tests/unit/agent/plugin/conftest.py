@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dra_api.localcluster.kubelet import KubeletPluginClient
+from dra_devcluster.kubelet import KubeletPluginClient
 from dra_node_agent.plugin import RunningPlugin, serve_plugin
 
 from .drivers import QueueHealth, RecordingHandler

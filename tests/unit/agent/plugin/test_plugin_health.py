@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from dra_api.localcluster.kubelet import HealthStreamEnded, KubeletPluginClient, PluginCallError
+from dra_devcluster.kubelet import HealthStreamEnded, KubeletPluginClient, PluginCallError
 from dra_node_agent.plugin import DeviceHealth, HealthStatus, RunningPlugin
 
 from .drivers import QueueHealth

@@ -14,7 +14,7 @@ from dra_api.kubeletapi import (
     pluginregistration_v1_pb2_grpc,
 )
 from dra_api.kubeletapi.model import DRAVersion, PluginInfo
-from dra_api.localcluster.kubelet import KubeletPluginClient, PluginProtocolError, PluginRegistrationError
+from dra_devcluster.kubelet import KubeletPluginClient, PluginProtocolError, PluginRegistrationError
 from dra_node_agent.plugin import ClaimRef
 from dra_node_agent.plugin.registration import RegistrationServicer
 

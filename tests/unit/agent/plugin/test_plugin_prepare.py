@@ -10,7 +10,7 @@ from typing import get_args
 import pytest
 
 from dra_api.kubeletapi.model import DRAVersion
-from dra_api.localcluster.kubelet import KubeletPluginClient, PluginCallError
+from dra_devcluster.kubelet import KubeletPluginClient, PluginCallError
 from dra_node_agent.plugin import ClaimRef, PreparedDevice, PrepareResult, serve_plugin
 from dra_node_agent.plugin.dra_service import ClaimService
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dra_api.localcluster.kubelet import (
+from dra_devcluster.kubelet import (
     KubeletPluginClient,
     PluginRegistrationError,
     find_registration_sockets,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dra_api.localcluster.kubelet import KubeletPluginClient, PluginCallError, get_plugin_info
+from dra_devcluster.kubelet import KubeletPluginClient, PluginCallError, get_plugin_info
 from dra_node_agent.plugin import ClaimRef, serve_plugin
 
 from .conftest import DRIVER

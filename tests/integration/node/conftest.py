@@ -1,0 +1,161 @@
+"""A real node for the tests of this folder: a kubelet and its own containerd in the session's
+cluster, with the node agent serving the kubelet's plugin folders (simulated H100s whose device
+nodes are real character devices) and a DeviceClass of the test's own.
+
+Pods are pinned to the node and run the local busybox image; their logs are read from the node's
+pod-log folder (``kubectl logs`` needs the API server to reach the kubelet, which this cluster does
+not wire up yet).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dra_devcluster import LocalCluster, RealNode
+from dra_devcluster.images import WORKLOAD_IMAGE
+from dra_node_agent.health.factory import FAULTS_FOLDER
+from tests.integration.agent.agentproc import GPU, AgentDirs, AgentProcess, agent_kubeconfig
+from tests.integration.objects import device_class
+
+NODE = "real-node-1"
+CLASS = "real-node-gpu"
+NAMESPACE = "real-node"
+
+
+@dataclass
+class NodeWithAgent:
+    cluster: LocalCluster
+    node: RealNode
+    agent: AgentProcess
+
+    def pod_log(self, pod: str, container: str = "main") -> str:
+        """What the container printed so far (the kubelet's CRI log, one line per write)."""
+        lines = []
+        for path in sorted(self.node.pod_logs_dir.glob(f"{NAMESPACE}_{pod}_*/{container}/*.log")):
+            for line in path.read_text(errors="replace").splitlines():
+                # <time> <stream> <P|F> <text>
+                parts = line.split(" ", 3)
+                lines.append(parts[3] if len(parts) == 4 else line)
+        return "\n".join(lines)
+
+    def wait_log(self, pod: str, text: str, *, timeout: float = 90) -> str:
+        def seen() -> str | None:
+            log = self.pod_log(pod)
+            return log if text in log else None
+
+        try:
+            found: str = self.cluster.wait_for(
+                seen, timeout=timeout, interval=0.3, what=f"{text!r} in {pod}'s log"
+            )
+        except TimeoutError:
+            describe = self.cluster.kubectl("describe", "pod", pod, "-n", NAMESPACE, check=False).stdout
+            raise AssertionError(
+                f"{text!r} not in the log of {pod}:\n{self.pod_log(pod)}\n{describe[-3000:]}"
+            ) from None
+        return found
+
+    def faults_dir(self) -> Path:
+        """Where the simulated GPUs take faults from (``xid-<minor>-<code>``: one XID)."""
+        # <state dir>/simulated/<index>-<profile>: the fake hardware of the agent's one profile
+        (hardware,) = (self.agent.dirs.state / "simulated").iterdir()
+        faults = hardware / FAULTS_FOLDER
+        faults.mkdir(exist_ok=True)
+        return faults
+
+    def resource_health(self, pod: str) -> list[dict[str, Any]]:
+        """The kubelet's allocatedResourcesStatus entries of the pod's container."""
+        status = self.cluster.get_json("pod", pod, "-n", NAMESPACE).get("status") or {}
+        out: list[dict[str, Any]] = []
+        for container in status.get("containerStatuses") or []:
+            for entry in container.get("allocatedResourcesStatus") or []:
+                out.extend(entry.get("resources") or [])
+        return out
+
+    def claim_of(self, pod: str) -> dict[str, Any]:
+        items: list[dict[str, Any]] = self.cluster.get_json("resourceclaims", "-n", NAMESPACE)["items"]
+        for claim in items:
+            owners = claim["metadata"].get("ownerReferences") or []
+            if any(o.get("kind") == "Pod" and o.get("name") == pod for o in owners):
+                return claim
+        raise AssertionError(f"no claim of pod {pod}")
+
+
+def gpu_pod(name: str, *, command: str, count: int = 1) -> list[dict[str, Any]]:
+    """A claim template and a pod on the real node that runs ``command`` in the busybox image."""
+    template = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [{"name": "gpu", "exactly": {"deviceClassName": CLASS, "count": count}}]
+                }
+            }
+        },
+    }
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": NODE},
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": WORKLOAD_IMAGE,
+                    "command": ["sh", "-c", command],
+                    "resources": {"claims": [{"name": "gpu"}]},
+                }
+            ],
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": name}],
+        },
+    }
+    return [template, pod]
+
+
+@pytest.fixture(scope="module")
+def node_with_agent(
+    local_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[NodeWithAgent]:
+    node = local_cluster.add_real_node(NODE)
+    agent = AgentProcess(
+        node=NODE,
+        dirs=AgentDirs.for_node(node),
+        kubeconfig=agent_kubeconfig(local_cluster),
+        # Faults are polled every second and a device recovers after 8 s without a new one.
+        extra_env={"DRA_AGENT_HEALTH_POLL_INTERVAL": "1", "DRA_AGENT_HEALTH_RECOVERY_PERIOD": "8"},
+    )
+    try:
+        local_cluster.create_namespace(NAMESPACE)
+        local_cluster.apply([device_class(CLASS, driver=GPU)])
+        agent.start()
+        yield NodeWithAgent(cluster=local_cluster, node=node, agent=agent)
+    finally:
+        if agent.process is not None:
+            agent.stop()
+        local_cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
+        local_cluster.kubectl("delete", "deviceclass", CLASS, "--ignore-not-found", check=False)
+        local_cluster.remove_real_node(NODE)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    if report.when == "call" and report.failed:
+        setup = getattr(item, "funcargs", {}).get("node_with_agent")
+        if setup is not None:
+            for part in ("kubelet", "containerd"):
+                report.sections.append((f"{part} log", setup.node.log_tail(part, 80)))
+            report.sections.append(("agent log", setup.agent.log_tail(80)))
+    return report
+
+
+def wait_gone(cluster: LocalCluster, path: Path, *, timeout: float = 60) -> None:
+    cluster.wait_for(lambda: not path.exists(), timeout=timeout, interval=0.3, what=f"{path} removed")

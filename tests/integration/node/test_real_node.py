@@ -1,0 +1,97 @@
+"""The node agent under a real kubelet, with a real container runtime: registration through the
+kubelet's plugin watcher, the health stream it opens, a pod whose container receives what the CDI
+spec says, and clean-up when the pod goes."""
+
+from __future__ import annotations
+
+from tests.integration.agent.agentproc import GPU
+from tests.integration.node.conftest import NAMESPACE, NODE, NodeWithAgent, gpu_pod, wait_gone
+
+
+def test_the_kubelet_registers_the_agent_and_opens_its_health_stream(node_with_agent: NodeWithAgent) -> None:
+    setup = node_with_agent
+    agent_log = setup.cluster.wait_for(
+        lambda: (log := setup.agent.log_text()) and "kubelet opened the health stream" in log and log,
+        timeout=60,
+        what="the kubelet's registration and health stream",
+    )
+    assert f"kubelet registered DRA driver {GPU}" in agent_log
+    node = setup.cluster.get_json("node", NODE)
+    assert node["status"]["nodeInfo"]["kubeletVersion"] == "v1.36.3"
+    assert node["status"]["nodeInfo"]["containerRuntimeVersion"].startswith("containerd://2.2")
+    slices = setup.cluster.get_json("resourceslices", f"--field-selector=spec.nodeName={NODE}")["items"]
+    assert sum(len(s["spec"].get("devices") or []) for s in slices) == 8
+
+
+def test_a_pod_gets_its_gpu_from_the_cdi_spec_and_gives_it_back(node_with_agent: NodeWithAgent) -> None:
+    setup = node_with_agent
+    setup.cluster.apply(
+        gpu_pod(
+            "gpu-env",
+            command="env | grep ^NVIDIA_ | sort; ls -l /dev/nvidia*; echo done; sleep 3600",
+        )
+    )
+    log = setup.wait_log("gpu-env", "done")
+    claim = setup.claim_of("gpu-env")
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    assert result["pool"] == NODE
+    # The environment and the device nodes come from the agent's CDI spec, applied by containerd.
+    assert "NVIDIA_VISIBLE_DEVICES=" in log
+    device_lines = [line for line in log.splitlines() if line.startswith("c") and "/dev/nvidia" in line]
+    assert any("195," in line and "/dev/nvidiactl" in line for line in device_lines), log
+    assert any(
+        line.rstrip().endswith(f"/dev/nvidia{result['device'].removeprefix('gpu-')}") for line in device_lines
+    ), log
+    spec = setup.agent.dirs.cdi_spec(claim["metadata"]["uid"])
+    assert spec.exists()
+    assert claim["metadata"]["uid"] in setup.agent.dirs.checkpoint_claims()
+    pod = setup.cluster.get_json("pod", "gpu-env", "-n", NAMESPACE)
+    assert pod["status"]["phase"] == "Running"
+
+    # Deleting the pod: the kubelet unprepares, the agent removes the CDI spec and the checkpoint entry.
+    setup.cluster.kubectl("delete", "pod", "gpu-env", "-n", NAMESPACE, "--wait=true", "--timeout=60s")
+    wait_gone(setup.cluster, spec)
+    assert claim["metadata"]["uid"] not in setup.agent.dirs.checkpoint_claims()
+
+
+def test_an_xid_shows_in_the_containers_resource_status_and_recovers(node_with_agent: NodeWithAgent) -> None:
+    setup = node_with_agent
+    setup.cluster.apply(gpu_pod("gpu-health", command="echo started; sleep 3600"))
+    setup.wait_log("gpu-health", "started")
+    claim = setup.claim_of("gpu-health")
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    # The kubelet names the device by the CDI device ID the agent returned for it.
+    resource = f"k8s.{GPU}/claim={claim['metadata']['uid']}-{result['device']}"
+    setup.cluster.wait_for(
+        lambda: [
+            r
+            for r in setup.resource_health("gpu-health")
+            if r["resourceID"] == resource and r["health"] == "Healthy"
+        ],
+        timeout=60,
+        what=f"{resource} Healthy in the pod's status",
+    )
+    # XID 79 (the GPU fell off the bus) on the pod's GPU, through the simulated NVML's fault folder.
+    (setup.faults_dir() / f"xid-{result['device'].removeprefix('gpu-')}-79").touch()
+    unhealthy = setup.cluster.wait_for(
+        lambda: [
+            r
+            for r in setup.resource_health("gpu-health")
+            if r["resourceID"] == resource and r["health"] == "Unhealthy"
+        ],
+        timeout=60,
+        what=f"{resource} Unhealthy in the pod's status",
+    )
+    assert "79" in unhealthy[0].get("message", ""), unhealthy
+    # No new fault for the recovery period (8 s here): Healthy again, the pod untouched.
+    setup.cluster.wait_for(
+        lambda: [
+            r
+            for r in setup.resource_health("gpu-health")
+            if r["resourceID"] == resource and r["health"] == "Healthy"
+        ],
+        timeout=60,
+        what=f"{resource} Healthy again",
+    )
+    assert setup.cluster.get_json("pod", "gpu-health", "-n", NAMESPACE)["status"]["phase"] == "Running"
+    setup.cluster.kubectl("delete", "pod", "gpu-health", "-n", NAMESPACE, "--wait=true", "--timeout=60s")
