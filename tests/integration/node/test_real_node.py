@@ -4,6 +4,8 @@ spec says, and clean-up when the pod goes."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from tests.integration.agent.agentproc import GPU
 from tests.integration.node.conftest import NAMESPACE, NODE, NodeWithAgent, gpu_pod, wait_gone
 
@@ -62,36 +64,68 @@ def test_an_xid_shows_in_the_containers_resource_status_and_recovers(node_with_a
     (result,) = claim["status"]["allocation"]["devices"]["results"]
     # The kubelet names the device by the CDI device ID the agent returned for it.
     resource = f"k8s.{GPU}/claim={claim['metadata']['uid']}-{result['device']}"
-    setup.cluster.wait_for(
-        lambda: [
-            r
-            for r in setup.resource_health("gpu-health")
-            if r["resourceID"] == resource and r["health"] == "Healthy"
-        ],
-        timeout=60,
-        what=f"{resource} Healthy in the pod's status",
-    )
+
+    def health(state: str, what: str) -> dict[str, Any]:
+        found: list[dict[str, Any]] = setup.cluster.wait_for(
+            lambda: [
+                r
+                for r in setup.resource_health("gpu-health")
+                if r["resourceID"] == resource and r["health"] == state
+            ],
+            timeout=60,
+            what=f"{resource} {what} in the pod's status",
+        )
+        return found[0]
+
+    health("Healthy", "Healthy")
     # XID 79 (the GPU fell off the bus) on the pod's GPU, through the simulated NVML's fault folder.
     (setup.faults_dir() / f"xid-{result['device'].removeprefix('gpu-')}-79").touch()
-    unhealthy = setup.cluster.wait_for(
-        lambda: [
-            r
-            for r in setup.resource_health("gpu-health")
-            if r["resourceID"] == resource and r["health"] == "Unhealthy"
-        ],
-        timeout=60,
-        what=f"{resource} Unhealthy in the pod's status",
-    )
-    assert "79" in unhealthy[0].get("message", ""), unhealthy
+    unhealthy = health("Unhealthy", "Unhealthy")
+    assert "79" in unhealthy.get("message", ""), unhealthy
     # No new fault for the recovery period (8 s here): Healthy again, the pod untouched.
-    setup.cluster.wait_for(
-        lambda: [
-            r
-            for r in setup.resource_health("gpu-health")
-            if r["resourceID"] == resource and r["health"] == "Healthy"
-        ],
-        timeout=60,
-        what=f"{resource} Healthy again",
-    )
+    health("Healthy", "Healthy again")
     assert setup.cluster.get_json("pod", "gpu-health", "-n", NAMESPACE)["status"]["phase"] == "Running"
     setup.cluster.kubectl("delete", "pod", "gpu-health", "-n", NAMESPACE, "--wait=true", "--timeout=60s")
+
+
+def test_n15_fifty_pods_created_and_deleted_in_quick_succession_leave_nothing(
+    node_with_agent: NodeWithAgent,
+) -> None:
+    setup = node_with_agent
+    names = [f"churn-{i}" for i in range(50)]
+    # 50 pods for 8 GPUs: some run, some wait for a device, some are deleted mid-start.
+    setup.cluster.apply([obj for name in names for obj in gpu_pod(name, command="sleep 3600")])
+    setup.cluster.wait_for(
+        lambda: (
+            sum(
+                1
+                for p in setup.cluster.get_json("pods", "-n", NAMESPACE)["items"]
+                if (p.get("status") or {}).get("phase") == "Running"
+            )
+            >= 4
+        ),
+        timeout=90,
+        what="some of the pods running",
+    )
+    setup.cluster.kubectl("delete", "pods", *names, "-n", NAMESPACE, "--wait=false")
+    setup.cluster.wait_for(
+        lambda: not setup.cluster.get_json("pods", "-n", NAMESPACE)["items"],
+        timeout=120,
+        what="every pod gone",
+    )
+    setup.cluster.wait_for(
+        lambda: not setup.cluster.get_json("resourceclaims", "-n", NAMESPACE)["items"],
+        timeout=60,
+        what="every generated claim gone",
+    )
+    setup.cluster.wait_for(lambda: not setup.node.tasks(), timeout=60, what="no container left on the node")
+    setup.cluster.wait_for(
+        lambda: not setup.agent.dirs.checkpoint_claims() and not list(setup.agent.dirs.cdi.glob("*.json")),
+        timeout=60,
+        what="no checkpoint entry and no CDI spec left",
+    )
+    slices = setup.cluster.get_json("resourceslices", f"--field-selector=spec.nodeName={NODE}")["items"]
+    assert sum(len(s["spec"].get("devices") or []) for s in slices) == 8  # the pool is unchanged
+    setup.cluster.kubectl(
+        "delete", "resourceclaimtemplates", *names, "-n", NAMESPACE, "--wait=false", check=False
+    )
