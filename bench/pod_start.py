@@ -6,8 +6,8 @@ real character devices, injected by containerd from the agent's CDI specs). For 
 runs from the API server acknowledging its creation to the pod's phase showing Running on a watch;
 the pod runs the local busybox image (``sleep``).
 
-- one at a time: 50 pods of each kind, alternating (DRA, plain, DRA, ...), each deleted before the
-  next is created;
+- one at a time: 50 pods of each kind, alternating (DRA, plain, DRA, ...), each deleted (gracefully)
+  and gone before the next is created;
 - at once: 10 pods of each kind created together (plain first, then DRA, in separate rounds).
 
 It prints p50 and p99 of each kind, and the ratio of the DRA pod's p50 to the plain pod's:
@@ -42,7 +42,7 @@ NS = "pod-start"
 
 def pod(name: str, *, gpu: bool) -> dict[str, Any]:
     spec: dict[str, Any] = {
-        "terminationGracePeriodSeconds": 0,
+        "terminationGracePeriodSeconds": 1,
         "containers": [{"name": "main", "image": WORKLOAD_IMAGE, "command": ["sleep", "3600"]}],
     }
     if gpu:
@@ -96,8 +96,12 @@ class Timer:
         return self.running[name] - self.created[name]
 
     async def delete(self, name: str) -> None:
+        # A graceful deletion, as users delete pods: the pod object goes once its kubelet stopped it
+        # and unprepared its claims. A forced one frees the claim first, and the next pod given the
+        # same device waits until the kubelet unprepares the old claim (the agent refuses to serve
+        # one device to two claims).
         try:
-            await self.core.delete_namespaced_pod(name, NS, grace_period_seconds=0)
+            await self.core.delete_namespaced_pod(name, NS)
         except ApiException as exc:
             if exc.status != 404:
                 raise

@@ -35,6 +35,7 @@ import yaml
 from dra_devcluster.binaries import Binaries, ensure_binaries, ensure_node_binaries
 from dra_devcluster.images import ImageArchive, build_images
 from dra_devcluster.node import NodePorts, RealNode
+from dra_devcluster.nodeproxy import NodeProxy, egress_selector_config
 from dra_devcluster.pki import CertPair, ClusterPKI, generate_pki
 
 log = logging.getLogger(__name__)
@@ -133,6 +134,7 @@ class LocalCluster:
     _components: list[_Component] = field(default_factory=list, init=False)
     _pki: ClusterPKI | None = field(default=None, init=False)
     _real_nodes: list[RealNode] = field(default_factory=list, init=False)
+    _node_proxy: NodeProxy | None = field(default=None, init=False)
     _images: list[ImageArchive] = field(default_factory=list, init=False)
     _apiserver_port: int = field(default=0, init=False)
     timings: dict[str, float] = field(default_factory=dict, init=False)
@@ -226,6 +228,9 @@ class LocalCluster:
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=10)
         self._components.clear()
+        if self._node_proxy is not None:
+            self._node_proxy.stop()
+            self._node_proxy = None
         with contextlib.suppress(Exception):
             atexit.unregister(self.stop)
 
@@ -267,6 +272,13 @@ class LocalCluster:
         sched_kubeconfig.write_text(
             _kubeconfig(server=self.server, ca=pki.ca.cert, user="scheduler", cert=pki.scheduler, token=None)
         )
+
+        self._node_proxy = NodeProxy(self.workdir / "node-proxy.sock")
+        self._node_proxy.start()
+        for node in self._real_nodes:
+            self._node_proxy.add_route(node=node.name, port=node.ports.kubelet)
+        egress_config = self.workdir / "egress-selector.yaml"
+        egress_config.write_text(egress_selector_config(self._node_proxy.path))
 
         etcd = _Component(
             name="etcd",
@@ -313,6 +325,11 @@ class LocalCluster:
                 "--profiling=false",
                 # The "kubernetes" Service cannot point at a loopback address; nothing in-cluster uses it.
                 "--endpoint-reconciler-type=none",
+                # Real nodes: kubelets are reached by node name through the node proxy (nodeproxy.py).
+                f"--egress-selector-config-file={egress_config}",
+                "--kubelet-preferred-address-types=Hostname",
+                f"--kubelet-client-certificate={pki.apiserver_kubelet_client.cert}",
+                f"--kubelet-client-key={pki.apiserver_kubelet_client.key}",
                 self._gates_flag(),
             ],
             log_path=self.logs_dir / "kube-apiserver.log",
@@ -562,6 +579,8 @@ class LocalCluster:
             feature_gates=self.feature_gates,
         )
         self._real_nodes.append(node)
+        if self._node_proxy is not None:
+            self._node_proxy.add_route(node=name, port=node.ports.kubelet)
         node.start(images=self._images, timeout=timeout)
         node.wait_healthy(timeout=timeout)
 
@@ -608,6 +627,8 @@ class LocalCluster:
             self._drain(node)
             node.stop()
             self._real_nodes.remove(node)
+        if self._node_proxy is not None:
+            self._node_proxy.remove_routes(name)
         self.kubectl("delete", "node", name, "--ignore-not-found", "--wait=false", check=False)
 
     def delete_node(self, name: str) -> None:

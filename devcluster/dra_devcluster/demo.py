@@ -367,7 +367,7 @@ def wait_for_running_pods(
                 name=name,
                 node=runtime.node.name,
                 claims=claims,
-                log=_container_log(runtime.real, pod),
+                log=_container_log(cluster, runtime.real, pod),
                 resource_status=_resource_status(pod),
                 phase=str(pod.get("status", {}).get("phase", "")),
             )
@@ -377,9 +377,14 @@ def wait_for_running_pods(
     return sorted(found.values(), key=lambda p: (p.namespace, p.name))
 
 
-def _container_log(node: RealNode, pod: Mapping[str, Any]) -> list[str]:
+def _container_log(cluster: LocalCluster, node: RealNode, pod: Mapping[str, Any]) -> list[str]:
+    """``kubectl logs`` of the pod (the API server reaches the kubelet through the node proxy);
+    should that fail, the kubelet's log files, saying so."""
     meta = pod["metadata"]
-    lines: list[str] = []
+    result = cluster.kubectl("logs", "-n", meta["namespace"], meta["name"], "--all-containers", check=False)
+    if result.returncode == 0:
+        return result.stdout.splitlines()
+    lines = [f"(kubectl logs failed: {result.stderr.strip()}; from the node's pod log folder:)"]
     for path in sorted(node.pod_logs_dir.glob(f"{meta['namespace']}_{meta['name']}_{meta['uid']}/*/*.log")):
         for line in path.read_text(errors="replace").splitlines():
             parts = line.split(" ", 3)  # <time> <stream> <P|F> <text>, as the kubelet writes them

@@ -139,6 +139,12 @@ class RealNode:
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=15)
 
+    def restart_kubelet(self) -> None:
+        """Stop the kubelet (SIGTERM, as a service manager does) and start it again on the same
+        root dir; containers keep running under containerd meanwhile."""
+        self._stop_process("kubelet")
+        self._start_kubelet()
+
     def running(self, part: str) -> bool:
         proc = self._processes.get(part)
         return proc is not None and proc.poll() is None

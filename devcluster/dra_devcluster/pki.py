@@ -32,6 +32,8 @@ class ClusterPKI:
     admin: CertPair
     controller_manager: CertPair
     scheduler: CertPair
+    # What the API server presents to kubelets (logs, exec); kubelets trust the cluster CA.
+    apiserver_kubelet_client: CertPair
     # ServiceAccount token signing pair (apiserver signs, controller-manager needs the private key).
     sa_private_key: Path
     sa_public_key: Path
@@ -175,6 +177,9 @@ def generate_pki(directory: Path) -> ClusterPKI:
         admin=client("admin", "local-admin", "system:masters"),
         controller_manager=client("controller-manager", "system:kube-controller-manager"),
         scheduler=client("scheduler", "system:kube-scheduler"),
+        apiserver_kubelet_client=client(
+            "apiserver-kubelet-client", "kube-apiserver-kubelet-client", "system:masters"
+        ),
         sa_private_key=sa_private,
         sa_public_key=sa_public,
     )

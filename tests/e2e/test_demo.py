@@ -75,6 +75,7 @@ def test_demo_runs_the_examples_on_real_nodes_and_shows_their_devices(workdir: P
     assert len([r for r in healthy if r.startswith("k8s.gpu.nvidia.com/claim=")]) == 2, output
     assert len([r for r in healthy if r.startswith("k8s.tpu.google.com/claim=")]) == 8, output
     assert "DEMO INCOMPLETE" not in output
+    assert "kubectl logs failed" not in output  # the API server reached every kubelet
     assert "export KUBECONFIG=" in output
 
 

@@ -56,6 +56,20 @@ def test_a_pod_gets_its_gpu_from_the_cdi_spec_and_gives_it_back(node_with_agent:
     assert claim["metadata"]["uid"] not in setup.agent.dirs.checkpoint_claims()
 
 
+def test_kubectl_logs_and_exec_reach_the_kubelet_through_the_api_server(
+    node_with_agent: NodeWithAgent,
+) -> None:
+    setup = node_with_agent
+    setup.cluster.apply(gpu_pod("gpu-logs", command="echo hello from $(hostname); sleep 3600"))
+    setup.wait_log("gpu-logs", "hello from gpu-logs")
+    # The API server reaches the kubelet by node name through the cluster's node proxy.
+    logs = setup.cluster.kubectl("logs", "gpu-logs", "-n", NAMESPACE).stdout
+    assert logs.strip() == "hello from gpu-logs"
+    listing = setup.cluster.kubectl("exec", "gpu-logs", "-n", NAMESPACE, "--", "ls", "-l", "/dev/").stdout
+    assert any(line.startswith("c") and "nvidiactl" in line for line in listing.splitlines()), listing
+    setup.cluster.kubectl("delete", "pod", "gpu-logs", "-n", NAMESPACE, "--wait=true", "--timeout=60s")
+
+
 def test_an_xid_shows_in_the_containers_resource_status_and_recovers(node_with_agent: NodeWithAgent) -> None:
     setup = node_with_agent
     setup.cluster.apply(gpu_pod("gpu-health", command="echo started; sleep 3600"))
@@ -129,3 +143,55 @@ def test_n15_fifty_pods_created_and_deleted_in_quick_succession_leave_nothing(
     setup.cluster.kubectl(
         "delete", "resourceclaimtemplates", *names, "-n", NAMESPACE, "--wait=false", check=False
     )
+
+
+def test_n6_agent_restart_with_a_running_pod_then_pod_deletion(node_with_agent: NodeWithAgent) -> None:
+    setup = node_with_agent
+    setup.cluster.apply(gpu_pod("gpu-n6", command="echo up; sleep 3600"))
+    setup.wait_log("gpu-n6", "up")
+    uid = setup.claim_of("gpu-n6")["metadata"]["uid"]
+    spec = setup.agent.dirs.cdi_spec(uid)
+    assert spec.exists()
+    setup.agent.kill()  # SIGKILL: no clean-up
+    setup.agent.start()
+    setup.cluster.wait_for(
+        lambda: setup.agent.log_text().count(f"kubelet registered DRA driver {GPU}") >= 2,
+        timeout=60,
+        what="the kubelet registering the restarted agent",
+    )
+    assert setup.cluster.get_json("pod", "gpu-n6", "-n", NAMESPACE)["status"]["phase"] == "Running"
+    # The restarted agent unprepares from its checkpoint when the kubelet asks.
+    setup.cluster.kubectl("delete", "pod", "gpu-n6", "-n", NAMESPACE, "--wait=true", "--timeout=60s")
+    wait_gone(setup.cluster, spec)
+    assert uid not in setup.agent.dirs.checkpoint_claims()
+
+
+def test_a_kubelet_restart_with_a_running_pod_changes_nothing(node_with_agent: NodeWithAgent) -> None:
+    setup = node_with_agent
+    setup.cluster.apply(gpu_pod("gpu-kr", command="echo up; sleep 3600"))
+    setup.wait_log("gpu-kr", "up")
+    uid = setup.claim_of("gpu-kr")["metadata"]["uid"]
+    spec = setup.agent.dirs.cdi_spec(uid)
+    before = (spec.read_bytes(), setup.agent.dirs.checkpoint_claims()[uid])
+    registrations = setup.agent.log_text().count(f"kubelet registered DRA driver {GPU}")
+    setup.node.restart_kubelet()
+    setup.node.wait_healthy()
+    setup.cluster.wait_for(
+        lambda: setup.agent.log_text().count(f"kubelet registered DRA driver {GPU}") > registrations,
+        timeout=60,
+        what="the restarted kubelet registering the agent again",
+    )
+    pod = setup.cluster.wait_for(
+        lambda: (
+            (p := setup.cluster.get_json("pod", "gpu-kr", "-n", NAMESPACE))["status"]["phase"] == "Running"
+            and p
+        ),
+        timeout=60,
+        what="the pod running after the kubelet restart",
+    )
+    # The container went on running; the claim stayed prepared exactly as it was.
+    assert pod["status"]["containerStatuses"][0]["restartCount"] == 0
+    assert (spec.read_bytes(), setup.agent.dirs.checkpoint_claims()[uid]) == before
+    assert not [line for line in setup.agent.log_text().splitlines() if "unprepared" in line and uid in line]
+    setup.cluster.kubectl("delete", "pod", "gpu-kr", "-n", NAMESPACE, "--wait=true", "--timeout=60s")
+    wait_gone(setup.cluster, spec)
