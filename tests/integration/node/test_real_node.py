@@ -4,6 +4,7 @@ spec says, and clean-up when the pod goes."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from tests.integration.agent.agentproc import GPU
@@ -160,6 +161,8 @@ def test_n6_agent_restart_with_a_running_pod_then_pod_deletion(node_with_agent: 
         what="the kubelet registering the restarted agent",
     )
     assert setup.cluster.get_json("pod", "gpu-n6", "-n", NAMESPACE)["status"]["phase"] == "Running"
+    # N13 on a real kubelet: the killed agent's stale socket was replaced, not duplicated.
+    assert sorted(p.name for p in setup.node.registry_dir.iterdir()) == [f"{GPU}-reg.sock"]
     # The restarted agent unprepares from its checkpoint when the kubelet asks.
     setup.cluster.kubectl("delete", "pod", "gpu-n6", "-n", NAMESPACE, "--wait=true", "--timeout=60s")
     wait_gone(setup.cluster, spec)
@@ -195,3 +198,39 @@ def test_a_kubelet_restart_with_a_running_pod_changes_nothing(node_with_agent: N
     assert not [line for line in setup.agent.log_text().splitlines() if "unprepared" in line and uid in line]
     setup.cluster.kubectl("delete", "pod", "gpu-kr", "-n", NAMESPACE, "--wait=true", "--timeout=60s")
     wait_gone(setup.cluster, spec)
+
+
+def _slices(setup: NodeWithAgent) -> dict[str, str]:
+    """This node's ResourceSlices of the GPU driver: name -> uid/pool generation."""
+    items = setup.cluster.get_json("resourceslices", f"--field-selector=spec.nodeName={NODE}")["items"]
+    return {
+        s["metadata"]["name"]: f"{s['metadata']['uid']}/{s['spec']['pool']['generation']}"
+        for s in items
+        if s["spec"]["driver"] == GPU
+    }
+
+
+def test_n12_agent_down_shorter_and_longer_than_the_kubelets_grace_period(
+    node_with_agent: NodeWithAgent,
+) -> None:
+    setup = node_with_agent
+    before = _slices(setup)
+    assert before
+    # Down for a few seconds: the kubelet keeps the driver's slices; the agent finds them unchanged.
+    setup.agent.stop()
+    time.sleep(5)
+    setup.agent.start()
+    time.sleep(2)
+    assert _slices(setup) == before
+    # Down for longer than the kubelet's 30 s: it wipes the slices; the agent republishes on return.
+    setup.agent.stop()
+    setup.cluster.wait_for(
+        lambda: not _slices(setup), timeout=60, interval=1, what="the kubelet wiping the slices"
+    )
+    setup.agent.start()
+    after = setup.cluster.wait_for(
+        lambda: _slices(setup), timeout=60, what="the agent republishing its slices"
+    )
+    assert after != before  # new objects
+    devices = setup.cluster.get_json("resourceslices", f"--field-selector=spec.nodeName={NODE}")["items"]
+    assert sum(len(s["spec"].get("devices") or []) for s in devices) == 8
