@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from tests.integration.agent.agentproc import GPU
+from tests.integration.agent.agentproc import GPU, AgentDirs
 from tests.integration.node.conftest import NAMESPACE, NODE, NodeWithAgent, gpu_pod, wait_gone
 
 
@@ -234,3 +234,43 @@ def test_n12_agent_down_shorter_and_longer_than_the_kubelets_grace_period(
     assert after != before  # new objects
     devices = setup.cluster.get_json("resourceslices", f"--field-selector=spec.nodeName={NODE}")["items"]
     assert sum(len(s["spec"].get("devices") or []) for s in devices) == 8
+
+
+def test_a_cdi_spec_the_runtime_cannot_use_fails_the_container_start_and_leaves_nothing(
+    node_with_agent: NodeWithAgent,
+) -> None:
+    setup = node_with_agent
+    # The agent writes its specs where containerd does not look (a --cdi-dir that does not match
+    # the runtime's cdi_spec_dirs): every CDI device ID it returns is unknown to the runtime.
+    good = setup.agent.dirs
+    setup.agent.stop()
+    setup.agent.dirs = AgentDirs(
+        root=good.root,
+        kubelet_registry=good.registry,
+        kubelet_plugins=good.plugins,
+        cdi_dir=good.root / "elsewhere",
+    )
+    setup.agent.start()
+    try:
+        setup.cluster.apply(gpu_pod("gpu-bad-cdi", command="echo should not run"))
+
+        def failed_start() -> str | None:
+            events = setup.cluster.get_json(
+                "events", "-n", NAMESPACE, "--field-selector=involvedObject.name=gpu-bad-cdi"
+            )
+            messages = [e.get("message", "") for e in events["items"] if e.get("type") == "Warning"]
+            return next((m for m in messages if "CDI" in m), None)
+
+        message = setup.cluster.wait_for(
+            failed_start, timeout=90, what="a Warning Event about the CDI devices"
+        )
+        assert "unresolvable CDI devices" in message, message
+        uid = setup.claim_of("gpu-bad-cdi")["metadata"]["uid"]
+        assert setup.pod_log("gpu-bad-cdi") == ""
+        setup.cluster.kubectl("delete", "pod", "gpu-bad-cdi", "-n", NAMESPACE, "--wait=true", "--timeout=60s")
+        wait_gone(setup.cluster, setup.agent.dirs.cdi_spec(uid))
+        assert uid not in setup.agent.dirs.checkpoint_claims()
+    finally:
+        setup.agent.stop()
+        setup.agent.dirs = good
+        setup.agent.start()
