@@ -22,6 +22,7 @@ import shutil
 import signal
 import subprocess
 import time
+import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -357,8 +358,6 @@ class RealNode:
 
     def wait_healthy(self, *, timeout: float = 90.0) -> None:
         """Until the kubelet's healthz answers (the Node's Ready condition is the caller's to wait for)."""
-        import urllib.request
-
         deadline = time.monotonic() + timeout
         url = f"http://127.0.0.1:{self.ports.healthz}/healthz"
         while time.monotonic() < deadline:

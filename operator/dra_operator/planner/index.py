@@ -185,7 +185,8 @@ class FreeDeviceIndex:
         """Free counts that do not match the index's own devices and in-use set (empty: none)."""
         problems = []
         for key, counts in self._keys.items():
-            evaluated = [rank for rank in range(len(self.nodes)) if rank not in set(counts.pending)]
+            pending = set(counts.pending)
+            evaluated = [rank for rank in range(len(self.nodes)) if rank not in pending]
             free = dict.fromkeys(evaluated, 0)
             for did, rank in counts.local.items():
                 if did not in self.in_use:

@@ -88,17 +88,15 @@ class PlannerPlacer:
         expected = Counter(did for a in model.holding_allocations().values() for did in exclusive_devices(a))
         problems = []
         counted = planner.index.holder_counts()
-        for did in sorted(expected.keys() | counted.keys()):
+        mismatched = [d for d in expected.keys() | counted.keys() if expected.get(d, 0) != counted.get(d, 0)]
+        for did in sorted(mismatched):
             want, have = expected.get(did, 0), counted.get(did, 0)
-            if want != have:
-                holders = ", ".join(
-                    sorted(
-                        str(k) for k, a in model.holding_allocations().items() if did in exclusive_devices(a)
-                    )
-                )
-                problems.append(
-                    f"index counts {have} holders of {'/'.join(did)}, the model {want} ({holders or 'none'})"
-                )
+            holders = ", ".join(
+                sorted(str(k) for k, a in model.holding_allocations().items() if did in exclusive_devices(a))
+            )
+            problems.append(
+                f"index counts {have} holders of {'/'.join(did)}, the model {want} ({holders or 'none'})"
+            )
         allocator_held = planner.allocator.allocated.devices
         for did in sorted(allocator_held ^ expected.keys()):
             problems.append(
