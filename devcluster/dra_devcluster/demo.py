@@ -352,6 +352,7 @@ def wait_for_running_pods(
     """The example pods once each runs on a real node and has printed something (or time is up)."""
     by_node = {r.node.name: r for r in runtimes}
     found: dict[tuple[str, str], RunningPod] = {}
+    claim_names: dict[tuple[str, str], list[str]] = {}
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         found = {}
@@ -360,20 +361,22 @@ def wait_for_running_pods(
             runtime = by_node.get(pod["spec"].get("nodeName") or "")
             if runtime is None or runtime.real is None or not namespace.startswith("dra-example"):
                 continue
-            names = _claim_names(pod) or []
-            claims = [cluster.get_json("resourceclaim", n, "-n", namespace) for n in names]
+            phase = str(pod.get("status", {}).get("phase", ""))
+            claim_names[(namespace, name)] = _claim_names(pod) or []
             found[(namespace, name)] = RunningPod(
                 namespace=namespace,
                 name=name,
                 node=runtime.node.name,
-                claims=claims,
-                log=_container_log(cluster, runtime.real, pod),
+                claims=[],  # read once, when the waiting is over
+                log=_container_log(cluster, runtime.real, pod) if phase == "Running" else [],
                 resource_status=_resource_status(pod),
-                phase=str(pod.get("status", {}).get("phase", "")),
+                phase=phase,
             )
         if len(found) >= expected_pods and all(p.phase == "Running" and p.log for p in found.values()):
             break
         time.sleep(0.5)
+    for key, running in found.items():
+        running.claims = [cluster.get_json("resourceclaim", n, "-n", key[0]) for n in claim_names[key]]
     return sorted(found.values(), key=lambda p: (p.namespace, p.name))
 
 
