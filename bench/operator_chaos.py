@@ -571,6 +571,7 @@ def operator_process(
                     f"--gpu-driver={config.driver}",
                     "--heartbeat-interval-seconds=2",
                     "--peering-lifetime-seconds=6",
+                    "--peering-renew-deadline-seconds=4",
                     *extra,
                 ],
                 stdout=out,

@@ -18,8 +18,9 @@ from dra_api.model import ModelError
 from dra_api.names import RESOURCE_GROUP
 from dra_operator.clustermodel import ClusterModel
 from dra_operator.deviceclasses import DeviceClassKeeper
-from dra_operator.health import HEARTBEAT_ANNOTATION, Health
+from dra_operator.health import Health
 from dra_operator.metrics import Metrics
+from dra_operator.peering import HEARTBEAT_ANNOTATION
 from dra_operator.reconcile.claims import ClaimReconciler
 from dra_operator.reconcile.ownership import pod_being_scheduled
 from dra_operator.settings import Settings
@@ -97,7 +98,8 @@ def build_registry(parts: OperatorParts) -> kopf.OperatorRegistry:
                 logger.warning("ignoring DeviceClass %s: %s", name, exc)
                 metrics.reconcile_errors.labels("DeviceClass").inc()
         parts.claims.on_cluster_change()
-        await parts.classes.reconcile(name=name, obj=None if type == "DELETED" else obj)
+        if health.active:  # the standby leaves repairs to the active instance
+            await parts.classes.reconcile(name=name, obj=None if type == "DELETED" else obj)
 
     @kopf.on.event("", "v1", "nodes", registry=registry)
     async def node_event(type: str | None, body: kopf.Body, name: str, **_: Any) -> None:

@@ -12,7 +12,7 @@ import asyncio
 import datetime
 import json
 import logging
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +38,10 @@ class Gone(Exception):
 
 class Expired(Exception):
     """A watch's resourceVersion is too old for the server (410 Gone): list again."""
+
+
+class NotActive(Exception):
+    """A write was refused here because this instance is not (or no longer) the active one."""
 
 
 def _translate(exc: ApiException) -> Exception:
@@ -111,6 +115,13 @@ class KubeApi:
         # Typed as Any: the client's stubs know neither _content_type nor plain-dict bodies.
         self.custom: Any = client.CustomObjectsApi(api)
         self.core: Any = client.CoreV1Api(api)
+        self.may_write: Callable[[], bool] = lambda: True
+        """Checked before every write to claims, slices and classes: a standby, or an active
+        instance past its renew deadline, sends none (see :mod:`dra_operator.peering`)."""
+
+    def _fence(self, what: str) -> None:
+        if not self.may_write():
+            raise NotActive(f"not the active instance: {what} not written")
 
     @property
     def api_version(self) -> str:
@@ -158,10 +169,50 @@ class KubeApi:
         """Watch a resource.k8s.io resource cluster-wide from ``resource_version``: yields (type,
         object) for ADDED, MODIFIED, DELETED and BOOKMARK until the server ends the stream. Raises
         :class:`Expired` on 410 Gone (as an HTTP status or as an ERROR event)."""
-        response = await self.api.call_api(
+        async for item in self._watch(
             f"/apis/{RESOURCE_GROUP}/{self.version}/{plural}",
+            [],
+            resource_version=resource_version,
+            server_timeout_s=server_timeout_s,
+            client_timeout_s=client_timeout_s,
+            connect_timeout_s=connect_timeout_s,
+        ):
+            yield item
+
+    def watch_peering(
+        self,
+        *,
+        name: str,
+        resource_version: str,
+        server_timeout_s: int,
+        client_timeout_s: float,
+        connect_timeout_s: float,
+    ) -> AsyncGenerator[tuple[str, dict[str, Any]], None]:
+        """Watch the one ClusterKopfPeering object ``name`` (see :meth:`watch`)."""
+        return self._watch(
+            "/apis/kopf.dev/v1/clusterkopfpeerings",
+            [("fieldSelector", f"metadata.name={name}")],
+            resource_version=resource_version,
+            server_timeout_s=server_timeout_s,
+            client_timeout_s=client_timeout_s,
+            connect_timeout_s=connect_timeout_s,
+        )
+
+    async def _watch(
+        self,
+        path: str,
+        query: list[tuple[str, str]],
+        *,
+        resource_version: str,
+        server_timeout_s: int,
+        client_timeout_s: float,
+        connect_timeout_s: float,
+    ) -> AsyncGenerator[tuple[str, dict[str, Any]], None]:
+        response = await self.api.call_api(
+            path,
             "GET",
             query_params=[
+                *query,
                 ("watch", "true"),
                 ("allowWatchBookmarks", "true"),
                 ("resourceVersion", resource_version),
@@ -210,6 +261,7 @@ class KubeApi:
         return obj
 
     async def patch_claim(self, *, namespace: str, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        self._fence(f"ResourceClaim {namespace}/{name}")
         try:
             obj: dict[str, Any] = await self.custom.patch_namespaced_custom_object(
                 RESOURCE_GROUP,
@@ -227,6 +279,7 @@ class KubeApi:
     async def patch_claim_status(
         self, *, namespace: str, name: str, body: Mapping[str, Any]
     ) -> dict[str, Any]:
+        self._fence(f"ResourceClaim {namespace}/{name} status")
         try:
             obj: dict[str, Any] = await self.custom.patch_namespaced_custom_object_status(
                 RESOURCE_GROUP,
@@ -243,6 +296,7 @@ class KubeApi:
 
     async def delete_slice(self, *, name: str, uid: str) -> bool:
         """Delete a ResourceSlice only if it is still the one seen (UID precondition)."""
+        self._fence(f"deletion of ResourceSlice {name}")
         try:
             await self.custom.delete_cluster_custom_object(
                 RESOURCE_GROUP,
@@ -270,6 +324,7 @@ class KubeApi:
 
     async def create_device_class(self, body: Mapping[str, Any]) -> dict[str, Any] | None:
         """Create; None when it already exists (someone was faster)."""
+        self._fence("DeviceClass")
         try:
             obj: dict[str, Any] = await self.custom.create_cluster_custom_object(
                 RESOURCE_GROUP, self.version, "deviceclasses", dict(body)
@@ -281,6 +336,7 @@ class KubeApi:
         return obj
 
     async def patch_device_class(self, *, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        self._fence(f"DeviceClass {name}")
         try:
             obj: dict[str, Any] = await self.custom.patch_cluster_custom_object(
                 RESOURCE_GROUP, self.version, "deviceclasses", name, dict(body), _content_type=MERGE_PATCH

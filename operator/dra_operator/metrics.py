@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Gauge, Histogram
 from prometheus_client import Counter as PromCounter
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -208,3 +208,13 @@ class Metrics:
 
     def attach_model(self, model: ClusterModel, failing: Callable[[], frozenset[object]]) -> None:
         self.registry.register(_ModelCollector(model, failing))
+
+    def attach_active(self, identity: str, active: Callable[[], bool]) -> None:
+        """``dra_operator_active{identity}``: 1 on the instance that allocates, 0 on a standby."""
+        gauge = Gauge(
+            "dra_operator_active",
+            "1 while this instance is the active one (it allocates and writes), 0 while it is a standby.",
+            ["identity"],
+            registry=self.registry,
+        )
+        gauge.labels(identity).set_function(lambda: 1.0 if active() else 0.0)

@@ -9,12 +9,14 @@ returns.
 
 One active instance: Kopf peering (ClusterKopfPeering ``accel-dra-operator``) rather than a
 coordination Lease. Kopf pauses its watch streams while a live peer has a higher priority, so a
-standby handles none of their events and writes nothing; a Lease would have to be wired around Kopf's
-own streams to get the same effect. Priorities are random per instance, because Kopf pauses *both*
-instances on a tie. The claim worker follows the same verdict (computed from the peering status in
-the heartbeat, see :mod:`dra_operator.health`), and lists the cluster again whenever it becomes
-active. Correctness does not rest on it: every allocation write carries a resourceVersion
-precondition, so two briefly active instances can race but not double-write a claim.
+standby handles none of their events; a Lease would have to be wired around Kopf's own streams to
+get the same effect. Priorities are random per instance, because Kopf pauses *both* instances on a
+tie. :mod:`dra_operator.peering` renews this instance's entry every couple of seconds, decides
+active or standby by Kopf's rule, and fences writes: every write to claims, slices and classes
+checks it first, so an instance that lost its entry (or is stopping) writes nothing before the
+other can start. It lists the cluster again whenever it becomes active. SIGTERM hands over at
+once: the instance steps down, removes its entry, then stops Kopf. Every allocation write also
+carries a resourceVersion precondition, so even two active instances could not double-write a claim.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import asyncio
 import base64
 import contextlib
 import logging
+import signal
+import threading
 from pathlib import Path
 from typing import Any, cast
 
@@ -35,9 +39,10 @@ from dra_operator.claimwatch import ClaimWatch
 from dra_operator.clustermodel import ClusterModel
 from dra_operator.deviceclasses import DeviceClassKeeper
 from dra_operator.handlers import OperatorParts, build_registry
-from dra_operator.health import Health, heartbeat_loop, make_app, serve
+from dra_operator.health import Health, make_app, serve
 from dra_operator.kubeapi import KubeApi
 from dra_operator.metrics import Metrics
+from dra_operator.peering import Peering, PeeringTimes
 from dra_operator.placement import Placer
 from dra_operator.planner import PlannerPlacer
 from dra_operator.reconcile.claims import ClaimReconciler
@@ -123,7 +128,29 @@ async def run(
         compiler=keeper.compiler,
     )
     metrics.attach_model(model, claims.failing)
-    health = Health(stale_after=settings.liveness_stale_after_s, heartbeat_enabled=not settings.standalone)
+    peering = (
+        None
+        if settings.standalone
+        else Peering(
+            api=api,
+            name=settings.peering_name,
+            identity=identity,
+            priority=settings.priority,
+            times=PeeringTimes(
+                renew_interval=settings.heartbeat_interval_s,
+                renew_deadline=settings.peering_renew_deadline_s,
+                lifetime=settings.peering_lifetime_s,
+            ),
+        )
+    )
+    health = Health(
+        stale_after=settings.liveness_stale_after_s,
+        identity=identity,
+        active=(lambda: peering.active) if peering is not None else (lambda: True),
+        heartbeat_enabled=peering is not None,
+    )
+    api.may_write = lambda: health.active
+    metrics.attach_active(identity, lambda: health.active)
     orphans = OrphanSliceCollector(model=model, api=api, grace=settings.orphan_slice_grace_s)
 
     def login(kopf_settings: kopf.OperatorSettings) -> kopf.ConnectionInfo | None:
@@ -156,28 +183,34 @@ async def run(
         await api_client.close()
         raise
     watch = ClaimWatch(api=api, claims=claims, health=health, metrics=metrics, settings=settings)
+    stop = stop_flag if stop_flag is not None else asyncio.Event()
+    kopf_ready = asyncio.Event()
     background: list[asyncio.Task[Any]] = [
         asyncio.create_task(watch.run(), name="claim watch"),
-        asyncio.create_task(_worker(claims=claims, health=health, keeper=keeper), name="claim worker"),
+        asyncio.create_task(
+            _worker(claims=claims, health=health, keeper=keeper, peering=peering), name="claim worker"
+        ),
         asyncio.create_task(
             _sweeper(claims=claims, orphans=orphans, health=health, settings=settings), name="sweeper"
         ),
         asyncio.create_task(claims.events.run(), name="events"),
+        asyncio.create_task(
+            _take_signals(kopf_ready=kopf_ready, ready_flag=ready_flag, peering=peering, stop=stop),
+            name="signals",
+        ),
     ]
-    if not settings.standalone:
-        background.append(
+    if peering is not None:
+        background += [
+            asyncio.create_task(peering.run(), name="peering keep-alive"),
             asyncio.create_task(
-                heartbeat_loop(
-                    health=health,
-                    api=api,
-                    name=settings.peering_name,
-                    identity=cast(Any, identity),  # Kopf's Identity is a NewType of str
-                    priority=settings.priority,
-                    interval=settings.heartbeat_interval_s,
+                peering.watch(
+                    server_timeout_s=int(settings.watch_server_timeout_s),
+                    client_timeout_s=settings.watch_client_timeout_s,
+                    connect_timeout_s=settings.watch_connect_timeout_s,
                 ),
-                name="heartbeat",
-            )
-        )
+                name="peering watch",
+            ),
+        ]
     logger.info(
         "starting: identity %s, priority %d, ownership %s, resource.k8s.io/%s",
         identity,
@@ -194,8 +227,8 @@ async def run(
             priority=settings.priority,
             peering_name=None if settings.standalone else settings.peering_name,
             identity=cast(Any, identity),  # Kopf's Identity is a NewType of str
-            stop_flag=stop_flag,
-            ready_flag=ready_flag,
+            stop_flag=stop,
+            ready_flag=kopf_ready,
         )
     finally:
         for task in background:
@@ -207,13 +240,50 @@ async def run(
         await api_client.close()
 
 
-async def _worker(*, claims: ClaimReconciler, health: Health, keeper: DeviceClassKeeper) -> None:
+async def _take_signals(
+    *,
+    kopf_ready: asyncio.Event,
+    ready_flag: asyncio.Event | None,
+    peering: Peering | None,
+    stop: asyncio.Event,
+) -> None:
+    """Once Kopf runs (it installs its own SIGTERM and SIGINT handlers as it starts), take the
+    signals over: step down and leave the peering first, then let Kopf stop. A second signal
+    stops at once."""
+    await kopf_ready.wait()
+    if threading.current_thread() is threading.main_thread():
+        loop = asyncio.get_running_loop()
+        handing_over: list[asyncio.Task[None]] = []
+
+        def on_signal(sig: signal.Signals) -> None:
+            if handing_over or peering is None:
+                stop.set()
+                return
+            logger.info("%s received: handing over to the standby, then stopping", sig.name)
+            task = asyncio.create_task(peering.farewell(), name="farewell")
+            task.add_done_callback(lambda _: stop.set())
+            handing_over.append(task)
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, on_signal, sig)
+    if ready_flag is not None:
+        ready_flag.set()
+
+
+async def _worker(
+    *, claims: ClaimReconciler, health: Health, keeper: DeviceClassKeeper, peering: Peering | None
+) -> None:
     """Allocate while active; after a standby period, list everything again before allocating."""
     was_active = False
     while True:
         if not health.active:
             was_active = False
-            await asyncio.sleep(1.0)
+            if peering is not None:
+                peering.changed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(peering.changed.wait(), timeout=1.0)
+            else:
+                await asyncio.sleep(1.0)
             continue
         if not was_active:
             was_active = True
@@ -229,7 +299,7 @@ async def _worker(*, claims: ClaimReconciler, health: Health, keeper: DeviceClas
                 continue
         worker = asyncio.create_task(claims.run(active=lambda: health.active))
         while health.active and not worker.done():
-            await asyncio.wait({worker}, timeout=1.0)
+            await asyncio.wait({worker}, timeout=0.5)
         worker.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await worker

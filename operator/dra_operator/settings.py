@@ -74,8 +74,14 @@ class Settings:
     """Peering priority; the live instance with the highest priority is the active one. Random by
     default, so two instances never tie (Kopf pauses both instances on a tie)."""
 
-    peering_lifetime_s: int = 60
-    """How long a peer's keep-alive counts; a standby takes over this long after the active one died."""
+    peering_lifetime_s: int = 12
+    """How long a peer's keep-alive counts (L): a standby takes over at most this long after the
+    active instance died. Must exceed the renew deadline by the clock difference between the
+    operator's nodes plus the API server's watch delay."""
+
+    peering_renew_deadline_s: float = 8.0
+    """The active instance stops writing when its keep-alive could not be renewed for this long
+    (D; a slow or unreachable API server), before a standby may take over at the lifetime."""
 
     identity: str | None = None
     """Peering identity; defaults to $POD_ID, or host, pid and a random suffix."""
@@ -86,8 +92,9 @@ class Settings:
     metrics_port: int = 8080
     """Port of the /metrics and /healthz server."""
 
-    heartbeat_interval_s: float = 15.0
-    """How often the operator writes a heartbeat to its peering object and expects it back on its watch."""
+    heartbeat_interval_s: float = 2.0
+    """How often (R) the operator renews its keep-alive in the peering object; the same write is
+    the heartbeat its watch must bring back (liveness). Must be below the renew deadline."""
 
     liveness_stale_after_s: float = 90.0
     """/healthz fails when the active operator has seen no heartbeat on its watch for this long."""
@@ -223,9 +230,23 @@ def from_sources(*, args: argparse.Namespace | None = None, env: Mapping[str, st
     policy = values.get("placement_policy", "first-fit")
     if policy not in PLACEMENT_POLICIES:
         raise ValueError(f"placement_policy: {policy!r} is not one of {', '.join(PLACEMENT_POLICIES)}")
+    _check_peering_times(values)
     if values.get("max_concurrent_writes", 1) < 1:
         raise ValueError(f"max_concurrent_writes: must be at least 1, got {values['max_concurrent_writes']}")
     return Settings(**values)
+
+
+def _check_peering_times(values: Mapping[str, Any]) -> None:
+    defaults = Settings()
+    interval = values.get("heartbeat_interval_s", defaults.heartbeat_interval_s)
+    deadline = values.get("peering_renew_deadline_s", defaults.peering_renew_deadline_s)
+    lifetime = values.get("peering_lifetime_s", defaults.peering_lifetime_s)
+    if not 0 < interval < deadline < lifetime:
+        raise ValueError(
+            "peering timing: need heartbeat_interval < peering_renew_deadline < peering_lifetime, got "
+            f"{interval:g} s, {deadline:g} s and {lifetime} s (for a slow API server raise the deadline "
+            "and the lifetime together)"
+        )
 
 
 def parse(argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> Settings:

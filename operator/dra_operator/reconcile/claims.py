@@ -45,6 +45,7 @@ from dra_operator.kubeapi import (
     Gone,
     KubeApi,
     Listing,
+    NotActive,
     error_cause,
     error_text,
     retry_after,
@@ -507,6 +508,11 @@ class ClaimReconciler:
             self.backoff.succeeded(key)
         except DevicesTaken as exc:
             self._retry_later(key, exc)
+        except NotActive:
+            # Stepped down mid-claim: the claim waits, without a back-off, for whichever instance
+            # is active next (this one lists everything again before it writes).
+            self.model.forget_assumed(key)
+            self._dirty[key] = None
         except (Conflict, Gone):
             self.metrics.conflicts.inc()
             try:
