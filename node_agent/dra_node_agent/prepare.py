@@ -16,9 +16,16 @@ drop the entry. Unknown UIDs are a no-op. A corrupt checkpoint refuses both, cla
 
 Every file and checkpoint call runs in a thread (``asyncio.to_thread``). Errors stay per claim.
 
-Fault injection for the crash tests: with ``DRA_AGENT_TEST_PAUSE_AT`` set to ``prepare-started``,
-``devices-set-up`` or ``cdi-written``, prepare stops at that point, writes
-``<state dir>/paused-at-<point>`` and waits forever, so a test can SIGKILL the agent exactly there.
+Fault injection for the tests: ``DRA_AGENT_TEST_PAUSE_AT`` names one point where a call stops:
+
+- ``prepare-started``: ``PrepareStarted`` recorded, no device touched;
+- ``devices-set-up``: devices set up, no CDI spec yet;
+- ``cdi-written``: CDI spec written, not yet ``PrepareCompleted``;
+- ``unprepare-started``: unprepare of a recorded claim, before anything is torn down or removed.
+
+There the call writes ``<state dir>/paused-at-<point>`` and waits until that file is removed, so a
+test can SIGKILL the agent exactly there (crash tests) or restart the kubelet and then let the call
+go on (kubelet restart tests). Each point pauses once per handler, so a reissued call goes through.
 """
 
 from __future__ import annotations
@@ -44,7 +51,8 @@ from dra_node_agent.opaqueconfig import OpaqueConfigError, OpaqueConfigParser, R
 logger = logging.getLogger(__name__)
 
 PAUSE_ENV: Final = "DRA_AGENT_TEST_PAUSE_AT"
-PAUSE_POINTS: Final = ("prepare-started", "devices-set-up", "cdi-written")
+PAUSE_POINTS: Final = ("prepare-started", "devices-set-up", "cdi-written", "unprepare-started")
+PAUSE_POLL_SECONDS: Final = 0.1
 CHECKPOINT_FILE: Final = "checkpoint.json"
 
 PREPARE_SECONDS = Histogram(
@@ -107,6 +115,7 @@ class PrepareHandler:
         self._lock = asyncio.Lock()
         self.device_setups = 0
         self._pause_at = os.environ.get(PAUSE_ENV, "")
+        self._paused: set[str] = set()
 
     def set_inventory(self, inventory: DiscoveredInventory) -> None:
         """Use a newer discovery result for claims prepared from now on."""
@@ -354,12 +363,19 @@ class PrepareHandler:
         await asyncio.to_thread(self.cdi.remove_claim_spec, entry.uid)
 
     async def _pause(self, point: str) -> None:
-        if self._pause_at != point:
+        if self._pause_at != point or point in self._paused:
             return
+        # Once only: the call the kubelet reissues after the paused one must go through.
+        self._paused.add(point)
         marker = self.state_dir / f"paused-at-{point}"
         await asyncio.to_thread(marker.write_text, f"{os.getpid()}\n")
-        logger.warning("test fault injection: pausing prepare at %s until killed", point)
-        await asyncio.Event().wait()
+        logger.warning("test fault injection: pausing at %s until %s is removed", point, marker)
+        # Polled: the marker is the only channel a test has into the agent process.
+        while True:
+            await asyncio.sleep(PAUSE_POLL_SECONDS)
+            if not await asyncio.to_thread(marker.exists):
+                break
+        logger.warning("test fault injection: going on from %s", point)
 
     # --- stale entries ---------------------------------------------------------------------
 
@@ -399,6 +415,7 @@ class PrepareHandler:
         if entry is None:
             logger.debug("%s is not prepared here; unprepare is a no-op", describe(claim))
             return
+        await self._pause("unprepare-started")
         await self._roll_back(entry)
         await asyncio.to_thread(self.store.remove, claim.uid)
         logger.info("unprepared %s", describe(claim))

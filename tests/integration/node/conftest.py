@@ -9,8 +9,10 @@ not wire up yet).
 
 from __future__ import annotations
 
+import ssl
+import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ import pytest
 
 from dra_devcluster import LocalCluster, RealNode
 from dra_devcluster.images import WORKLOAD_IMAGE
+from dra_devcluster.pki import CertPair, issue_client_cert
 from dra_node_agent.health.factory import FAULTS_FOLDER
 from tests.integration.agent.agentproc import GPU, AgentDirs, AgentProcess, agent_kubeconfig
 from tests.integration.objects import device_class
@@ -32,6 +35,7 @@ class NodeWithAgent:
     cluster: LocalCluster
     node: RealNode
     agent: AgentProcess
+    _kubelet_client: CertPair | None = field(default=None, init=False)
 
     def pod_log(self, pod: str, container: str = "main") -> str:
         """What the container printed so far (the kubelet's CRI log, one line per write)."""
@@ -75,6 +79,22 @@ class NodeWithAgent:
             for entry in container.get("allocatedResourcesStatus") or []:
                 out.extend(entry.get("resources") or [])
         return out
+
+    def kubelet_goroutines(self) -> str:
+        """The kubelet's goroutine dump, from its pprof endpoint on loopback (the API server's node
+        proxy cannot resolve node names here), with a client certificate from the cluster CA."""
+        if self._kubelet_client is None:
+            self._kubelet_client = issue_client_cert(
+                ca=self.node.ca, directory=self.node.root / "test-pki", stem="test-client", common_name="test"
+            )
+        # The kubelet serves with a self-signed certificate issued for its node name.
+        context = ssl.create_default_context(cafile=str(self.node.root / "kubelet-pki" / "kubelet.crt"))
+        context.check_hostname = False
+        context.load_cert_chain(str(self._kubelet_client.cert), str(self._kubelet_client.key))
+        url = f"https://127.0.0.1:{self.node.ports.kubelet}/debug/pprof/goroutine?debug=2"
+        with urllib.request.urlopen(url, context=context, timeout=10) as reply:
+            text: str = reply.read().decode(errors="replace")
+        return text
 
     def claim_of(self, pod: str) -> dict[str, Any]:
         items: list[dict[str, Any]] = self.cluster.get_json("resourceclaims", "-n", NAMESPACE)["items"]

@@ -1,14 +1,20 @@
 """The node agent under a real kubelet, with a real container runtime: registration through the
 kubelet's plugin watcher, the health stream it opens, a pod whose container receives what the CDI
-spec says, and clean-up when the pod goes."""
+spec says, clean-up when the pod goes, and a kubelet restarted while the agent holds its call."""
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
+from dra_node_agent.prepare import PAUSE_ENV
 from tests.integration.agent.agentproc import GPU, AgentDirs
 from tests.integration.node.conftest import NAMESPACE, NODE, NodeWithAgent, gpu_pod, wait_gone
+
+REGISTERED = f"kubelet registered DRA driver {GPU}"
 
 
 def test_the_kubelet_registers_the_agent_and_opens_its_health_stream(node_with_agent: NodeWithAgent) -> None:
@@ -274,3 +280,156 @@ def test_a_cdi_spec_the_runtime_cannot_use_fails_the_container_start_and_leaves_
         setup.agent.stop()
         setup.agent.dirs = good
         setup.agent.start()
+
+
+# --- kubelet restarts (N7) ----------------------------------------------------------------------
+
+
+def _registrations(setup: NodeWithAgent) -> int:
+    return setup.agent.log_text().count(REGISTERED)
+
+
+def _wait_registered(setup: NodeWithAgent, *, more_than: int) -> None:
+    setup.cluster.wait_for(
+        lambda: _registrations(setup) > more_than, timeout=90, what="the kubelet registering the agent"
+    )
+
+
+def _this_start_log(setup: NodeWithAgent) -> str:
+    """The agent's log since its latest start."""
+    return setup.agent.log_text().rsplit(f"===== start #{setup.agent.starts} =====", 1)[-1]
+
+
+@contextlib.contextmanager
+def _agent_started_with(setup: NodeWithAgent, env: Mapping[str, str]) -> Iterator[None]:
+    """The agent restarted with ``env``, registered; afterwards restarted without it."""
+    before = _registrations(setup)
+    setup.agent.stop()
+    setup.agent.start(env=env)
+    try:
+        _wait_registered(setup, more_than=before)
+        yield
+    finally:
+        # A call still paused would hold the agent's shutdown for its whole grace period.
+        for marker in (setup.agent.dirs.state / GPU).glob("paused-at-*"):
+            marker.unlink()
+        setup.agent.stop()
+        again = _registrations(setup)
+        setup.agent.start()
+        _wait_registered(setup, more_than=again)
+
+
+def _kubelet_calls_in_flight(setup: NodeWithAgent, rpc: str) -> int:
+    """How many ``rpc`` calls to DRA plugins the kubelet is waiting on (the kubelet logs nothing
+    when it issues one, so its goroutines tell)."""
+    try:
+        dump = setup.kubelet_goroutines()
+    except OSError:
+        return 0  # a kubelet that has just started may not serve yet
+    return dump.count(f"dra/plugin.(*DRAPlugin).{rpc}(")
+
+
+def _restart_kubelet_while_paused(setup: NodeWithAgent, *, rpc: str) -> None:
+    """Restart the kubelet while the agent holds its ``rpc`` call, and wait until the restarted
+    kubelet has issued that call again (it then waits behind the paused one)."""
+    registrations = _registrations(setup)
+    setup.node.restart_kubelet()
+    setup.node.wait_healthy()
+    _wait_registered(setup, more_than=registrations)
+    setup.cluster.wait_for(
+        lambda: _kubelet_calls_in_flight(setup, rpc) > 0,
+        timeout=120,
+        interval=0.5,
+        what=f"the restarted kubelet issuing {rpc} again",
+    )
+
+
+def _claim_specs(setup: NodeWithAgent, uid: str) -> list[Path]:
+    return sorted(p for p in setup.agent.dirs.cdi.glob("*.json") if uid in p.name)
+
+
+def _claim_exists(setup: NodeWithAgent, uid: str) -> bool:
+    items = setup.cluster.get_json("resourceclaims", "-n", NAMESPACE)["items"]
+    return any(c["metadata"]["uid"] == uid for c in items)
+
+
+def _pod_exists(setup: NodeWithAgent, pod: str) -> bool:
+    found = setup.cluster.kubectl("get", "pod", pod, "-n", NAMESPACE, "--ignore-not-found", "-o", "name")
+    return bool(found.stdout.strip())
+
+
+def test_n7_kubelet_restart_during_prepare_the_reissued_call_completes_and_the_pod_runs(
+    node_with_agent: NodeWithAgent,
+) -> None:
+    setup = node_with_agent
+    marker = setup.agent.dirs.state / GPU / "paused-at-prepare-started"
+    with _agent_started_with(setup, {PAUSE_ENV: "prepare-started"}):
+        setup.cluster.apply(gpu_pod("gpu-n7-prepare", command="echo up; sleep 3600"))
+        setup.cluster.wait_for(marker.exists, timeout=90, what="the agent pausing the kubelet's prepare")
+        uid = setup.claim_of("gpu-n7-prepare")["metadata"]["uid"]
+        assert setup.agent.dirs.checkpoint_claims()[uid]["state"] == "PrepareStarted"
+        assert _claim_specs(setup, uid) == []
+
+        _restart_kubelet_while_paused(setup, rpc="NodePrepareResources")
+        marker.unlink()  # the paused call goes on; the queued ones answer from the checkpoint
+        setup.wait_log("gpu-n7-prepare", "up")
+        pod = setup.cluster.get_json("pod", "gpu-n7-prepare", "-n", NAMESPACE)
+        assert pod["status"]["phase"] == "Running"
+        spec = setup.agent.dirs.cdi_spec(uid)
+        assert _claim_specs(setup, uid) == [spec]
+        assert setup.agent.dirs.checkpoint_claims()[uid]["state"] == "PrepareCompleted"
+        log = _this_start_log(setup)
+        # Set up once, by the paused call; every later call got the recorded answer.
+        assert (
+            len([line for line in log.splitlines() if "prepared ResourceClaim" in line and uid in line]) == 1
+        )
+        assert any(
+            "already prepared; answering from the checkpoint" in line and uid in line
+            for line in log.splitlines()
+        )
+
+        setup.cluster.kubectl(
+            "delete", "pod", "gpu-n7-prepare", "-n", NAMESPACE, "--wait=true", "--timeout=90s"
+        )
+        wait_gone(setup.cluster, spec)
+        assert uid not in setup.agent.dirs.checkpoint_claims()
+        setup.cluster.wait_for(lambda: not _claim_exists(setup, uid), timeout=60, what="the claim deleted")
+
+
+def test_n7_kubelet_restart_during_unprepare_the_reissued_call_finishes_the_teardown(
+    node_with_agent: NodeWithAgent,
+) -> None:
+    setup = node_with_agent
+    marker = setup.agent.dirs.state / GPU / "paused-at-unprepare-started"
+    with _agent_started_with(setup, {PAUSE_ENV: "unprepare-started"}):
+        setup.cluster.apply(gpu_pod("gpu-n7-unprepare", command="echo up; sleep 3600"))
+        setup.wait_log("gpu-n7-unprepare", "up")
+        uid = setup.claim_of("gpu-n7-unprepare")["metadata"]["uid"]
+        spec = setup.agent.dirs.cdi_spec(uid)
+        assert _claim_specs(setup, uid) == [spec]
+        assert setup.agent.dirs.checkpoint_claims()[uid]["state"] == "PrepareCompleted"
+
+        setup.cluster.kubectl("delete", "pod", "gpu-n7-unprepare", "-n", NAMESPACE, "--wait=false")
+        setup.cluster.wait_for(marker.exists, timeout=90, what="the agent pausing the kubelet's unprepare")
+        # Paused before anything was torn down; the pod waits for its resources to be released.
+        assert _claim_specs(setup, uid) == [spec]
+        assert setup.agent.dirs.checkpoint_claims()[uid]["state"] == "PrepareCompleted"
+        assert _pod_exists(setup, "gpu-n7-unprepare")
+
+        _restart_kubelet_while_paused(setup, rpc="NodeUnprepareResources")
+        marker.unlink()
+        setup.cluster.wait_for(
+            lambda: not _pod_exists(setup, "gpu-n7-unprepare"), timeout=120, what="the pod deleted"
+        )
+        wait_gone(setup.cluster, spec)
+        assert uid not in setup.agent.dirs.checkpoint_claims()
+        assert not list(setup.agent.dirs.cdi.glob("*.json"))
+        # Deallocated and unreserved: the resourceclaim controller deletes the pod's claim only then.
+        setup.cluster.wait_for(lambda: not _claim_exists(setup, uid), timeout=60, what="the claim deleted")
+        log = _this_start_log(setup)
+        # Torn down once; the calls queued behind it found nothing left to do.
+        assert (
+            len([line for line in log.splitlines() if "unprepared ResourceClaim" in line and uid in line])
+            == 1
+        )
+        assert any("unprepare is a no-op" in line and uid in line for line in log.splitlines())

@@ -19,7 +19,7 @@ from dra_api.kubeletapi.model import ClaimRef
 from dra_node_agent import checkpoint as cp
 from dra_node_agent.claims import ClaimAllocation, ClaimGone, driver_allocation
 from dra_node_agent.discovery.simulated import SimulatedBackend
-from dra_node_agent.prepare import PrepareHandler
+from dra_node_agent.prepare import PAUSE_ENV, PrepareHandler
 
 DRIVER = "gpu.nvidia.com"
 NODE = "node-a"
@@ -381,3 +381,80 @@ async def test_stale_prepare_started_of_a_deleted_claim_is_cleaned_up(
     assert await handler.unprepare([ref("gone", "uid-gone")]) == {"uid-gone": ""}
     # Young entries are left to the prepare that may still be running.
     assert await handler.clean_up_stale(older_than=3600) == []
+
+
+async def _until_exists(path: Path) -> None:
+    async with asyncio.timeout(10):
+        while True:
+            if await asyncio.to_thread(path.exists):
+                return
+            await asyncio.sleep(0.02)
+
+
+async def test_a_paused_prepare_goes_on_when_its_marker_is_removed_and_pauses_once(
+    tmp_path: Path,
+    inventory: Any,
+    claims: ClaimsByUID,
+    boot_id: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(PAUSE_ENV, "prepare-started")
+    handler = make_handler(tmp_path, inventory, claims)
+    await handler.start()
+    claims.objects[("ns", "c1")] = claim_json("c1", "uid-1", [("gpu", "gpu-0")])
+    claims.objects[("ns", "c2")] = claim_json("c2", "uid-2", [("gpu", "gpu-1")])
+    marker = handler.state_dir / "paused-at-prepare-started"
+    first = asyncio.create_task(handler.prepare([ref("c1", "uid-1")]))
+    await _until_exists(marker)
+    assert not first.done()
+    entry = handler.store.get("uid-1")
+    assert entry is not None
+    assert entry.state == cp.ClaimState.PREPARE_STARTED
+    assert not handler.cdi.spec_path("uid-1").exists()
+    # What the kubelet does after a restart: the same call again, queued behind the paused one.
+    again = asyncio.create_task(handler.prepare([ref("c1", "uid-1")]))
+
+    marker.unlink()
+    first_result, again_result = await asyncio.wait_for(asyncio.gather(first, again), timeout=10)
+    assert first_result["uid-1"].error == ""
+    assert again_result == first_result
+    assert handler.device_setups == 1
+    assert claims.reads == 1  # the reissued call was answered from the checkpoint
+    # The point paused once: another claim goes through without stopping there.
+    other = await asyncio.wait_for(handler.prepare([ref("c2", "uid-2")]), timeout=10)
+    assert other["uid-2"].error == ""
+    assert not marker.exists()
+
+
+async def test_a_paused_unprepare_keeps_everything_until_its_marker_is_removed(
+    tmp_path: Path,
+    inventory: Any,
+    claims: ClaimsByUID,
+    boot_id: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(PAUSE_ENV, "unprepare-started")
+    handler = make_handler(tmp_path, inventory, claims)
+    await handler.start()
+    claims.objects[("ns", "c1")] = claim_json("c1", "uid-1", [("gpu", "gpu-0")])
+    claims.objects[("ns", "c2")] = claim_json("c2", "uid-2", [("gpu", "gpu-1")])
+    assert (await handler.prepare([ref("c1", "uid-1"), ref("c2", "uid-2")]))["uid-1"].error == ""
+    marker = handler.state_dir / "paused-at-unprepare-started"
+    # An unknown claim has nothing to tear down: no pause.
+    assert await asyncio.wait_for(handler.unprepare([ref("gone", "uid-0")]), timeout=10) == {"uid-0": ""}
+    assert not marker.exists()
+
+    call = asyncio.create_task(handler.unprepare([ref("c1", "uid-1")]))
+    await _until_exists(marker)
+    assert not call.done()
+    assert handler.cdi.spec_path("uid-1").exists()
+    assert handler.store.get("uid-1") is not None
+    again = asyncio.create_task(handler.unprepare([ref("c1", "uid-1")]))
+
+    marker.unlink()
+    assert await asyncio.wait_for(asyncio.gather(call, again), timeout=10) == [{"uid-1": ""}] * 2
+    assert not handler.cdi.spec_path("uid-1").exists()
+    assert handler.store.get("uid-1") is None
+    assert await asyncio.wait_for(handler.unprepare([ref("c2", "uid-2")]), timeout=10) == {"uid-2": ""}
+    assert [e.uid for e in handler.store.load()] == []
+    assert not marker.exists()
