@@ -53,6 +53,8 @@ from dra_operator.settings import Settings
 logger = logging.getLogger(__name__)
 
 KOPF_FINALIZER = f"{PROJECT_DOMAIN}/kopf"
+STOP_GRACE_S = 10.0
+"""After SIGTERM or SIGINT, how long Kopf may take to stop before the operator stops anyway."""
 
 
 def configure_kopf(kopf_settings: kopf.OperatorSettings, settings: Settings) -> None:
@@ -195,7 +197,13 @@ async def run(
         ),
         asyncio.create_task(claims.events.run(), name="events"),
         asyncio.create_task(
-            _take_signals(kopf_ready=kopf_ready, ready_flag=ready_flag, peering=peering, stop=stop),
+            _take_signals(
+                kopf_ready=kopf_ready,
+                ready_flag=ready_flag,
+                peering=peering,
+                stop=stop,
+                main=asyncio.current_task(),
+            ),
             name="signals",
         ),
     ]
@@ -230,6 +238,10 @@ async def run(
             stop_flag=stop,
             ready_flag=kopf_ready,
         )
+    except asyncio.CancelledError:
+        if not stop.is_set():
+            raise
+        # The forced stop after a signal (see _take_signals): an orderly exit, not a crash.
     finally:
         for task in background:
             task.cancel()
@@ -246,23 +258,33 @@ async def _take_signals(
     ready_flag: asyncio.Event | None,
     peering: Peering | None,
     stop: asyncio.Event,
+    main: asyncio.Task[Any] | None,
 ) -> None:
     """Once Kopf runs (it installs its own SIGTERM and SIGINT handlers as it starts), take the
     signals over: step down and leave the peering first, then let Kopf stop. A second signal
-    stops at once."""
+    stops at once. Kopf's own farewell retries for about a minute when the API server cannot be
+    reached; the process is stopped STOP_GRACE_S after the signal regardless, well inside a pod's
+    default 30 s termination grace period."""
     await kopf_ready.wait()
     if threading.current_thread() is threading.main_thread():
         loop = asyncio.get_running_loop()
         handing_over: list[asyncio.Task[None]] = []
 
+        def force_stop() -> None:
+            if main is not None and not main.done():
+                logger.warning("Kopf did not stop within %g s of the signal; stopping now", STOP_GRACE_S)
+                main.cancel()
+
         def on_signal(sig: signal.Signals) -> None:
             if handing_over or peering is None:
                 stop.set()
+                loop.call_later(STOP_GRACE_S, force_stop)
                 return
             logger.info("%s received: handing over to the standby, then stopping", sig.name)
             task = asyncio.create_task(peering.farewell(), name="farewell")
             task.add_done_callback(lambda _: stop.set())
             handing_over.append(task)
+            loop.call_later(STOP_GRACE_S, force_stop)
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, on_signal, sig)

@@ -63,6 +63,17 @@ def test_sigkill_and_sigterm_failover_with_claims_arriving(
     assert [r.kind for r in report.rounds] == ["SIGKILL", "SIGTERM"]
     assert not report.problems, report.problems
     assert all(r.claims >= 4 for r in report.rounds), report.rounds
+    for r in report.rounds:
+        # The new active instance lists the cluster after it became active and before its first write.
+        lines = (
+            next(i for i in failover.instances if i.name == r.new)
+            .log.read_text(errors="replace")
+            .splitlines()
+        )
+        became = next(n for n, line in enumerate(lines) if "this instance is now active" in line)
+        synced = next(n for n, line in enumerate(lines) if "model synced" in line and n > became)
+        first = next(n for n, line in enumerate(lines) if ": allocated " in line)
+        assert became < synced < first, "\n".join(lines[became : first + 1])
     stopped = next(i for i in failover.instances if i.name == report.rounds[1].old)
     text = stopped.log.read_text(errors="replace")
     assert "SIGTERM received: handing over to the standby" in text
@@ -142,3 +153,19 @@ def test_an_instance_cut_off_from_its_keep_alive_stops_writing_before_the_standb
         # Stopped while their proxies still forward (the fixture would stop them after).
         a.stop()
         b.stop()
+
+
+def test_sigterm_with_the_api_server_gone_still_exits_in_order(
+    local_cluster: LocalCluster, operators: Operators
+) -> None:
+    """Kopf's own farewell retries for about a minute when the API server cannot be reached; the
+    operator stops anyway, after its grace period, with exit code 0 and saying why."""
+    with FaultProxy(local_cluster) as proxy:
+        op = operators.start(kubeconfig=proxy.kubeconfig, name="gone")
+        proxy.stop()
+        op.proc.send_signal(signal.SIGTERM)
+        assert op.proc.wait(timeout=60) == 0
+    text = op.log.read_text(errors="replace")
+    assert "could not remove this instance from peering object" in text
+    assert "Kopf did not stop within 10 s of the signal; stopping now" in text
+    assert "Traceback" not in text.split("SIGTERM received", 1)[1].split("stopping now", 1)[1]
