@@ -10,6 +10,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from dra_node_agent.plugin.registration import FAIL_GETINFO_ENV
 from dra_node_agent.prepare import PAUSE_ENV
 from tests.integration.agent.agentproc import GPU, AgentDirs
 from tests.integration.node.conftest import NAMESPACE, NODE, NodeWithAgent, gpu_pod, wait_gone
@@ -282,7 +283,7 @@ def test_a_cdi_spec_the_runtime_cannot_use_fails_the_container_start_and_leaves_
         setup.agent.start()
 
 
-# --- kubelet restarts (N7) ----------------------------------------------------------------------
+# --- kubelet restarts and registration failures (N7, N13) --------------------------------------
 
 
 def _registrations(setup: NodeWithAgent) -> int:
@@ -298,6 +299,16 @@ def _wait_registered(setup: NodeWithAgent, *, more_than: int) -> None:
 def _this_start_log(setup: NodeWithAgent) -> str:
     """The agent's log since its latest start."""
     return setup.agent.log_text().rsplit(f"===== start #{setup.agent.starts} =====", 1)[-1]
+
+
+def _kubelet_log_from(setup: NodeWithAgent, offset: int) -> str:
+    with (setup.node.logs_dir / "kubelet.log").open("rb") as log:
+        log.seek(offset)
+        return log.read().decode(errors="replace")
+
+
+def _kubelet_log_size(setup: NodeWithAgent) -> int:
+    return (setup.node.logs_dir / "kubelet.log").stat().st_size
 
 
 @contextlib.contextmanager
@@ -433,3 +444,41 @@ def test_n7_kubelet_restart_during_unprepare_the_reissued_call_finishes_the_tear
             == 1
         )
         assert any("unprepare is a no-op" in line and uid in line for line in log.splitlines())
+
+
+def test_n13_getinfo_failing_twice_the_kubelet_retries_and_the_agent_ends_registered(
+    node_with_agent: NodeWithAgent,
+) -> None:
+    setup = node_with_agent
+    registrations = _registrations(setup)
+    offset = _kubelet_log_size(setup)
+    setup.agent.kill()  # SIGKILL: its registration socket stays behind, stale
+    assert setup.agent.dirs.registration_socket().exists()
+    try:
+        setup.agent.start(env={FAIL_GETINFO_ENV: "2"})
+        _wait_registered(setup, more_than=registrations)
+        log = _this_start_log(setup)
+        assert "replaced a stale file at plugin socket path" in log
+        lines = log.splitlines()
+        failed = [i for i, line in enumerate(lines) if "injected GetInfo failure" in line]
+        assert [lines[i].split("injected GetInfo failure ", 1)[1][:6] for i in failed] == ["1 of 2", "2 of 2"]
+        # Registered only after both failures: the kubelet's plugin watcher tried again on its own.
+        assert min(i for i, line in enumerate(lines) if REGISTERED in line) > failed[-1]
+        kubelet_log = _kubelet_log_from(setup, offset)
+        assert "injected GetInfo failure 1 of 2" in kubelet_log
+        assert "injected GetInfo failure 2 of 2" in kubelet_log
+        assert sorted(p.name for p in setup.node.registry_dir.iterdir()) == [f"{GPU}-reg.sock"]
+
+        setup.cluster.apply(gpu_pod("gpu-n13", command="echo up; sleep 3600"))
+        setup.wait_log("gpu-n13", "up")
+        uid = setup.claim_of("gpu-n13")["metadata"]["uid"]
+        spec = setup.agent.dirs.cdi_spec(uid)
+        assert _claim_specs(setup, uid) == [spec]
+        setup.cluster.kubectl("delete", "pod", "gpu-n13", "-n", NAMESPACE, "--wait=true", "--timeout=60s")
+        wait_gone(setup.cluster, spec)
+        assert uid not in setup.agent.dirs.checkpoint_claims()
+    finally:
+        setup.agent.stop()
+        again = _registrations(setup)
+        setup.agent.start()
+        _wait_registered(setup, more_than=again)

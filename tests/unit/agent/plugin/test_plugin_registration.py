@@ -10,11 +10,13 @@ import pytest
 
 from dra_devcluster.kubelet import (
     KubeletPluginClient,
+    PluginCallError,
     PluginRegistrationError,
     find_registration_sockets,
     get_plugin_info,
 )
 from dra_node_agent.plugin import RunningPlugin, serve_plugin
+from dra_node_agent.plugin.registration import FAIL_GETINFO_ENV
 
 from .conftest import DRIVER
 from .drivers import RecordingHandler
@@ -125,3 +127,45 @@ async def test_register_driver_fails_clearly_for_an_unknown_driver(
 ) -> None:
     with pytest.raises(PluginRegistrationError, match=r"no registration socket .* driver tpu\.google\.com"):
         await KubeletPluginClient.register_driver(registry_dir, driver="tpu.google.com")
+
+
+async def test_injected_get_info_failures_fail_the_first_calls_then_registration_works(
+    handler: RecordingHandler,
+    registry_dir: Path,
+    plugins_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(FAIL_GETINFO_ENV, "2")
+    running = await serve_plugin(
+        driver=DRIVER, handler=handler, registry_dir=registry_dir, plugins_dir=plugins_dir
+    )
+    try:
+        for attempt in (1, 2):
+            with pytest.raises(PluginCallError, match=f"injected GetInfo failure {attempt} of 2") as failed:
+                await get_plugin_info(running.registration_socket)
+            assert failed.value.code == "UNAVAILABLE"
+        # The variable was read when the plugin started: changing it now changes nothing.
+        monkeypatch.setenv(FAIL_GETINFO_ENV, "5")
+        client = await KubeletPluginClient.register(running.registration_socket, driver=DRIVER)
+        await client.close()
+        assert running.registered
+    finally:
+        await running.stop(grace=1.0)
+
+
+async def test_an_unusable_get_info_failure_count_injects_nothing(
+    handler: RecordingHandler,
+    registry_dir: Path,
+    plugins_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setenv(FAIL_GETINFO_ENV, "once")
+    running = await serve_plugin(
+        driver=DRIVER, handler=handler, registry_dir=registry_dir, plugins_dir=plugins_dir
+    )
+    try:
+        assert (await get_plugin_info(running.registration_socket)).name == DRIVER
+        assert f"ignoring {FAIL_GETINFO_ENV}='once'" in caplog.text
+    finally:
+        await running.stop(grace=1.0)
