@@ -19,11 +19,13 @@ from typing import Any
 from kubernetes_asyncio import client
 
 from dra_api.kube import UnsupportedServer, make_api_client, preferred_resource_version
+from dra_node_agent.checkpoint_report import CorruptionReporter
 from dra_node_agent.claims import ClaimReader
 from dra_node_agent.discovery.base import DiscoveredInventory, DiscoveryBackend
 from dra_node_agent.discovery.detect import DiscoveryConfig, select_backends
 from dra_node_agent.health import DEFAULT_IGNORED_XIDS, HealthSettings, TaintEffect, parse_xid_list
 from dra_node_agent.health.attach import DriverHealth, attach_health
+from dra_node_agent.health.events import NodeEvents
 from dra_node_agent.http_endpoints import HttpEndpoints
 from dra_node_agent.plugin import RunningPlugin, serve_plugin
 from dra_node_agent.prepare import PrepareHandler
@@ -46,6 +48,7 @@ class DriverRuntime:
     inventory: DiscoveredInventory
     publisher: SlicePublisher
     handler: PrepareHandler
+    checkpoint_reporter: CorruptionReporter | None = None
     plugin: RunningPlugin | None = None
     health: DriverHealth | None = None
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
@@ -127,8 +130,22 @@ async def _start_driver(
         cdi_dir=settings.cdi_dir,
         proc_root=settings.proc_root,
     )
+    # Listening before the first load, so a checkpoint found corrupt at start is reported too.
+    reporter = CorruptionReporter(
+        driver=driver,
+        path=handler.store.path,
+        events=NodeEvents(api=api, node_name=settings.node_name, component=driver),
+        loop=asyncio.get_running_loop(),
+    )
+    handler.store.add_corruption_listener(reporter)
     await handler.start()
-    runtime = DriverRuntime(backend=backend, inventory=inventory, publisher=publisher, handler=handler)
+    runtime = DriverRuntime(
+        backend=backend,
+        inventory=inventory,
+        publisher=publisher,
+        handler=handler,
+        checkpoint_reporter=reporter,
+    )
     if settings.health_enabled:
         runtime.health = await attach_health(
             backend=backend,
@@ -182,6 +199,8 @@ async def _stop_driver(runtime: DriverRuntime) -> None:
     for task in runtime.tasks:
         with contextlib.suppress(asyncio.CancelledError):
             await task
+    if runtime.checkpoint_reporter is not None:
+        await runtime.checkpoint_reporter.aclose()
 
 
 async def _served_version(api: client.ApiClient, *, stop: asyncio.Event) -> str | None:

@@ -12,7 +12,9 @@ PrepareCompleted with the devices and CDI IDs per request. A checkpoint written 
 
 Corruption (bad JSON, checksum mismatch, unknown version) fails closed: `CheckpointCorrupt` is
 raised by every call until an operator calls `quarantine()`, and the file is left untouched for
-inspection. Never silently emptied.
+inspection. Never silently emptied. Listeners (`add_corruption_listener`) hear of it every time a
+call is refused, so the agent can tell the cluster (`checkpoint_report`), and hear `None` after
+`quarantine()`.
 
 Every method blocks (file I/O, fsync, flock): async callers use `asyncio.to_thread`. Each mutation
 re-reads the file under an exclusive flock on `<path>.lock`, so two agent processes sharing the
@@ -30,7 +32,7 @@ import logging
 import os
 import secrets
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -196,6 +198,11 @@ class CheckpointCorrupt(Exception):
     """The checkpoint file cannot be trusted; prepare and unprepare are refused until it is fixed."""
 
 
+# Called, in the thread that used the store, with the error each time a call is refused because the
+# checkpoint is corrupt, and with None once it is trusted again. Must return at once.
+CorruptionListener = Callable[[CheckpointCorrupt | None], None]
+
+
 class DeviceAlreadyPrepared(Exception):
     """A device is already prepared for another claim (the double-allocation guard)."""
 
@@ -243,10 +250,15 @@ class CheckpointStore:
         self._lock = threading.Lock()
         self._boot_id: str | None = None
         self.corrupt: CheckpointCorrupt | None = None
+        self._corruption_listeners: list[CorruptionListener] = []
         # Entries dropped at load because the node rebooted since they were written.
         self.invalidated: tuple[ClaimEntry, ...] = ()
 
     # --- public API --------------------------------------------------------------------------
+
+    def add_corruption_listener(self, listener: CorruptionListener) -> None:
+        """Call ``listener`` on every refusal for corruption, and with None after `quarantine()`."""
+        self._corruption_listeners.append(listener)
 
     def load(self) -> list[ClaimEntry]:
         """Read the file (creating an empty checkpoint if there is none) and return its entries.
@@ -333,6 +345,7 @@ class CheckpointStore:
                 log.warning("checkpoint %s moved aside to %s; starting empty", self.path, target)
             self.corrupt = None
             self._write(_Contents(boot_id=self._current_boot_id()))
+            self._notify(None)
             return target
 
     # --- internals ---------------------------------------------------------------------------
@@ -359,13 +372,24 @@ class CheckpointStore:
     @contextlib.contextmanager
     def _transaction(self, *, write: bool) -> Iterator[_Contents]:
         with self._locked():
-            if self.corrupt is not None:
-                raise self.corrupt
-            contents, rewrite = self._read()
+            try:
+                if self.corrupt is not None:
+                    raise self.corrupt
+                contents, rewrite = self._read()
+            except CheckpointCorrupt as err:
+                self._notify(err)
+                raise
             before = _canonical(self._encode_data(contents))
             yield contents
             if rewrite or (write and _canonical(self._encode_data(contents)) != before):
                 self._write(contents)
+
+    def _notify(self, error: CheckpointCorrupt | None) -> None:
+        for listener in self._corruption_listeners:
+            try:
+                listener(error)
+            except Exception:  # a reporting bug must not change what the store answers
+                log.exception("checkpoint %s: corruption listener failed", self.path)
 
     def _read(self) -> tuple[_Contents, bool]:
         """Parse and verify the file; returns the contents and whether they must be rewritten."""

@@ -19,36 +19,41 @@ MAX_MESSAGE: Final = 1024
 class NodeEvents:
     """Writes core/v1 Events about this node; failures are logged, never raised."""
 
-    def __init__(self, *, api: client.ApiClient, node_name: str) -> None:
+    def __init__(self, *, api: client.ApiClient, node_name: str, component: str = COMPONENT) -> None:
         self._core = client.CoreV1Api(api)
         self._node_name = node_name
+        self._component = component
         self._node_uid: str | None = None
         self.written = 0
 
     async def _uid(self) -> str | None:
+        """The Node's UID, read once; None when it cannot be read (the Event then goes without it)."""
         if self._node_uid is None:
-            node: Any = await self._core.read_node(self._node_name)
+            try:
+                node: Any = await self._core.read_node(self._node_name)
+            except Exception as exc:  # the Event matters more than its UID; retried next time
+                logger.debug("cannot read node %s for its UID: %s", self._node_name, exc)
+                return None
             self._node_uid = str(node.metadata.uid)
         return self._node_uid
 
     async def record(self, *, type: str, reason: str, message: str) -> None:
         now = datetime.now(tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         try:
+            involved: dict[str, str] = {"apiVersion": "v1", "kind": "Node", "name": self._node_name}
+            uid = await self._uid()
+            if uid is not None:
+                involved["uid"] = uid
             body: Any = {
                 "apiVersion": "v1",
                 "kind": "Event",
                 "metadata": {"generateName": f"{self._node_name}.", "namespace": EVENT_NAMESPACE},
-                "involvedObject": {
-                    "apiVersion": "v1",
-                    "kind": "Node",
-                    "name": self._node_name,
-                    "uid": await self._uid(),
-                },
+                "involvedObject": involved,
                 "type": type,
                 "reason": reason,
                 "message": message[:MAX_MESSAGE],
-                "source": {"component": COMPONENT, "host": self._node_name},
-                "reportingComponent": COMPONENT,
+                "source": {"component": self._component, "host": self._node_name},
+                "reportingComponent": self._component,
                 "reportingInstance": self._node_name,
                 "firstTimestamp": now,
                 "lastTimestamp": now,

@@ -4,6 +4,7 @@ passing ``promtool check metrics``."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import subprocess
@@ -11,9 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import prometheus_client
+import pytest
 import yaml
 
 import dra_node_agent.prepare  # noqa: F401 - registers the claim operation metrics the agent exports
+from dra_node_agent.checkpoint import CheckpointCorrupt
+from dra_node_agent.checkpoint_report import CorruptionReporter
 from dra_node_agent.health.monitor import HealthMonitor, HealthSettings
 from dra_node_agent.health.nvml_probe import NvmlHealthProbe
 from dra_operator.clustermodel import ClusterModel
@@ -46,13 +50,19 @@ def test_prometheusrule_has_the_rule_files_groups() -> None:
     assert rule["kind"] == "PrometheusRule"
     assert rule["spec"]["groups"] == load(RULES)["groups"]
     alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]}
-    assert {"DRADeviceUnhealthy", "DRAXidErrorBurst", "DRAPrepareErrors", "DRANodeAgentDown"} <= alerts
+    assert {
+        "DRADeviceUnhealthy",
+        "DRAXidErrorBurst",
+        "DRAPrepareErrors",
+        "DRACheckpointCorrupt",
+        "DRANodeAgentDown",
+    } <= alerts
 
 
 def test_promtool_checks_the_rules() -> None:
     result = promtool("check", "rules", str(RULES))
     assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
-    assert b"SUCCESS: 8 rules found" in result.stdout
+    assert b"SUCCESS: 9 rules found" in result.stdout
 
 
 def test_promtool_rule_tests_fire_the_device_unhealthy_alert() -> None:
@@ -62,14 +72,24 @@ def test_promtool_rule_tests_fire_the_device_unhealthy_alert() -> None:
     assert b"SUCCESS" in result.stdout
 
 
-def test_promtool_rule_test_fails_when_the_alert_does_not_fire(tmp_path: Path) -> None:
-    # The same test against a rule file whose unhealthy alert never fires must fail: the test bites.
-    broken = RULES.read_text().replace('state="unhealthy"} == 1', 'state="unhealthy"} == 2')
+@pytest.mark.parametrize(
+    ("alert", "expr", "never"),
+    [
+        ("DRADeviceUnhealthy", 'state="unhealthy"} == 1', 'state="unhealthy"} == 2'),
+        ("DRACheckpointCorrupt", "dra_agent_checkpoint_corrupt == 1", "dra_agent_checkpoint_corrupt == 2"),
+    ],
+)
+def test_promtool_rule_test_fails_when_the_alert_does_not_fire(
+    tmp_path: Path, alert: str, expr: str, never: str
+) -> None:
+    # The same test against a rule file whose alert never fires must fail: the test bites.
+    assert expr in RULES.read_text()
+    broken = RULES.read_text().replace(expr, never)
     (tmp_path / RULES.name).write_text(broken)
     (tmp_path / RULE_TESTS.name).write_text(RULE_TESTS.read_text())
     result = promtool("test", "rules", RULE_TESTS.name, cwd=tmp_path)
     assert result.returncode != 0
-    assert b"DRADeviceUnhealthy" in result.stdout + result.stderr
+    assert alert.encode() in result.stdout + result.stderr
 
 
 async def agent_exposition(tmp_path: Path) -> bytes:
@@ -101,8 +121,16 @@ async def agent_exposition(tmp_path: Path) -> bytes:
 
 
 async def test_promtool_checks_the_agent_exposition(tmp_path: Path) -> None:
+    reporter = CorruptionReporter(
+        driver="exposition.nvidia.com",
+        path=tmp_path / "checkpoint.json",
+        events=None,
+        loop=asyncio.get_running_loop(),
+    )
+    reporter(CheckpointCorrupt("checkpoint checkpoint.json: top level is not an object"))
     body = await agent_exposition(tmp_path)
     assert b'dra_agent_device_healthy{device="gpu-0",driver="exposition.nvidia.com"} 0.0' in body
+    assert b'dra_agent_checkpoint_corrupt{driver="exposition.nvidia.com"} 1.0' in body
     result = promtool("check", "metrics", stdin=body)
     assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
 
