@@ -43,6 +43,12 @@ class PodInfo:
     uid: str
     phase: str
     deleting: bool
+    node_name: str = ""
+    gated: bool = False
+    """Whether the pod has scheduling gates (kube-scheduler leaves it alone until they are gone)."""
+    claims: tuple[str, ...] = ()
+    """Names of the ResourceClaims the pod uses: those it names, and those generated for it from
+    templates (``status.resourceClaimStatuses``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,10 +183,17 @@ class ClusterModel:
     def upsert_pod(self, obj: Mapping[str, Any]) -> None:
         meta = obj.get("metadata") or {}
         key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+        spec = obj.get("spec") or {}
+        status = obj.get("status") or {}
+        named = [*(spec.get("resourceClaims") or []), *(status.get("resourceClaimStatuses") or [])]
+        claims = [str(r["resourceClaimName"]) for r in named if r.get("resourceClaimName")]
         self.pods[key] = PodInfo(
             uid=str(meta.get("uid", "")),
-            phase=str((obj.get("status") or {}).get("phase", "")),
+            phase=str(status.get("phase", "")),
             deleting=bool(meta.get("deletionTimestamp")),
+            node_name=str(spec.get("nodeName") or ""),
+            gated=bool(spec.get("schedulingGates")),
+            claims=tuple(dict.fromkeys(claims)),
         )
 
     def remove_pod(self, *, namespace: str, name: str) -> None:

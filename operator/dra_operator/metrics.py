@@ -199,6 +199,12 @@ class Metrics:
             "Events not posted because the event queue was full.",
             registry=self.registry,
         )
+        self.scheduler_claim_explanations = PromCounter(
+            "dra_operator_scheduler_claim_explanations",
+            "Warning Events posted on claims kube-scheduler owns and has left pending, saying why the "
+            "operator's allocator cannot place them either.",
+            registry=self.registry,
+        )
         self.watch_events = PromCounter(
             "dra_operator_watch_events",
             "Watch events received, by resource.",

@@ -1,9 +1,10 @@
 """``dra-operator run``: wire the parts together and run Kopf embedded (``kopf.operator``).
 
-Besides Kopf's own tasks, six of ours run beside it: the claim watch (see
+Besides Kopf's own tasks, seven of ours run beside it: the claim watch (see
 :mod:`dra_operator.claimwatch`), the claim worker, the Event poster (see :mod:`dra_operator.events`),
 the heartbeat (liveness and peering state), the sweeper (slices of vanished nodes, stale
-reservations), and the HTTP server for ``/healthz`` and ``/metrics``. They are
+reservations), the explainer of claims kube-scheduler leaves pending (see
+:mod:`dra_operator.reconcile.pending`), and the HTTP server for ``/healthz`` and ``/metrics``. They are
 created before Kopf starts, so Kopf's shutdown leaves them to us, and we stop them when Kopf
 returns.
 
@@ -27,6 +28,7 @@ import contextlib
 import logging
 import signal
 import threading
+import time
 from pathlib import Path
 from typing import Any, cast
 
@@ -47,6 +49,7 @@ from dra_operator.placement import Placer
 from dra_operator.planner import PlannerPlacer
 from dra_operator.reconcile.claims import ClaimReconciler
 from dra_operator.reconcile.ownership import allocated_by_us
+from dra_operator.reconcile.pending import SchedulerClaimExplainer
 from dra_operator.reconcile.slices import OrphanSliceCollector
 from dra_operator.settings import Settings
 
@@ -196,6 +199,10 @@ async def run(
             _sweeper(claims=claims, orphans=orphans, health=health, settings=settings), name="sweeper"
         ),
         asyncio.create_task(claims.events.run(), name="events"),
+        asyncio.create_task(
+            _explainer(explainer=SchedulerClaimExplainer(claims=claims), health=health),
+            name="pending claim explainer",
+        ),
         asyncio.create_task(
             _take_signals(
                 kopf_ready=kopf_ready,
@@ -355,3 +362,23 @@ async def _sweeper(
             for key, claim in list(claims.model.claims.items()):
                 if allocated_by_us(claim) and claim.status.reserved_for:
                     claims.mark(key)
+
+
+async def _explainer(*, explainer: SchedulerClaimExplainer, health: Health) -> None:
+    """Explain the claims kube-scheduler leaves pending, on the active instance only (a standby's
+    model may lag, and two instances would post every Event twice). A pass every few seconds: a
+    claim is looked at again only after the explanation interval, so a pass costs a scan of the
+    pending claims."""
+    if not explainer.enabled:
+        return
+    claims = explainer.claims
+    tick = min(5.0, max(0.5, explainer.after / 2))
+    while True:
+        await asyncio.sleep(tick)
+        if not health.active or not claims.synced.is_set():
+            continue
+        try:
+            explainer.sweep(now=time.time())
+        except Exception:
+            logger.exception("explaining pending claims failed")
+            claims.metrics.reconcile_errors.labels("ResourceClaim").inc()

@@ -120,6 +120,16 @@ class Settings:
     scheduled or devices are freed: two allocators writing different claims cannot be serialised by
     the API server, so the operator gives way (pods first) instead of racing."""
 
+    scheduler_pending_explain_after_s: float = 30.0
+    """How long a claim of the operator's classes that kube-scheduler owns (the operator does not
+    allocate it) may stay unallocated, while its pod waits unscheduled, before the operator posts a
+    Warning NotAllocatableYet Event on it saying why its allocator could not place the claim
+    either. Only an Event: such claims are never written to. 0 turns these Events off."""
+
+    scheduler_pending_explain_interval_s: float = 300.0
+    """How often, at most, the operator works out and posts that explanation again for one claim;
+    an unchanged explanation is posted again only after 30 minutes (or this interval, if longer)."""
+
     max_concurrent_writes: int = 8
     """How many claims the operator writes to the API server at once (finalizer, then
     status.allocation). Placement stays one claim at a time in memory, and each placed claim's

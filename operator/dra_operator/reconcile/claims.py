@@ -601,18 +601,22 @@ class ClaimReconciler:
             return
         await self._allocate(claim)
 
+    def assess(self, claim: ResourceClaim) -> Placement | Unallocatable:
+        """Where the claim would go on the model as it is now, or why it cannot go anywhere. Holds
+        nothing: the caller assumes the devices if it goes on to allocate."""
+        known = set(self.settings.drivers) | {s.driver for s in self.model.slices.values()}
+        invalid = validate_claim(claim, known_drivers=known, compiler=self.compiler)
+        if invalid is not None:
+            return invalid
+        return self.placer.place(claims=[claim], model=self.model)
+
     async def _allocate(self, claim: ResourceClaim) -> None:
         key = ClaimKey(claim.namespace, claim.name)
         placed_at = time.monotonic()
         if placed_at < self._defer_until:
             self._defer(key)
             return
-        known = set(self.settings.drivers) | {s.driver for s in self.model.slices.values()}
-        outcome: Placement | Unallocatable | None = validate_claim(
-            claim, known_drivers=known, compiler=self.compiler
-        )
-        if outcome is None:
-            outcome = self.placer.place(claims=[claim], model=self.model)
+        outcome = self.assess(claim)
         if isinstance(outcome, Unallocatable):
             await self._fail(claim, outcome)
             return
