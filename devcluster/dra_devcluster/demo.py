@@ -1,6 +1,7 @@
 """The one-command demo: the real control plane, the operator, one agent per node, and the examples.
 
-Two GPU nodes (8 simulated H100 each) and one TPU node (v6e 2x4), each a real kubelet with its own
+Two GPU nodes (8 simulated H100; 8 A100, three of them in MIG mode) and one TPU node (v6e 2x4),
+each a real kubelet with its own
 containerd (:mod:`dra_devcluster.node`). The operator and the agents run as local processes, the
 agents in simulated mode serving their node's kubelet. The examples are applied as they are written,
 with one change: their image is the local busybox image (no registry is reachable). The demo prints
@@ -45,7 +46,7 @@ class DemoNode:
 
 DEMO_NODES: tuple[DemoNode, ...] = (
     DemoNode("gpu-node-1", "h100-80gb-x8", {"nvidia.com/gpu.present": "true"}),
-    DemoNode("gpu-node-2", "h100-80gb-x8", {"nvidia.com/gpu.present": "true"}),
+    DemoNode("gpu-node-2", "a100-40gb-mig", {"nvidia.com/gpu.present": "true"}),
     DemoNode(
         "tpu-node-1",
         "tpu-v6e-2x4",
@@ -122,6 +123,7 @@ def start_components(
             f"--kubeconfig={cluster.kubeconfig}",
             "--metrics-host=127.0.0.1",
             f"--metrics-port={operator_port}",
+            "--mig-enabled=true",  # NVIDIA's MIG example asks for class mig.nvidia.com
         ],
     )
     for node in DEMO_NODES:
@@ -178,17 +180,47 @@ def wait_for_plugins(cluster: LocalCluster, runtimes: Sequence[NodeRuntime], *, 
         raise TimeoutError(f"{err}; agents without a socket: {', '.join(missing)}\n{tails}") from err
 
 
+def example_namespaces(path: Path) -> list[str]:
+    """The namespaces an example's objects land in: its own, or for a file written without one (as
+    GKE's guide writes them, for ``kubectl create -n``) ``dra-example-<file stem>``."""
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    own = sorted(
+        {d["metadata"]["name"] for d in docs if d["kind"] == "Namespace"}
+        | {d["metadata"]["namespace"] for d in docs if d["metadata"].get("namespace")}
+    )
+    return own or [f"dra-example-{path.stem}"]
+
+
+def example_pod_count(paths: Sequence[Path]) -> int:
+    """How many pods the examples create (Pods, plus each Deployment's replicas)."""
+    count = 0
+    for path in paths:
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc and doc["kind"] == "Pod":
+                count += 1
+            elif doc and doc["kind"] == "Deployment":
+                count += int(doc["spec"].get("replicas", 1))
+    return count
+
+
 def apply_examples(cluster: LocalCluster, *, image: str | None = None) -> list[Path]:
-    """Apply the examples as written; with ``image``, every container runs that image instead."""
+    """Apply the examples as written (a file without namespaces into its own, as ``kubectl create
+    -n`` would); with ``image``, every container runs that image instead."""
     examples = sorted((repo_root() / "manifests" / "examples").glob("*.yaml"))
     if not examples:
         raise FileNotFoundError(f"no examples under {repo_root() / 'manifests' / 'examples'}")
     for path in examples:
-        if image is None:
-            cluster.kubectl("apply", "-f", str(path))
-            continue
         docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+        unnamespaced = not any(d["kind"] == "Namespace" or d["metadata"].get("namespace") for d in docs)
+        if unnamespaced:
+            cluster.create_namespace(example_namespaces(path)[0])
+        if image is None:
+            target = ["-n", example_namespaces(path)[0]] if unnamespaced else []
+            cluster.kubectl("apply", *target, "-f", str(path))
+            continue
         for doc in docs:
+            if unnamespaced:
+                doc["metadata"]["namespace"] = example_namespaces(path)[0]
             spec = doc.get("spec") or {}
             pod_spec = (spec.get("template") or {}).get("spec") if doc["kind"] != "Pod" else spec
             for container in (pod_spec or {}).get("containers") or []:
@@ -347,7 +379,12 @@ class RunningPod:
 
 
 def wait_for_running_pods(
-    cluster: LocalCluster, runtimes: Sequence[NodeRuntime], *, expected_pods: int, timeout: float = 180
+    cluster: LocalCluster,
+    runtimes: Sequence[NodeRuntime],
+    *,
+    expected_pods: int,
+    namespaces: Sequence[str],
+    timeout: float = 180,
 ) -> list[RunningPod]:
     """The example pods once each runs on a real node and has printed something (or time is up)."""
     by_node = {r.node.name: r for r in runtimes}
@@ -359,7 +396,7 @@ def wait_for_running_pods(
         for pod in cluster.get_json("pods", "--all-namespaces")["items"]:
             namespace, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
             runtime = by_node.get(pod["spec"].get("nodeName") or "")
-            if runtime is None or runtime.real is None or not namespace.startswith("dra-example"):
+            if runtime is None or runtime.real is None or namespace not in namespaces:
                 continue
             phase = str(pod.get("status", {}).get("phase", ""))
             claim_names[(namespace, name)] = _claim_names(pod) or []
@@ -425,8 +462,30 @@ def report_running(
         out.append("  allocatedResourcesStatus:")
         out.extend(f"    {line}" for line in pod.resource_status or ["(none reported)"])
         out.append("")
+    # What the CDI specs gave the containers besides what they print: variables and device files.
+    for driver, command in (
+        ("gpu.nvidia.com", "env | grep ^NVIDIA_; ls -l /dev/nvidia*"),
+        ("tpu.google.com", "ls -l /dev/accel* /dev/vfio 2>/dev/null"),
+    ):
+        shown = next((p for p in pods if p.phase == "Running" and _drivers(p) == {driver}), None)
+        if shown is None:
+            continue
+        out.append(f"$ kubectl exec -n {shown.namespace} {shown.name} -- sh -c '{command}'")
+        result = cluster.kubectl(
+            "exec", "-n", shown.namespace, shown.name, "--", "sh", "-c", command, check=False
+        )
+        out.extend(f"  | {line}" for line in (result.stdout + result.stderr).splitlines())
+        out.append("")
     out.extend(_metrics_sections(runtimes, operator_port))
     return "\n".join(out)
+
+
+def _drivers(pod: RunningPod) -> set[str]:
+    return {
+        r["driver"]
+        for claim in pod.claims
+        for r in ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results") or []
+    }
 
 
 def _metrics_sections(runtimes: Sequence[NodeRuntime], operator_port: int) -> list[str]:
@@ -460,10 +519,11 @@ def run_demo(*, workdir: Path, exit_after: bool, fake_nodes: bool = False) -> in
                 f"Applied {', '.join(p.name for p in examples)}; playing the kubelet for bound pods ...",
                 flush=True,
             )
-            pods = play_kubelet(cluster, runtimes, expected_pods=3)
+            expected = example_pod_count(examples)
+            pods = play_kubelet(cluster, runtimes, expected_pods=expected)
             print()
             print(report(cluster, runtimes, pods, operator_port))
-            failed = len(pods) < 3 or any(p.errors for p in pods)
+            failed = len(pods) < expected or any(p.errors for p in pods)
         else:
             examples = apply_examples(cluster, image=WORKLOAD_IMAGE)
             print(
@@ -471,10 +531,12 @@ def run_demo(*, workdir: Path, exit_after: bool, fake_nodes: bool = False) -> in
                 "waiting for their pods to run ...",
                 flush=True,
             )
-            running = wait_for_running_pods(cluster, runtimes, expected_pods=3)
+            expected = example_pod_count(examples)
+            namespaces = [ns for path in examples for ns in example_namespaces(path)]
+            running = wait_for_running_pods(cluster, runtimes, expected_pods=expected, namespaces=namespaces)
             print()
             print(report_running(cluster, runtimes, running, operator_port))
-            failed = len(running) < 3 or any(p.phase != "Running" or not p.log for p in running)
+            failed = len(running) < expected or any(p.phase != "Running" or not p.log for p in running)
         print()
         print("Use the cluster further:")
         print(f"  export KUBECONFIG={cluster.kubeconfig}")

@@ -198,7 +198,9 @@ def build_claim_spec(
             edits = edits.merged(ContainerEdits(env=(tpu_device_env(device=device, claim_uid=claim_uid),)))
         if inventory.simulated:
             nodes = edits.device_nodes if inventory.simulated_nodes_on_host else ()
-            edits = ContainerEdits(device_nodes=nodes, env=(*edits.env, _simulated_device_env(device)))
+            edits = ContainerEdits(
+                device_nodes=nodes, env=(*edits.env, _simulated_device_env(device)), mounts=edits.mounts
+            )
         cdi_devices.append(
             {
                 "name": cdi_device_name(claim_uid=claim_uid, device_name=device.name),
@@ -219,6 +221,7 @@ def build_claim_spec(
         claim_edits = gpu_claim_edits(devices)
     common = inventory.common_edits.merged(claim_edits)
     if inventory.simulated and not inventory.simulated_nodes_on_host:
+        # Nothing of the fake host can be injected; its mounts are only made alongside real nodes.
         common = ContainerEdits(env=common.env)
     spec: dict[str, Any] = {"cdiVersion": "", "kind": cdi_kind(driver), "devices": cdi_devices}
     if not common.is_empty():

@@ -40,11 +40,15 @@ def _run_demo(workdir: Path, *extra: str) -> str:
     output = result.stdout
     assert result.returncode == 0, f"demo failed:\n{output[-4000:]}\n{result.stderr[-4000:]}"
     # Every example's claim is allocated by kube-scheduler and reserved for its pod.
-    claims = re.findall(r"^(dra-example-\S+)\s+(\S+)\s+allocated,reserved\s", output, re.MULTILINE)
+    claims = re.findall(r"^(\S+)\s+(\S+)\s+allocated,reserved\s", output, re.MULTILINE)
     assert sorted(ns for ns, _ in claims) == [
         "dra-example-gke-gpu",
+        "dra-example-gke-tpu",
         "dra-example-single-gpu",
-        "dra-example-tpu",
+        "gpu-test1",
+        "gpu-test1",
+        "gpu-test2",
+        "gpu-test4",
     ], output
     # Everything it started is gone again.
     leftovers = subprocess.run(
@@ -56,13 +60,19 @@ def _run_demo(workdir: Path, *extra: str) -> str:
 
 def test_demo_runs_the_examples_on_real_nodes_and_shows_their_devices(workdir: Path) -> None:
     output = _run_demo(workdir)
-    # What the containers printed: the GKE and TPU examples their environment and device files,
-    # the NVIDIA one its device file (no nvidia-smi in the image). All from the agents' CDI specs.
-    assert re.search(r"^  \| NVIDIA_VISIBLE_DEVICES=GPU-[0-9a-f-]+$", output, re.MULTILINE), output
-    assert (
-        len(re.findall(r"^  \| c\S+\s+\d+\s+\S+\s+\S+\s+195,\s+\d+ .* /dev/nvidia\d+$", output, re.MULTILINE))
-        >= 2
+    # What the containers printed, from the agents' CDI specs: the GPU examples `nvidia-smi -L`
+    # (the simulated node's stand-in, answering from the device nodes each container was given)...
+    gpus = re.findall(
+        r"^  \| GPU 0: NVIDIA (H100 80GB HBM3|A100-SXM4-40GB) \(UUID: GPU-[0-9a-f-]+\)$", output, re.M
     )
+    assert len(gpus) == 10, output  # gke 1, single 1, test1 2, test2 2 (one per container), test4 4
+    migs = re.findall(r"^  \|   MIG (\S+) Device 0: \(UUID: MIG-[0-9a-f-]+\)$", output, re.MULTILINE)
+    assert sorted(migs) == ["1g.5gb", "1g.5gb", "2g.10gb", "3g.20gb"], output  # each container its own
+    # ... the variable and the device files, through kubectl exec ...
+    assert re.search(r"^  \| NVIDIA_VISIBLE_DEVICES=GPU-[0-9a-f-]+$", output, re.MULTILINE), output
+    assert re.search(r"^  \| c\S+\s+\d+\s+\S+\s+\S+\s+195,\s+\d+ .* /dev/nvidia\d+$", output, re.MULTILINE)
+    assert re.search(r"^  \| c\S+\s+\d+\s+\S+\s+\S+\s+195,\s+255 .* /dev/nvidiactl$", output, re.MULTILINE)
+    # ... and the TPU example its environment, as in GKE's guide.
     assert re.search(r"^  \| TPU_ACCELERATOR_TYPE=v6e-8$", output, re.MULTILINE), output
     assert re.search(r"^  \| TPU_VISIBLE_CHIPS=0,1,2,3,4,5,6,7$", output, re.MULTILINE)
     assert re.search(r"^  \| TPU_DEVICE_\d+_RESOURCE_CLAIM=[0-9a-f-]{36}$", output, re.MULTILINE)
@@ -72,7 +82,7 @@ def test_demo_runs_the_examples_on_real_nodes_and_shows_their_devices(workdir: P
     # The kubelet reports each device's health in the container's status.
     healthy = re.findall(r"^    \S+: claim:\S+ (\S+) Healthy$", output, re.MULTILINE)
     # (named by the CDI device IDs the agents returned)
-    assert len([r for r in healthy if r.startswith("k8s.gpu.nvidia.com/claim=")]) == 2, output
+    assert len([r for r in healthy if r.startswith("k8s.gpu.nvidia.com/claim=")]) == 10, output
     assert len([r for r in healthy if r.startswith("k8s.tpu.google.com/claim=")]) == 8, output
     assert "DEMO INCOMPLETE" not in output
     assert "kubectl logs failed" not in output  # the API server reached every kubelet

@@ -103,14 +103,31 @@ class DeviceNode:
 
 
 @dataclass(frozen=True)
+class Mount:
+    """A read-only bind mount for a CDI spec: `host_path` on the node at `container_path`."""
+
+    host_path: str
+    container_path: str
+
+    def to_cdi(self) -> dict[str, Any]:
+        return {
+            "hostPath": self.host_path,
+            "containerPath": self.container_path,
+            "options": ["ro", "nosuid", "nodev", "bind"],
+        }
+
+
+@dataclass(frozen=True)
 class ContainerEdits:
-    """The subset of CDI containerEdits this driver uses: device nodes and environment ("K=V")."""
+    """The subset of CDI containerEdits this driver uses: device nodes, environment ("K=V") and
+    read-only bind mounts."""
 
     device_nodes: tuple[DeviceNode, ...] = ()
     env: tuple[str, ...] = ()
+    mounts: tuple[Mount, ...] = ()
 
     def is_empty(self) -> bool:
-        return not self.device_nodes and not self.env
+        return not self.device_nodes and not self.env and not self.mounts
 
     def merged(self, other: ContainerEdits) -> ContainerEdits:
         """Union with `other`, keeping first occurrences (paths and env names are not duplicated)."""
@@ -127,7 +144,13 @@ class ContainerEdits:
             if name not in seen_names:
                 env.append(entry)
                 seen_names.add(name)
-        return ContainerEdits(device_nodes=tuple(nodes), env=tuple(env))
+        mounts = list(self.mounts)
+        targets = {m.container_path for m in mounts}
+        for mount in other.mounts:
+            if mount.container_path not in targets:
+                mounts.append(mount)
+                targets.add(mount.container_path)
+        return ContainerEdits(device_nodes=tuple(nodes), env=tuple(env), mounts=tuple(mounts))
 
     def to_cdi(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -135,6 +158,8 @@ class ContainerEdits:
             out["env"] = list(self.env)
         if self.device_nodes:
             out["deviceNodes"] = [n.to_cdi() for n in self.device_nodes]
+        if self.mounts:
+            out["mounts"] = [m.to_cdi() for m in self.mounts]
         return out
 
 

@@ -24,6 +24,7 @@ import yaml
 
 from dra_api.names import GPU_DRIVER, TPU_DRIVER
 
+from . import simtools
 from .base import DiscoveredInventory
 from .fakehw import (
     FakeGpu,
@@ -411,7 +412,12 @@ class SimulatedBackend:
         hardware = self.hardware()
         assert hardware.backend is not None
         inventory = hardware.backend.discover_sync()
-        return dataclasses.replace(inventory, simulated_nodes_on_host=hardware.char_devices)
+        inventory = dataclasses.replace(inventory, simulated_nodes_on_host=hardware.char_devices)
+        if hardware.char_devices and hardware.nvml is not None:
+            # A container on a real node gets an nvidia-smi that lists its simulated GPUs.
+            tools = simtools.install(hardware.root, inventory.devices)
+            inventory = dataclasses.replace(inventory, common_edits=inventory.common_edits.merged(tools))
+        return inventory
 
     def hardware(self) -> SimulatedHardware:
         """Build the fake hardware on first use (blocking file writes)."""

@@ -15,19 +15,33 @@ def _requests(template: Obj) -> list[Obj]:
     return requests
 
 
-def test_there_are_three_examples() -> None:
-    assert EXAMPLE_FILES == ["gke-gpu-deployment.yaml", "nvidia-single-gpu.yaml", "tpu-all-chips.yaml"]
+def test_the_examples_are_the_guides() -> None:
+    assert EXAMPLE_FILES == [
+        "gke-gpu.yaml",
+        "gke-tpu.yaml",
+        "nvidia-gpu-test1.yaml",
+        "nvidia-gpu-test2.yaml",
+        "nvidia-gpu-test4-mig.yaml",
+        "nvidia-single-gpu.yaml",
+    ]
 
 
 @pytest.mark.parametrize("filename", EXAMPLE_FILES)
 def test_pods_use_the_claims_their_templates_define(filename: str) -> None:
     objs = load_file(EXAMPLES_DIR / filename)
-    (namespace,) = of_kind(objs, "Namespace")
+    namespaces = of_kind(objs, "Namespace")
     templates = {o["metadata"]["name"] for o in of_kind(objs, "ResourceClaimTemplate")}
     workloads = list(pod_specs(objs))
     assert workloads
     for obj in objs:
-        if obj["kind"] != "Namespace":
+        if obj["kind"] == "Namespace":
+            continue
+        if filename.startswith("gke-"):
+            # GKE's guide writes no namespace: `kubectl create -n <namespace> -f`.
+            assert not namespaces
+            assert "namespace" not in obj["metadata"], obj["metadata"]["name"]
+        else:
+            (namespace,) = namespaces
             assert obj["metadata"]["namespace"] == namespace["metadata"]["name"], obj["metadata"]["name"]
     for _, spec in workloads:
         claims = {c["name"]: c for c in spec["resourceClaims"]}
@@ -37,7 +51,7 @@ def test_pods_use_the_claims_their_templates_define(filename: str) -> None:
 
 
 def test_gke_style_template_asks_for_one_gpu_in_v1beta1() -> None:
-    objs = load_file(EXAMPLES_DIR / "gke-gpu-deployment.yaml")
+    objs = load_file(EXAMPLES_DIR / "gke-gpu.yaml")
     template = one(objs, "ResourceClaimTemplate", "gpu-claim-template")
     assert template["apiVersion"] == "resource.k8s.io/v1beta1"
     (request,) = _requests(template)
@@ -49,13 +63,28 @@ def test_gke_style_template_asks_for_one_gpu_in_v1beta1() -> None:
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in tolerations
 
 
-def test_tpu_template_takes_all_chips() -> None:
-    objs = load_file(EXAMPLES_DIR / "tpu-all-chips.yaml")
-    (template,) = of_kind(objs, "ResourceClaimTemplate")
-    assert template["apiVersion"] == "resource.k8s.io/v1"
+def test_gke_tpu_template_takes_all_chips_in_v1beta1() -> None:
+    objs = load_file(EXAMPLES_DIR / "gke-tpu.yaml")
+    template = one(objs, "ResourceClaimTemplate", "tpu-claim-template")
+    assert template["apiVersion"] == "resource.k8s.io/v1beta1"
     (request,) = _requests(template)
-    assert request["exactly"] == {"deviceClassName": names.TPU_CLASS, "allocationMode": "All"}
-    assert len(of_kind(objs, "Pod")) == 1
+    assert request == {"name": "all-tpus", "deviceClassName": names.TPU_CLASS, "allocationMode": "All"}
+    (deployment,) = of_kind(objs, "Deployment")
+    tolerations = deployment["spec"]["template"]["spec"]["tolerations"]
+    assert {"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"} in tolerations
+
+
+def test_nvidia_mig_example_asks_for_four_profiles_on_one_gpu() -> None:
+    objs = load_file(EXAMPLES_DIR / "nvidia-gpu-test4-mig.yaml")
+    (template,) = of_kind(objs, "ResourceClaimTemplate")
+    requests = _requests(template)
+    assert [r["exactly"]["deviceClassName"] for r in requests] == [names.MIG_CLASS] * 4
+    assert template["spec"]["spec"]["devices"]["constraints"] == [
+        {"requests": [], "matchAttribute": "gpu.nvidia.com/parentUUID"}
+    ]
+    ((_, spec),) = pod_specs(objs)
+    used = [ctr["resources"]["claims"][0]["request"] for ctr in spec["containers"]]
+    assert used == [r["name"] for r in requests]
 
 
 def test_nvidia_install_check_uses_the_v1_exactly_form() -> None:
