@@ -413,15 +413,26 @@ def test_unbound_agent_token_is_refused(installed: LocalCluster, overlays_applie
 def test_examples_apply_as_is(installed: LocalCluster, overlays_applied: Any, example: str) -> None:
     cluster = installed
     path = EXAMPLES_DIR / example
-    namespaces = [
-        d["metadata"]["name"] for d in yaml.safe_load_all(path.read_text()) if d and d["kind"] == "Namespace"
-    ]
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    namespaces = [d["metadata"]["name"] for d in docs if d["kind"] == "Namespace"]
+    target: list[str] = []
+    if not namespaces and not any(d["metadata"].get("namespace") for d in docs):
+        # Written without a namespace (GKE's guide): applied into one, as `kubectl create -n` would.
+        namespaces = [f"deploy-example-{path.stem}"]
+        cluster.create_namespace(namespaces[0])
+        target = ["-n", namespaces[0]]
     try:
-        cluster.kubectl("apply", "-f", str(path))
-        for template in cluster.get_json("resourceclaimtemplates", "-n", namespaces[0])["items"]:
+        cluster.kubectl("apply", *target, "-f", str(path))
+        templates = cluster.get_json("resourceclaimtemplates", "-n", namespaces[0])["items"]
+        assert templates
+        for template in templates:
             # Read back through v1 whatever version the example used.
-            (request,) = template["spec"]["spec"]["devices"]["requests"]
-            assert request["exactly"]["deviceClassName"] in {"gpu.nvidia.com", "tpu.google.com"}
+            for request in template["spec"]["spec"]["devices"]["requests"]:
+                assert request["exactly"]["deviceClassName"] in {
+                    "gpu.nvidia.com",
+                    "mig.nvidia.com",
+                    "tpu.google.com",
+                }
     finally:
         for namespace in namespaces:
             _force_delete_pods(cluster, namespace)
