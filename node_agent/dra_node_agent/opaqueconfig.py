@@ -1,25 +1,42 @@
 """Strict validation of this driver's opaque device configuration.
 
 A claim or DeviceClass may carry `config[].opaque {driver, parameters}`; parameters for our drivers
-are Kubernetes-style objects (`apiVersion` + `kind`) checked here field by field. Unknown fields,
-wrong types, unknown kinds and values out of range are rejected with a message naming the field.
-Configuration for other drivers is ignored (a claim may mix drivers).
+are Kubernetes-style objects (`apiVersion` + `kind`) checked here field by field, with the field
+names, defaults and error wording of the vendors' own drivers. Unknown fields are rejected, as both
+vendors' strict decoders do; so are wrong types, unknown kinds and values out of range, with a
+message naming the field. Configuration for other drivers is ignored (a claim may mix drivers).
 
-NVIDIA (schema compatible with NVIDIA's DRA driver, group `resource.nvidia.com/v1beta1`; the
-alias `gpu.nvidia.com/v1beta1` is accepted too):
+Accepting a config is not applying it: `not_implemented` says which valid settings this driver does
+not carry out yet, and prepare refuses those with that message instead of ignoring them.
+
+NVIDIA (`resource.nvidia.com/v1beta1`, as NVIDIA's DRA driver `dra-driver-nvidia-gpu`; the
+alias `gpu.nvidia.com/v1beta1` is this product's and is accepted too):
 
     kind: GpuConfig
-    sharing:
+    sharing:                                       # unset: no sharing (NVIDIA's default, gates off)
       strategy: TimeSlicing | MPS
-      timeSlicingConfig: {interval: Default | Short | Medium | Long}   # TimeSlicing only
-      mpsConfig:                                                      # MPS only
-        defaultActiveThreadPercentage: 1..100
+      timeSlicingConfig: {interval: Default | Short | Medium | Long}   # TimeSlicing; default Default
+      mpsConfig:                                                      # MPS; default {}
+        defaultActiveThreadPercentage: 0..100
         defaultPinnedDeviceMemoryLimit: <quantity>
         defaultPerDevicePinnedMemoryLimit: {<uuid or index>: <quantity>}
+        multiUser: <bool>                                             # default false
 
     kind: MigDeviceConfig        # for MIG devices: sharing.strategy TimeSlicing | MPS, mpsConfig
+    kind: VfioDeviceConfig       # passthrough: iommu {backendPolicy: LegacyOnly (default) |
+                                 #   PreferIommuFD, enableAPIDevice: <bool> (default false)}
 
-TPU (`tpu.google.com/v1alpha1`):
+`ComputeDomainChannelConfig` and `ComputeDomainDaemonConfig` share NVIDIA's group but configure its
+compute-domain driver (`compute-domain.nvidia.com`); they are refused with a message saying so.
+
+TPU, Google's TPU DRA driver (`tpu.resource.google.com/v1alpha1`):
+
+    kind: TpuConfig
+    logging:                     # libtpu logging; unset: libtpu's defaults
+      level: 0..3                # TPU_MIN_LOG_LEVEL (0 INFO, 1 WARNING, 2 ERROR, 3 FATAL)
+      stderrLevel: 0..3          # TPU_STDERR_LOG_LEVEL; defaults to level
+
+TPU, this product's own group (`tpu.google.com/v1alpha1`):
 
     kind: TpuConfig
     workerId: <int >= 0>                 # TPU_WORKER_ID for a host of a multi-host slice
@@ -33,14 +50,25 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from dra_api.names import GPU_DRIVER, TPU_DRIVER
 
-GPU_API_VERSIONS = ("resource.nvidia.com/v1beta1", "gpu.nvidia.com/v1beta1")
-TPU_API_VERSIONS = ("tpu.google.com/v1alpha1",)
+NVIDIA_GROUP = "resource.nvidia.com"
+NVIDIA_API_VERSION = "resource.nvidia.com/v1beta1"
+GPU_API_VERSIONS = (NVIDIA_API_VERSION, "gpu.nvidia.com/v1beta1")
+GOOGLE_TPU_GROUP = "tpu.resource.google.com"
+GOOGLE_TPU_API_VERSION = "tpu.resource.google.com/v1alpha1"
+OWN_TPU_GROUP = "tpu.google.com"
+OWN_TPU_API_VERSION = "tpu.google.com/v1alpha1"
+TPU_API_VERSIONS = (GOOGLE_TPU_API_VERSION, OWN_TPU_API_VERSION)
+GPU_KINDS = ("GpuConfig", "MigDeviceConfig", "VfioDeviceConfig")
+COMPUTE_DOMAIN_KINDS = ("ComputeDomainChannelConfig", "ComputeDomainDaemonConfig")
+COMPUTE_DOMAIN_DRIVER = "compute-domain.nvidia.com"
 SHARING_STRATEGIES = ("TimeSlicing", "MPS")
 TIME_SLICE_INTERVALS = ("Default", "Short", "Medium", "Long")
+IOMMU_BACKEND_POLICIES = ("PreferIommuFD", "LegacyOnly")
+TPU_LOG_LEVEL_MIN, TPU_LOG_LEVEL_MAX = 0, 3  # libtpu: 0 INFO, 1 WARNING, 2 ERROR, 3 FATAL
 
 _QUANTITY = re.compile(r"^(\d+(\.\d+)?|\.\d+)([eE]\d+|[KMGTPE]i|[kMGTPE])?$")
 _HOSTNAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?(:\d+)?$")
@@ -55,36 +83,86 @@ class MpsConfig:
     default_active_thread_percentage: int | None = None
     default_pinned_device_memory_limit: str | None = None
     default_per_device_pinned_memory_limit: Mapping[str, str] | None = None
+    multi_user: bool = False
 
 
 @dataclass(frozen=True)
 class Sharing:
     strategy: Literal["TimeSlicing", "MPS"]
-    time_slice_interval: str | None = None
-    mps: MpsConfig | None = None
+    time_slice_interval: str | None = None  # "Default" once normalized, for TimeSlicing on a GPU
+    mps: MpsConfig | None = None  # MpsConfig() once normalized, for MPS
 
 
 @dataclass(frozen=True)
 class GpuConfig:
+    KIND: ClassVar[str] = "GpuConfig"
+    GROUP: ClassVar[str] = NVIDIA_GROUP
     sharing: Sharing | None = None
     applies_to: str = "gpu"
 
 
 @dataclass(frozen=True)
 class MigDeviceConfig:
+    KIND: ClassVar[str] = "MigDeviceConfig"
+    GROUP: ClassVar[str] = NVIDIA_GROUP
     sharing: Sharing | None = None
     applies_to: str = "mig"
 
 
 @dataclass(frozen=True)
+class IommuConfig:
+    backend_policy: str = "LegacyOnly"
+    enable_api_device: bool = False
+
+
+@dataclass(frozen=True)
+class VfioDeviceConfig:
+    KIND: ClassVar[str] = "VfioDeviceConfig"
+    GROUP: ClassVar[str] = NVIDIA_GROUP
+    iommu: IommuConfig = IommuConfig()
+    applies_to: str = "vfio"
+
+
+@dataclass(frozen=True)
+class TpuLogging:
+    level: int | None = None
+    stderr_level: int | None = None  # defaults to level
+
+
+@dataclass(frozen=True)
+class GoogleTpuConfig:
+    """Google's `tpu.resource.google.com/v1alpha1` TpuConfig."""
+
+    KIND: ClassVar[str] = "TpuConfig"
+    GROUP: ClassVar[str] = GOOGLE_TPU_GROUP
+    logging: TpuLogging | None = None
+    applies_to: str = "tpu"
+
+    def env(self) -> tuple[str, ...]:
+        """The libtpu environment this config asks for (container-wide, as Google's driver sets it)."""
+        if self.logging is None:
+            return ()
+        env = []
+        if self.logging.level is not None:
+            env.append(f"TPU_MIN_LOG_LEVEL={self.logging.level}")
+        if self.logging.stderr_level is not None:
+            env.append(f"TPU_STDERR_LOG_LEVEL={self.logging.stderr_level}")
+        return tuple(env)
+
+
+@dataclass(frozen=True)
 class TpuConfig:
+    """This product's `tpu.google.com/v1alpha1` TpuConfig (multi-host worker identity, ICI)."""
+
+    KIND: ClassVar[str] = "TpuConfig"
+    GROUP: ClassVar[str] = OWN_TPU_GROUP
     worker_id: int | None = None
     worker_hostnames: tuple[str, ...] = ()
     ici_resiliency: bool | None = None
     applies_to: str = "tpu"
 
 
-DriverConfig = GpuConfig | MigDeviceConfig | TpuConfig
+DriverConfig = GpuConfig | MigDeviceConfig | VfioDeviceConfig | GoogleTpuConfig | TpuConfig
 
 
 @dataclass(frozen=True)
@@ -94,6 +172,7 @@ class RequestConfig:
     source: str  # "FromClass" or "FromClaim"
     requests: tuple[str, ...]  # empty: every request
     config: DriverConfig
+    where: str = ""  # the entry's path, for messages
 
     def covers(self, request: str) -> bool:
         """True if this entry applies to `request` ("req" also matches subrequest "req/sub")."""
@@ -120,9 +199,7 @@ class _Fields:
         self.seen.add(name)
         return self.raw.get(name)
 
-    def string(
-        self, name: str, *, choices: Sequence[str] | None = None, required: bool = False
-    ) -> str | None:
+    def string(self, name: str, *, required: bool = False) -> str | None:
         value = self.get(name)
         if value is None:
             if required:
@@ -130,19 +207,14 @@ class _Fields:
             return None
         if not isinstance(value, str):
             raise OpaqueConfigError(f"{self.path(name)}: must be a string, not {_type_name(value)}")
-        if choices is not None and value not in choices:
-            raise OpaqueConfigError(f"{self.path(name)}: {value!r} is not one of {', '.join(choices)}")
         return value
 
-    def integer(self, name: str, *, minimum: int, maximum: int | None = None) -> int | None:
+    def integer(self, name: str) -> int | None:
         value = self.get(name)
         if value is None:
             return None
         if not isinstance(value, int) or isinstance(value, bool):
             raise OpaqueConfigError(f"{self.path(name)}: must be an integer, not {_type_name(value)}")
-        if value < minimum or (maximum is not None and value > maximum):
-            bound = f"{minimum}..{maximum}" if maximum is not None else f">= {minimum}"
-            raise OpaqueConfigError(f"{self.path(name)}: {value} is out of range ({bound})")
         return value
 
     def boolean(self, name: str) -> bool | None:
@@ -156,7 +228,8 @@ class _Fields:
     def done(self) -> None:
         unknown = sorted(str(k) for k in self.raw if k not in self.seen)
         if unknown:
-            raise OpaqueConfigError(f"{self.path(unknown[0])}: unknown field")
+            # Both vendors decode strictly; their decoder's words are `unknown field "<name>"`.
+            raise OpaqueConfigError(f'{self.path(unknown[0])}: unknown field "{unknown[0]}"')
 
 
 def _type_name(value: Any) -> str:
@@ -183,33 +256,54 @@ def _quantity(value: Any, where: str) -> str:
 
 def _parse_sharing(raw: Any, where: str, *, mig: bool) -> Sharing:
     f = _Fields(raw, where)
-    strategy = f.string("strategy", choices=SHARING_STRATEGIES, required=True)
+    strategy = f.string("strategy", required=True)
+    if strategy not in SHARING_STRATEGIES:
+        # NVIDIA says "GPU" for MIG devices too.
+        raise OpaqueConfigError(f"{f.path('strategy')}: unknown GPU sharing strategy: {strategy}")
     interval = None
     ts_raw = f.get("timeSlicingConfig")
     if ts_raw is not None:
-        if mig:
+        if mig:  # MigDeviceSharing has no such field: NVIDIA's strict decoder rejects it
             raise OpaqueConfigError(
-                f"{f.path('timeSlicingConfig')}: unknown field (time-slicing does not apply to MIG)"
+                f'{f.path("timeSlicingConfig")}: unknown field "timeSlicingConfig" '
+                "(time-slicing does not apply to MIG)"
             )
         if strategy != "TimeSlicing":
-            raise OpaqueConfigError(f"{f.path('timeSlicingConfig')}: only allowed with strategy TimeSlicing")
+            raise OpaqueConfigError(
+                f"{f.path('timeSlicingConfig')}: cannot use TimeSlicingConfig with the '{strategy}' strategy"
+            )
         ts = _Fields(ts_raw, f.path("timeSlicingConfig"))
-        interval = ts.string("interval", choices=TIME_SLICE_INTERVALS)
+        interval = ts.string("interval")
+        if interval is not None and interval not in TIME_SLICE_INTERVALS:
+            raise OpaqueConfigError(f"{ts.path('interval')}: unknown time-slice interval: {interval}")
         ts.done()
     mps = None
     mps_raw = f.get("mpsConfig")
     if mps_raw is not None:
         if strategy != "MPS":
-            raise OpaqueConfigError(f"{f.path('mpsConfig')}: only allowed with strategy MPS")
+            raise OpaqueConfigError(
+                f"{f.path('mpsConfig')}: cannot use MpsConfig with the '{strategy}' strategy"
+            )
         mps = _parse_mps(mps_raw, f.path("mpsConfig"))
     f.done()
-    chosen: Literal["TimeSlicing", "MPS"] = "MPS" if strategy == "MPS" else "TimeSlicing"
-    return Sharing(strategy=chosen, time_slice_interval=interval, mps=mps)
+    # NVIDIA's Normalize: TimeSlicing without an interval means Default, MPS without settings {}.
+    if strategy == "TimeSlicing":
+        return Sharing(strategy="TimeSlicing", time_slice_interval=None if mig else (interval or "Default"))
+    return Sharing(strategy="MPS", mps=mps or MpsConfig())
 
 
 def _parse_mps(raw: Any, where: str) -> MpsConfig:
     f = _Fields(raw, where)
-    percentage = f.integer("defaultActiveThreadPercentage", minimum=1, maximum=100)
+    percentage = f.integer("defaultActiveThreadPercentage")
+    if percentage is not None and percentage < 0:
+        raise OpaqueConfigError(
+            f"{f.path('defaultActiveThreadPercentage')}: active thread percentage must not be negative"
+        )
+    if percentage is not None and percentage > 100:
+        raise OpaqueConfigError(
+            f"{f.path('defaultActiveThreadPercentage')}: "
+            "active thread percentage must not be greater than 100"
+        )
     limit_raw = f.get("defaultPinnedDeviceMemoryLimit")
     limit = _quantity(limit_raw, f.path("defaultPinnedDeviceMemoryLimit")) if limit_raw is not None else None
     per_device_raw = f.get("defaultPerDevicePinnedMemoryLimit")
@@ -219,29 +313,70 @@ def _parse_mps(raw: Any, where: str) -> MpsConfig:
         if not isinstance(per_device_raw, Mapping):
             raise OpaqueConfigError(f"{path}: must be an object, not {_type_name(per_device_raw)}")
         per_device = {str(k): _quantity(v, f"{path}.{k}") for k, v in per_device_raw.items()}
+    multi_user = f.boolean("multiUser")
     f.done()
     return MpsConfig(
         default_active_thread_percentage=percentage,
         default_pinned_device_memory_limit=limit,
         default_per_device_pinned_memory_limit=per_device,
+        multi_user=bool(multi_user),
+    )
+
+
+def _parse_vfio(f: _Fields) -> VfioDeviceConfig:
+    iommu_raw = f.get("iommu")
+    f.done()
+    if iommu_raw is None:
+        return VfioDeviceConfig()
+    iommu = _Fields(iommu_raw, f.path("iommu"))
+    policy = iommu.string("backendPolicy")
+    if policy is not None and policy != "" and policy not in IOMMU_BACKEND_POLICIES:
+        raise OpaqueConfigError(f'{iommu.path("backendPolicy")}: unknown IOMMU backend policy: "{policy}"')
+    api_device = iommu.boolean("enableAPIDevice")
+    iommu.done()
+    # NVIDIA's Normalize: an empty policy means LegacyOnly, an unset API device false.
+    return VfioDeviceConfig(
+        iommu=IommuConfig(backend_policy=policy or "LegacyOnly", enable_api_device=bool(api_device))
     )
 
 
 def _parse_gpu(f: _Fields, kind: str) -> DriverConfig:
+    if kind == "VfioDeviceConfig":
+        return _parse_vfio(f)
     sharing_raw = f.get("sharing")
-    if kind == "GpuConfig":
-        sharing = (
-            _parse_sharing(sharing_raw, f.path("sharing"), mig=False) if sharing_raw is not None else None
-        )
-        f.done()
-        return GpuConfig(sharing=sharing)
-    sharing = _parse_sharing(sharing_raw, f.path("sharing"), mig=True) if sharing_raw is not None else None
+    mig = kind == "MigDeviceConfig"
+    sharing = _parse_sharing(sharing_raw, f.path("sharing"), mig=mig) if sharing_raw is not None else None
     f.done()
-    return MigDeviceConfig(sharing=sharing)
+    return MigDeviceConfig(sharing=sharing) if mig else GpuConfig(sharing=sharing)
 
 
-def _parse_tpu(f: _Fields) -> TpuConfig:
-    worker_id = f.integer("workerId", minimum=0)
+def _parse_google_tpu(f: _Fields) -> GoogleTpuConfig:
+    logging_raw = f.get("logging")
+    f.done()
+    if logging_raw is None:
+        return GoogleTpuConfig()
+    lf = _Fields(logging_raw, f.path("logging"))
+    levels: dict[str, int | None] = {}
+    for name in ("level", "stderrLevel"):
+        value = lf.integer(name)
+        if value is not None and not TPU_LOG_LEVEL_MIN <= value <= TPU_LOG_LEVEL_MAX:
+            raise OpaqueConfigError(
+                f"{lf.path(name)}: invalid {name}: {value}, must be between "
+                f"{TPU_LOG_LEVEL_MIN} (INFO) and {TPU_LOG_LEVEL_MAX} (FATAL)"
+            )
+        levels[name] = value
+    lf.done()
+    level, stderr_level = levels["level"], levels["stderrLevel"]
+    # Google's Normalize: stderrLevel defaults to level.
+    return GoogleTpuConfig(
+        logging=TpuLogging(level=level, stderr_level=stderr_level if stderr_level is not None else level)
+    )
+
+
+def _parse_own_tpu(f: _Fields) -> TpuConfig:
+    worker_id = f.integer("workerId")
+    if worker_id is not None and worker_id < 0:
+        raise OpaqueConfigError(f"{f.path('workerId')}: {worker_id} is out of range (>= 0)")
     hostnames_raw = f.get("workerHostnames")
     hostnames: tuple[str, ...] = ()
     if hostnames_raw is not None:
@@ -278,19 +413,30 @@ class OpaqueConfigParser:
         f = _Fields(parameters, where)
         gpu = driver == self.gpu_driver
         versions = GPU_API_VERSIONS if gpu else TPU_API_VERSIONS
-        kinds = ("GpuConfig", "MigDeviceConfig") if gpu else ("TpuConfig",)
         api_version = f.string("apiVersion", required=True)
         if api_version not in versions:
             raise OpaqueConfigError(
                 f"{f.path('apiVersion')}: {api_version!r} is not one of {', '.join(versions)}"
             )
         kind = f.string("kind", required=True) or ""
+        if gpu and kind in COMPUTE_DOMAIN_KINDS:
+            raise OpaqueConfigError(
+                f"{f.path('kind')}: {kind} configures NVIDIA's compute-domain driver "
+                f"({COMPUTE_DOMAIN_DRIVER}), not {driver} devices; this product does not provide "
+                "that driver"
+            )
+        kinds = GPU_KINDS if gpu else ("TpuConfig",)
         if kind not in kinds:
-            raise OpaqueConfigError(f"{f.path('kind')}: unknown kind {kind!r} (expected {', '.join(kinds)})")
+            raise OpaqueConfigError(
+                f'{f.path("kind")}: no kind "{kind}" is registered for version "{api_version}" '
+                f"(expected {', '.join(kinds)})"
+            )
         f.seen.add("metadata")  # tolerated like Kubernetes objects, but carries nothing
         if "metadata" in f.raw and not isinstance(f.raw["metadata"], Mapping):
             raise OpaqueConfigError(f"{f.path('metadata')}: must be an object")
-        return _parse_gpu(f, kind) if gpu else _parse_tpu(f)
+        if gpu:
+            return _parse_gpu(f, kind)
+        return _parse_google_tpu(f) if api_version == GOOGLE_TPU_API_VERSION else _parse_own_tpu(f)
 
     def for_driver(
         self, *, driver: str, configs: Sequence[Mapping[str, Any]], where: str
@@ -317,15 +463,67 @@ class OpaqueConfigParser:
             )
             order = 0 if source == "FromClass" else 1
             found.append(
-                (order, index, RequestConfig(source=source, requests=tuple(requests), config=config))
+                (
+                    order,
+                    index,
+                    RequestConfig(source=source, requests=tuple(requests), config=config, where=entry_where),
+                )
             )
         return [rc for _, _, rc in sorted(found, key=lambda t: (t[0], t[1]))]
 
 
+def effective_entry(
+    configs: Sequence[RequestConfig],
+    *,
+    request: str,
+    device_kind: str,
+    device_name: str = "",
+    group: str | None = None,
+) -> RequestConfig | None:
+    """The entry that applies to one allocated device, by NVIDIA's and Google's rule.
+
+    Entries are searched from the highest precedence down (claim before class, later before
+    earlier). An entry for every request is skipped when made for another kind of device; an entry
+    naming this request but made for another kind of device is an error, as in NVIDIA's driver.
+    `group` restricts the search to one API group's kinds (the two TPU groups are independent).
+    """
+    for rc in reversed(configs):
+        if group is not None and group != rc.config.GROUP:
+            continue
+        if not rc.covers(request):
+            continue
+        if rc.config.applies_to == device_kind:
+            return rc
+        if rc.requests:
+            raise OpaqueConfigError(
+                f"{rc.where}: cannot apply {rc.config.KIND} to device {device_name!r} of type "
+                f"{device_kind!r} (request: {request})"
+            )
+    return None
+
+
 def effective(configs: Sequence[RequestConfig], *, request: str, device_kind: str) -> DriverConfig | None:
-    """The config that applies to one allocated device: the last matching entry for its kind wins."""
-    chosen: DriverConfig | None = None
-    for rc in configs:
-        if rc.covers(request) and rc.config.applies_to == device_kind:
-            chosen = rc.config
-    return chosen
+    """The config that applies to one allocated device (see `effective_entry`)."""
+    entry = effective_entry(configs, request=request, device_kind=device_kind)
+    return entry.config if entry is not None else None
+
+
+def not_implemented(config: DriverConfig) -> str | None:
+    """Why this valid config cannot be carried out by this driver yet; None when it can.
+
+    Prepare refuses such a config with this text rather than run the workload without it.
+    """
+    if isinstance(config, GpuConfig | MigDeviceConfig) and config.sharing is not None:
+        detail = f"sharing.strategy {config.sharing.strategy}"
+        if config.sharing.mps is not None and config.sharing.mps.multi_user:
+            detail += " with mpsConfig.multiUser"
+        return (
+            f"{config.KIND} {detail}: GPU sharing (time-slicing and MPS) is not implemented by this "
+            "driver yet, so the device would not be shared as configured"
+        )
+    if isinstance(config, VfioDeviceConfig):
+        return (
+            "VfioDeviceConfig: VFIO passthrough is not implemented by this driver yet "
+            "(it publishes no VFIO devices)"
+        )
+    return None

@@ -31,6 +31,7 @@ go on (kubelet restart tests). Each point pauses once per handler, so a reissued
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import time
@@ -45,8 +46,17 @@ from dra_api.kubeletapi.model import ClaimRef, PreparedDevice, PrepareResult
 from dra_node_agent import checkpoint as cp
 from dra_node_agent.cdi import CdiWriter
 from dra_node_agent.claims import ClaimAllocation, ClaimError, ClaimGone, ClaimSource, describe
-from dra_node_agent.discovery.base import DiscoveredDevice, DiscoveredInventory
-from dra_node_agent.opaqueconfig import OpaqueConfigError, OpaqueConfigParser, RequestConfig, effective
+from dra_node_agent.discovery.base import ContainerEdits, DiscoveredDevice, DiscoveredInventory
+from dra_node_agent.opaqueconfig import (
+    GoogleTpuConfig,
+    OpaqueConfigError,
+    OpaqueConfigParser,
+    RequestConfig,
+    TpuConfig,
+    VfioDeviceConfig,
+    effective_entry,
+    not_implemented,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -250,7 +260,7 @@ class PrepareHandler:
             await asyncio.gather(reading, return_exceptions=True)
             return answer(entry)
         try:
-            planned, devices = self.plan(await reading)
+            planned, devices, tpu_config = self.plan(await reading)
         except (ClaimError, PrepareError):
             await asyncio.to_thread(self.store.remove, claim.uid)  # nothing was done: forget it
             raise
@@ -267,7 +277,11 @@ class PrepareHandler:
             await self._pause("devices-set-up")
 
             ids = await asyncio.to_thread(
-                self.cdi.write_claim_spec, claim_uid=claim.uid, devices=devices, inventory=self._inventory
+                self.cdi.write_claim_spec,
+                claim_uid=claim.uid,
+                devices=devices,
+                inventory=self._inventory,
+                config=tpu_config,
             )
             await self._pause("cdi-written")
 
@@ -297,10 +311,14 @@ class PrepareHandler:
         )
         return answer(done)
 
-    def plan(self, allocation: ClaimAllocation) -> tuple[list[cp.PreparedDevice], list[DiscoveredDevice]]:
-        """The checkpoint records for this driver's results, and the distinct devices they use.
+    def plan(
+        self, allocation: ClaimAllocation
+    ) -> tuple[list[cp.PreparedDevice], list[DiscoveredDevice], TpuConfig | None]:
+        """The checkpoint records for this driver's results, the distinct devices they use (with the
+        container edits their configs add) and the claim-wide `tpu.google.com` TpuConfig, if any.
 
-        Raises ``PrepareError`` for a device this node does not publish or an invalid config.
+        Raises ``PrepareError`` for a device this node does not publish, an invalid config, or a
+        valid config whose effect this driver does not implement yet.
         """
         where = describe(allocation.ref)
         try:
@@ -311,8 +329,15 @@ class PrepareHandler:
             )
         except OpaqueConfigError as exc:
             raise PrepareError(f"invalid opaque config: {exc}") from exc
+        for rc in configs:
+            # No VFIO device is ever published here, so such a config can never take effect: asking
+            # for passthrough must fail rather than hand out a device bound to its usual driver.
+            if isinstance(rc.config, VfioDeviceConfig):
+                raise PrepareError(f"{rc.where}: {not_implemented(rc.config)}")
         planned: list[cp.PreparedDevice] = []
         devices: dict[str, DiscoveredDevice] = {}
+        claim_env: dict[str, str] = {}
+        tpu_configs: dict[TpuConfig, str] = {}
         for result in allocation.devices:
             device = self._devices.get(result.device)
             if result.pool != self.node_name or device is None:
@@ -320,7 +345,14 @@ class PrepareHandler:
                     f"{where}: allocated device {result.pool}/{result.device} of driver {self.driver} "
                     f"is not published by node {self.node_name}"
                 )
-            self._apply_config(configs, request=result.request, device=device)
+            device = self._apply_config(
+                configs,
+                request=result.request,
+                device=device,
+                where=where,
+                claim_env=claim_env,
+                tpu_configs=tpu_configs,
+            )
             planned.append(
                 cp.PreparedDevice(
                     request=result.request,
@@ -332,16 +364,63 @@ class PrepareHandler:
                 )
             )
             devices.setdefault(device.name, device)
-        return planned, list(devices.values())
+        if len(tpu_configs) > 1:
+            # Its settings become container-wide environment: two values would leave the outcome to
+            # the order in which the runtime applies CDI devices.
+            raise PrepareError(
+                f"{where}: conflicting TPU configs within the claim: the {TpuConfig.GROUP} TpuConfig "
+                f"entries {', '.join(sorted(tpu_configs.values()))} differ, but they apply to the whole "
+                "container"
+            )
+        return planned, list(devices.values()), next(iter(tpu_configs), None)
 
     def _apply_config(
-        self, configs: Sequence[RequestConfig], *, request: str, device: DiscoveredDevice
-    ) -> None:
-        # Validation happened in for_driver; applying sharing settings is a device set-up step
-        # that simulated and whole devices do not need yet, so this only logs the choice.
-        chosen = effective(configs, request=request, device_kind=device.kind)
-        if chosen is not None:
-            logger.debug("request %s device %s: config %s", request, device.name, chosen)
+        self,
+        configs: Sequence[RequestConfig],
+        *,
+        request: str,
+        device: DiscoveredDevice,
+        where: str,
+        claim_env: dict[str, str],
+        tpu_configs: dict[TpuConfig, str],
+    ) -> DiscoveredDevice:
+        """Carry out the config that applies to one device: the device, with the edits it adds.
+
+        Each API group's entries are resolved on their own (the two TPU groups set different
+        things). A config this driver cannot carry out fails the prepare with the reason.
+        """
+        env: list[str] = []
+        for group in sorted({rc.config.GROUP for rc in configs}):
+            try:
+                entry = effective_entry(
+                    configs, request=request, device_kind=device.kind, device_name=device.name, group=group
+                )
+            except OpaqueConfigError as exc:
+                raise PrepareError(str(exc)) from exc
+            if entry is None:
+                continue
+            reason = not_implemented(entry.config)
+            if reason is not None:
+                raise PrepareError(f"{entry.where}: {reason} (request {request}, device {device.name})")
+            config = entry.config
+            if isinstance(config, GoogleTpuConfig):
+                env.extend(config.env())
+            elif isinstance(config, TpuConfig):
+                tpu_configs.setdefault(config, entry.where)
+            # GpuConfig and MigDeviceConfig without sharing ask for nothing beyond the default.
+            logger.debug("request %s device %s: %s applies", request, device.name, entry.where)
+        for item in env:
+            name, value = item.split("=", 1)
+            previous = claim_env.setdefault(name, value)
+            if previous != value:
+                # Same rule as Google's driver: the variable acts on the whole container.
+                raise PrepareError(
+                    f"{where}: conflicting TPU configs within the claim: {name} is set to both {previous!r} "
+                    f"and {value!r}, but it applies to the whole container"
+                )
+        if not env:
+            return device
+        return dataclasses.replace(device, edits=device.edits.merged(ContainerEdits(env=tuple(env))))
 
     def _touches_devices(self, devices: Sequence[DiscoveredDevice]) -> bool:
         """Whether ``_set_up`` changes device state (then the devices are recorded before it runs)."""

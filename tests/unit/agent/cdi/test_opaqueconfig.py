@@ -8,14 +8,20 @@ from typing import Any
 import pytest
 
 from dra_node_agent.opaqueconfig import (
+    GoogleTpuConfig,
     GpuConfig,
+    IommuConfig,
     MigDeviceConfig,
     MpsConfig,
     OpaqueConfigError,
     OpaqueConfigParser,
     Sharing,
     TpuConfig,
+    TpuLogging,
+    VfioDeviceConfig,
     effective,
+    effective_entry,
+    not_implemented,
 )
 
 GPU = "gpu.nvidia.com"
@@ -70,7 +76,8 @@ def test_alias_api_version_and_mig_kind() -> None:
             "sharing": {"strategy": "MPS"},
         },
     )
-    assert config == MigDeviceConfig(sharing=Sharing(strategy="MPS"))
+    # NVIDIA's Normalize gives MPS without settings an empty mpsConfig.
+    assert config == MigDeviceConfig(sharing=Sharing(strategy="MPS", mps=MpsConfig()))
 
 
 def test_tpu_config() -> None:
@@ -93,13 +100,13 @@ def test_tpu_config() -> None:
         (
             GPU,
             gpu_config(sharing={"strategy": "TimeSlicing", "timeSlicingConfig": {"intervall": "Long"}}),
-            "parameters.sharing.timeSlicingConfig.intervall: unknown field",
+            'parameters.sharing.timeSlicingConfig.intervall: unknown field "intervall"',
         ),
-        (GPU, gpu_config(shareing={}), "parameters.shareing: unknown field"),
+        (GPU, gpu_config(shareing={}), 'parameters.shareing: unknown field "shareing"'),
         (
             GPU,
             gpu_config(sharing={"strategy": "Exclusive"}),
-            "parameters.sharing.strategy: 'Exclusive' is not one of TimeSlicing, MPS",
+            "parameters.sharing.strategy: unknown GPU sharing strategy: Exclusive",
         ),
         (
             GPU,
@@ -109,7 +116,7 @@ def test_tpu_config() -> None:
         (
             GPU,
             gpu_config(sharing={"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 101}}),
-            "defaultActiveThreadPercentage: 101 is out of range (1..100)",
+            "defaultActiveThreadPercentage: active thread percentage must not be greater than 100",
         ),
         (
             GPU,
@@ -119,14 +126,15 @@ def test_tpu_config() -> None:
         (
             GPU,
             gpu_config(sharing={"strategy": "MPS", "timeSlicingConfig": {}}),
-            "parameters.sharing.timeSlicingConfig: only allowed with strategy TimeSlicing",
+            "parameters.sharing.timeSlicingConfig: cannot use TimeSlicingConfig with the 'MPS' strategy",
         ),
         (GPU, gpu_config(sharing={}), "parameters.sharing.strategy: required"),
         (GPU, gpu_config(sharing="MPS"), "parameters.sharing: must be an object, not a string"),
         (
             GPU,
             {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "TpuConfig"},
-            "parameters.kind: unknown kind 'TpuConfig' (expected GpuConfig, MigDeviceConfig)",
+            'parameters.kind: no kind "TpuConfig" is registered for version "resource.nvidia.com/v1beta1" '
+            "(expected GpuConfig, MigDeviceConfig, VfioDeviceConfig)",
         ),
         (GPU, {"kind": "GpuConfig"}, "parameters.apiVersion: required"),
         (
@@ -143,7 +151,7 @@ def test_tpu_config() -> None:
                 "kind": "MigDeviceConfig",
                 "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Short"}},
             },
-            "timeSlicingConfig: unknown field (time-slicing does not apply to MIG)",
+            'timeSlicingConfig: unknown field "timeSlicingConfig" (time-slicing does not apply to MIG)',
         ),
         (
             TPU,
@@ -201,7 +209,14 @@ def test_allocation_configs_skip_other_drivers_and_order_class_before_claim() ->
     assert other.sharing is not None
     assert other.sharing.time_slice_interval == "Long"
     assert effective(found, request="gpus/sub", device_kind="gpu") == chosen
-    assert effective(found, request="gpus", device_kind="mig") is None
+    # An entry for every request skips devices of another kind; one naming the request is an error
+    # there (NVIDIA: "cannot apply GpuConfig to device ... of type ...").
+    assert effective(found, request="other", device_kind="mig") is None
+    with pytest.raises(
+        OpaqueConfigError,
+        match=r"config\[0\]: cannot apply GpuConfig to device 'mig-0' of type 'mig' \(request: gpus\)",
+    ):
+        effective_entry(found, request="gpus", device_kind="mig", device_name="mig-0")
 
 
 def test_allocation_config_errors_point_at_the_entry() -> None:
@@ -210,3 +225,233 @@ def test_allocation_config_errors_point_at_the_entry() -> None:
         OpaqueConfigError, match=r"claim ns/c.config\[0\].opaque.parameters.extra: unknown field"
     ):
         parser.for_driver(driver=GPU, configs=configs, where="claim ns/c")
+
+
+# --- every kind the vendors' current drivers accept, with their defaults -------------------------
+
+
+def parse_gpu(kind: str, **fields: Any) -> Any:
+    return parser.parse(
+        driver=GPU, parameters={"apiVersion": "resource.nvidia.com/v1beta1", "kind": kind, **fields}
+    )
+
+
+def parse_tpu(api_version: str, **fields: Any) -> Any:
+    return parser.parse(driver=TPU, parameters={"apiVersion": api_version, "kind": "TpuConfig", **fields})
+
+
+def test_nvidia_defaults_follow_normalize() -> None:
+    # No sharing: nothing asked (NVIDIA's default with its sharing gates off).
+    assert parse_gpu("GpuConfig") == GpuConfig(sharing=None)
+    assert parse_gpu("MigDeviceConfig") == MigDeviceConfig(sharing=None)
+    # TimeSlicing without settings means the Default interval; MPS without settings an empty config.
+    assert parse_gpu("GpuConfig", sharing={"strategy": "TimeSlicing"}) == GpuConfig(
+        sharing=Sharing(strategy="TimeSlicing", time_slice_interval="Default")
+    )
+    mps = parse_gpu("GpuConfig", sharing={"strategy": "MPS"})
+    assert mps == GpuConfig(sharing=Sharing(strategy="MPS", mps=MpsConfig()))
+    assert mps.sharing.mps.multi_user is False
+
+
+def test_nvidia_mps_multi_user_and_zero_percentage() -> None:
+    config = parse_gpu(
+        "MigDeviceConfig",
+        sharing={"strategy": "MPS", "mpsConfig": {"multiUser": True, "defaultActiveThreadPercentage": 0}},
+    )
+    assert config == MigDeviceConfig(
+        sharing=Sharing(strategy="MPS", mps=MpsConfig(default_active_thread_percentage=0, multi_user=True))
+    )
+
+
+def test_nvidia_vfio_config_and_its_iommu_defaults() -> None:
+    assert parse_gpu("VfioDeviceConfig") == VfioDeviceConfig(
+        iommu=IommuConfig(backend_policy="LegacyOnly", enable_api_device=False)
+    )
+    assert parse_gpu("VfioDeviceConfig", iommu={}) == VfioDeviceConfig()
+    assert parse_gpu(
+        "VfioDeviceConfig", iommu={"backendPolicy": "PreferIommuFD", "enableAPIDevice": True}
+    ) == VfioDeviceConfig(iommu=IommuConfig(backend_policy="PreferIommuFD", enable_api_device=True))
+
+
+def test_google_tpu_logging_config_and_its_defaults() -> None:
+    assert parse_tpu("tpu.resource.google.com/v1alpha1") == GoogleTpuConfig(logging=None)
+    # stderrLevel defaults to level (Google's Normalize).
+    both = parse_tpu("tpu.resource.google.com/v1alpha1", logging={"level": 2})
+    assert both == GoogleTpuConfig(logging=TpuLogging(level=2, stderr_level=2))
+    assert both.env() == ("TPU_MIN_LOG_LEVEL=2", "TPU_STDERR_LOG_LEVEL=2")
+    split = parse_tpu("tpu.resource.google.com/v1alpha1", logging={"level": 0, "stderrLevel": 3})
+    assert split.env() == ("TPU_MIN_LOG_LEVEL=0", "TPU_STDERR_LOG_LEVEL=3")
+    only_stderr = parse_tpu("tpu.resource.google.com/v1alpha1", logging={"stderrLevel": 1})
+    assert only_stderr.env() == ("TPU_STDERR_LOG_LEVEL=1",)
+    assert GoogleTpuConfig().env() == ()
+
+
+@pytest.mark.parametrize(
+    ("driver", "parameters", "message"),
+    [
+        (
+            GPU,
+            gpu_config(sharing={"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Forever"}}),
+            "parameters.sharing.timeSlicingConfig.interval: unknown time-slice interval: Forever",
+        ),
+        (
+            GPU,
+            gpu_config(sharing={"strategy": "TimeSlicing", "mpsConfig": {}}),
+            "parameters.sharing.mpsConfig: cannot use MpsConfig with the 'TimeSlicing' strategy",
+        ),
+        (
+            GPU,
+            gpu_config(sharing={"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": -1}}),
+            "defaultActiveThreadPercentage: active thread percentage must not be negative",
+        ),
+        (
+            GPU,
+            gpu_config(sharing={"strategy": "MPS", "mpsConfig": {"multiUser": "yes"}}),
+            "parameters.sharing.mpsConfig.multiUser: must be a boolean, not a string",
+        ),
+        (
+            GPU,
+            gpu_config(sharing={"strategy": "MPS", "mpsConfig": {"multiuser": True}}),
+            'parameters.sharing.mpsConfig.multiuser: unknown field "multiuser"',
+        ),
+        (
+            GPU,
+            {
+                "apiVersion": "resource.nvidia.com/v1beta1",
+                "kind": "VfioDeviceConfig",
+                "iommu": {"backendPolicy": "Any"},
+            },
+            'parameters.iommu.backendPolicy: unknown IOMMU backend policy: "Any"',
+        ),
+        (
+            GPU,
+            {
+                "apiVersion": "resource.nvidia.com/v1beta1",
+                "kind": "VfioDeviceConfig",
+                "iommu": {"enableAPIDevice": 1},
+            },
+            "parameters.iommu.enableAPIDevice: must be a boolean, not a number",
+        ),
+        (
+            GPU,
+            {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "VfioDeviceConfig", "iommuConfig": {}},
+            'parameters.iommuConfig: unknown field "iommuConfig"',
+        ),
+        (
+            GPU,
+            {
+                "apiVersion": "resource.nvidia.com/v1beta1",
+                "kind": "ComputeDomainChannelConfig",
+                "domainID": "d",
+            },
+            "parameters.kind: ComputeDomainChannelConfig configures NVIDIA's compute-domain driver "
+            "(compute-domain.nvidia.com), not gpu.nvidia.com devices",
+        ),
+        (
+            GPU,
+            {
+                "apiVersion": "resource.nvidia.com/v1beta1",
+                "kind": "ComputeDomainDaemonConfig",
+                "domainID": "d",
+            },
+            "ComputeDomainDaemonConfig configures NVIDIA's compute-domain driver (compute-domain.nvidia.com)",
+        ),
+        (
+            GPU,
+            {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomain"},
+            'no kind "ComputeDomain" is registered for version "resource.nvidia.com/v1beta1"',
+        ),
+        (
+            TPU,
+            {"apiVersion": "tpu.resource.google.com/v1alpha1", "kind": "TpuConfig", "logging": {"level": 9}},
+            "parameters.logging.level: invalid level: 9, must be between 0 (INFO) and 3 (FATAL)",
+        ),
+        (
+            TPU,
+            {
+                "apiVersion": "tpu.resource.google.com/v1alpha1",
+                "kind": "TpuConfig",
+                "logging": {"stderrLevel": -1},
+            },
+            "parameters.logging.stderrLevel: invalid stderrLevel: -1, must be between 0 (INFO) and 3 (FATAL)",
+        ),
+        (
+            TPU,
+            {
+                "apiVersion": "tpu.resource.google.com/v1alpha1",
+                "kind": "TpuConfig",
+                "logging": {"level": "2"},
+            },
+            "parameters.logging.level: must be an integer, not a string",
+        ),
+        (
+            TPU,
+            {"apiVersion": "tpu.resource.google.com/v1alpha1", "kind": "TpuConfig", "loggingg": {"level": 1}},
+            'parameters.loggingg: unknown field "loggingg"',
+        ),
+        (
+            TPU,
+            # The two TPU groups do not share fields: workerId is this product's group only.
+            {"apiVersion": "tpu.resource.google.com/v1alpha1", "kind": "TpuConfig", "workerId": 0},
+            'parameters.workerId: unknown field "workerId"',
+        ),
+        (
+            TPU,
+            {"apiVersion": "tpu.resource.google.com/v1alpha1", "kind": "NotATpuConfig"},
+            'parameters.kind: no kind "NotATpuConfig" is registered for version '
+            '"tpu.resource.google.com/v1alpha1"',
+        ),
+        (
+            TPU,
+            {"apiVersion": "tpu.google.com/v1beta1", "kind": "TpuConfig"},
+            "parameters.apiVersion: 'tpu.google.com/v1beta1' is not one of "
+            "tpu.resource.google.com/v1alpha1, tpu.google.com/v1alpha1",
+        ),
+    ],
+)
+def test_vendor_kinds_refuse_wrong_values_in_the_vendors_words(
+    driver: str, parameters: Any, message: str
+) -> None:
+    with pytest.raises(OpaqueConfigError) as caught:
+        parser.parse(driver=driver, parameters=parameters)
+    assert message in str(caught.value)
+
+
+def test_what_this_driver_does_not_implement_says_so() -> None:
+    for sharing in ({"strategy": "TimeSlicing"}, {"strategy": "MPS"}):
+        reason = not_implemented(parse_gpu("GpuConfig", sharing=sharing))
+        assert reason is not None
+        assert f"GpuConfig sharing.strategy {sharing['strategy']}" in reason
+        assert "not implemented by this driver yet" in reason
+    multi = parse_gpu("MigDeviceConfig", sharing={"strategy": "MPS", "mpsConfig": {"multiUser": True}})
+    assert "MigDeviceConfig sharing.strategy MPS with mpsConfig.multiUser" in (not_implemented(multi) or "")
+    assert "VFIO passthrough is not implemented by this driver yet" in (
+        not_implemented(parse_gpu("VfioDeviceConfig")) or ""
+    )
+    # What is carried out (or asks for nothing) has no reason.
+    assert not_implemented(parse_gpu("GpuConfig")) is None
+    assert not_implemented(parse_gpu("MigDeviceConfig")) is None
+    assert not_implemented(parse_tpu("tpu.resource.google.com/v1alpha1", logging={"level": 1})) is None
+    assert not_implemented(parse_tpu("tpu.google.com/v1alpha1", workerId=0)) is None
+
+
+def test_the_two_tpu_groups_resolve_independently() -> None:
+    google = {"apiVersion": "tpu.resource.google.com/v1alpha1", "kind": "TpuConfig", "logging": {"level": 1}}
+    own = {"apiVersion": "tpu.google.com/v1alpha1", "kind": "TpuConfig", "iciResiliency": True}
+    configs = parser.for_driver(
+        driver=TPU,
+        configs=[
+            {"source": "FromClass", "opaque": {"driver": TPU, "parameters": google}},
+            {"source": "FromClaim", "opaque": {"driver": TPU, "parameters": own}},
+        ],
+        where="claim ns/c",
+    )
+    g = effective_entry(configs, request="tpus", device_kind="tpu", group="tpu.resource.google.com")
+    o = effective_entry(configs, request="tpus", device_kind="tpu", group="tpu.google.com")
+    assert g is not None
+    assert g.config == GoogleTpuConfig(logging=TpuLogging(level=1, stderr_level=1))
+    assert g.where == "claim ns/c.config[0]"
+    assert o is not None
+    assert o.config == TpuConfig(ici_resiliency=True)
+    # Without a group, the later (claim) entry wins outright.
+    assert effective(configs, request="tpus", device_kind="tpu") == TpuConfig(ici_resiliency=True)
