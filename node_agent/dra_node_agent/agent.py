@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -222,6 +223,18 @@ async def _served_version(api: client.ApiClient, *, stop: asyncio.Event) -> str 
     return None
 
 
+def _unregistered(runtimes: Sequence[DriverRuntime]) -> str | None:
+    """Why the agent is not ready: a driver the kubelet has not registered (or rejected)."""
+    for runtime in runtimes:
+        plugin = runtime.plugin
+        if plugin is None or plugin.registered:
+            continue
+        if plugin.registration_error:
+            return f"kubelet rejected driver {runtime.backend.driver}: {plugin.registration_error}"
+        return f"waiting for the kubelet to register driver {runtime.backend.driver}"
+    return None
+
+
 def _install_signal_handlers(stop: asyncio.Event) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -247,6 +260,7 @@ async def run_agent(settings: Settings, *, stop: asyncio.Event | None = None) ->
             runtimes.append(
                 await _start_driver(settings=settings, api=api, api_version=api_version, backend=backend)
             )
+        endpoints.not_ready_because = lambda: _unregistered(runtimes)
         endpoints.ready = True
         logger.info(
             "node agent ready on node %s: drivers %s",

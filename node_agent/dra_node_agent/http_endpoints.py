@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import prometheus_client
 from aiohttp import web
@@ -24,6 +25,9 @@ class HttpEndpoints:
     def __init__(self, *, address: str) -> None:
         self.address = address
         self.ready = False
+        self.not_ready_because: Callable[[], str | None] = lambda: None
+        """Once started: why the agent is not ready yet (the kubelet has not registered a driver),
+        or None. A rolling update waits on this before it stops the old agent."""
         self.port: int | None = None
         self._runner: web.AppRunner | None = None
 
@@ -31,9 +35,12 @@ class HttpEndpoints:
         return web.Response(text="ok\n")
 
     async def _readyz(self, request: web.Request) -> web.Response:
-        if self.ready:
-            return web.Response(text="ok\n")
-        return web.Response(status=503, text="starting\n")
+        if not self.ready:
+            return web.Response(status=503, text="starting\n")
+        reason = self.not_ready_because()
+        if reason is not None:
+            return web.Response(status=503, text=f"{reason}\n")
+        return web.Response(text="ok\n")
 
     async def _metrics(self, request: web.Request) -> web.Response:
         body = prometheus_client.generate_latest()

@@ -192,9 +192,10 @@ class Settings:
     instance: str = field(
         default="",
         metadata=_opt(
-            "Per-instance suffix for socket names (set it to the pod UID) so two agent pods can "
-            "overlap during a rolling update with maxSurge (kubelet 1.33+); empty uses the fixed "
-            "names, which a restarted agent reuses.",
+            "Per-instance suffix for socket names, so two agent pods can overlap during a rolling "
+            "update with maxSurge (kubelet 1.33+ uses the newest registration); the DaemonSet sets "
+            "POD_UID. Empty uses the fixed names, which a restarted agent reuses.",
+            env=("POD_UID",),
             metavar="ID",
         ),
     )

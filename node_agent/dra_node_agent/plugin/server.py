@@ -164,6 +164,7 @@ async def serve_plugin(
     )
     await asyncio.to_thread(sockets.make_directory, paths.plugin_dir, force_mode=True)
     await asyncio.to_thread(sockets.make_directory, paths.registration_socket.parent, force_mode=False)
+    await asyncio.to_thread(sockets.remove_dead_siblings, driver=driver, paths=paths)
 
     stopping = asyncio.Event()
     service = ClaimService(driver=driver, handler=handler, serialize=serialize)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import socket
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -106,3 +108,43 @@ def remove_socket(path: Path, *, inode: int | None) -> None:
         logger.info("left plugin socket %s in place: it now belongs to another instance", path)
         return
     path.unlink(missing_ok=True)
+
+
+def _dead(path: Path) -> bool:
+    """Whether ``path`` is a socket file nothing listens on any more."""
+    try:
+        if not stat.S_ISSOCK(path.lstat().st_mode):
+            return False
+    except FileNotFoundError:
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(path))
+        except (ConnectionRefusedError, FileNotFoundError):
+            return True
+        except OSError:
+            return False  # busy or slow: not provably dead
+    return False
+
+
+def remove_dead_siblings(*, driver: str, paths: PluginPaths) -> list[Path]:
+    """Remove the sockets other instances of ``driver`` left behind when they were killed.
+
+    With per-instance names (a rolling update) a killed pod's sockets are never reused, and the
+    kubelet would keep a registration for them; live ones (the other pod during an update) stay.
+    Returns what was removed.
+    """
+    candidates = [
+        *paths.registration_socket.parent.glob(f"{driver}-reg.sock"),
+        *paths.registration_socket.parent.glob(f"{driver}-*-reg.sock"),
+        *paths.plugin_dir.glob("dra*.sock"),
+    ]
+    removed = []
+    for path in candidates:
+        if path in (paths.registration_socket, paths.dra_socket) or not _dead(path):
+            continue
+        path.unlink(missing_ok=True)
+        logger.info("removed plugin socket %s: no instance listens on it any more", path)
+        removed.append(path)
+    return removed

@@ -129,10 +129,12 @@ class AgentProcess:
     process: subprocess.Popen[bytes] | None = None
     starts: int = 0
     metrics_port: int = field(default_factory=free_port)
+    log_name: str = "agent.log"
+    """Two agents on one node's folders (a rolling update) keep separate logs."""
 
     @property
     def log_path(self) -> Path:
-        return self.dirs.root / "agent.log"
+        return self.dirs.root / self.log_name
 
     def argv(self) -> list[str]:
         return [

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 
 from dra_devcluster import LocalCluster
+from dra_devcluster.kubelet import KubeletPluginClient
 
 from .agentproc import GPU, TPU, AgentProcess
 from .conftest import node_slices, wait_slices, wait_until
 
 pytestmark = pytest.mark.cluster
+
+
+async def _register(agent: AgentProcess, driver: str) -> None:
+    async with await KubeletPluginClient.register_driver(agent.dirs.registry, driver=driver):
+        pass
 
 
 def _uid(obj: dict[str, Any]) -> str:
@@ -24,6 +31,11 @@ def test_slices_for_both_drivers_with_owner_and_pool(
     agent.profiles = ("h100-80gb-x8", "tpu-v6e-2x4")
     agent.start()
     assert agent.http_get("/healthz") == (200, "ok\n")
+    # Ready only once the kubelet registered each driver (a rolling update waits on it).
+    status, text = agent.http_get("/readyz")
+    assert (status, text) == (503, f"waiting for the kubelet to register driver {GPU}\n")
+    for driver in (GPU, TPU):
+        asyncio.run(_register(agent, driver))
     wait_until(lambda: agent.http_get("/readyz") == (200, "ok\n"), timeout=30, what="/readyz to pass")
     node_uid = local_cluster.get_json("node", node)["metadata"]["uid"]
     for driver, prefix in ((GPU, "gpu-"), (TPU, "tpu-")):

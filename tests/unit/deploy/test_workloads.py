@@ -116,8 +116,12 @@ def test_agent_rollout_keeps_prepared_claims(rendered: dict[str, list[Obj]], ove
     daemonset, spec, container = _daemonset(rendered[overlay])
     strategy = daemonset["spec"]["updateStrategy"]
     assert strategy["type"] == "RollingUpdate"
-    assert strategy["rollingUpdate"]["maxUnavailable"] == 1
-    assert strategy["rollingUpdate"].get("maxSurge", 0) == 0, "two agents would serve one node's sockets"
+    # The new pod starts beside the old one (per-pod socket names from POD_UID) and the old one
+    # stops only once the new one is ready, which is once the kubelet registered it.
+    assert strategy["rollingUpdate"]["maxUnavailable"] == 0
+    assert strategy["rollingUpdate"]["maxSurge"] == 1
+    env = {e["name"]: e for e in container["env"]}
+    assert env["POD_UID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.uid"
     # The checkpoint outlives the pod only on the host.
     volumes = {v["name"]: v for v in spec["volumes"]}
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}

@@ -73,7 +73,8 @@ def test_help_reads_like_a_reference(capsys: pytest.CaptureFixture[str]) -> None
         assert needle in text
 
 
-def test_instance_is_opt_in() -> None:
-    # The DaemonSet sets POD_UID for other uses; per-instance socket names must be asked for.
-    assert load([], {"NODE_NAME": "n", "POD_UID": "1234"}).instance == ""
-    assert load([], {"NODE_NAME": "n", "DRA_AGENT_INSTANCE": "1234"}).instance == "1234"
+def test_instance_comes_from_the_pod_uid() -> None:
+    # Per-pod socket names, so an old and a new agent pod overlap during a rolling update.
+    assert load([], {"NODE_NAME": "n"}).instance == ""
+    assert load([], {"NODE_NAME": "n", "POD_UID": "1234"}).instance == "1234"
+    assert load([], {"NODE_NAME": "n", "POD_UID": "1234", "DRA_AGENT_INSTANCE": "5678"}).instance == "5678"
