@@ -68,7 +68,7 @@ def node_slice(n: int) -> dict[str, Any]:
                     "cudaComputeCapability": {"version": cc},
                     "driverVersion": {"version": "580.65.6"},
                     "cudaDriverVersion": {"version": "13.0.0"},
-                    "pcieBusID": {"string": f"0000:{bus:02x}:00.0"},
+                    "resource.kubernetes.io/pciBusID": {"string": f"0000:{bus:02x}:00.0"},
                     # two GPUs per PCIe root complex
                     "resource.kubernetes.io/pcieRoot": {"string": f"pci0000:{(i // 2) * 0x40:02x}"},
                 },

@@ -38,7 +38,7 @@ def gpu_devices(count: int, *, node: str) -> list[Obj]:
 def tpu_devices(count: int) -> list[Obj]:
     return [
         {
-            "name": f"tpu-{i}",
+            "name": f"accel{i}",
             "attributes": {"index": {"int": i}, "tpuGen": {"string": "v6e"}},
             "capacity": {"hbm": {"value": "32Gi"}},
         }

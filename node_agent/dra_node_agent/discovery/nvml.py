@@ -1,7 +1,7 @@
 """NVIDIA GPUs and MIG devices through NVML (`pynvml` from the nvidia-ml-py distribution).
 
 Attribute names follow NVIDIA's DRA driver (`gpu.nvidia.com`): a full GPU is `gpu-<minor>` with
-`type=gpu`; a GPU in MIG mode publishes its MIG devices (`gpu-<minor>-mig-<profile>-<start>`,
+`type=gpu`; a GPU in MIG mode publishes its MIG devices (`gpu-<minor>-mig-<profile>-<gi profile id>-<start>`,
 `type=mig`) instead of itself. All NVML calls happen in `discover_sync`, which the async
 `discover` runs in a worker thread; NVML is initialised and shut down around each pass.
 """
@@ -267,7 +267,7 @@ class NvmlBackend:
             "architecture": string_attr(architecture),
             "cudaComputeCapability": version_attr(f"{int(major)}.{int(minor_cc)}"),
             **system,
-            "pcieBusID": string_attr(bus_id),
+            # NVIDIA's driver dropped its own pcieBusID for the standard attribute; so does this one.
             f"{STANDARD_ATTRIBUTE_DOMAIN}/pciBusID": string_attr(bus_id),
         }
         root = pcie_root(self._sysfs_root, bus_id)
@@ -383,7 +383,8 @@ class NvmlBackend:
             profile_index=profiles.get(int(gi_info.profileId)),
         )
         start = int(gi_info.placement.start)
-        name = f"gpu-{minor}-mig-{dns_label(profile)}-{start}"
+        # NVIDIA's canonical name: parent minor, profile, GPU-instance profile ID, placement start.
+        name = f"gpu-{minor}-mig-{dns_label(profile)}-{int(gi_info.profileId)}-{start}"
         if ci_slices != gi_slices:
             name += f"-{ci_id}"  # several compute instances share this GPU instance
         attributes = {

@@ -310,7 +310,8 @@ class TpuBackend:
         if chip.numa_node is not None:
             attributes["numaNode"] = int_attr(chip.numa_node)
         return DiscoveredDevice(
-            name=f"tpu-{index}",
+            # Google's driver names a chip by its device file: accelN, or its VFIO group number.
+            name=chip.local_id or f"tpu-{index}",
             kind="tpu",
             uuid=chip_uuid,
             attributes=attributes,

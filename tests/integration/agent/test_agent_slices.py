@@ -38,7 +38,8 @@ def test_slices_for_both_drivers_with_owner_and_pool(
         asyncio.run(_register(agent, driver))
     wait_until(lambda: agent.http_get("/readyz") == (200, "ok\n"), timeout=30, what="/readyz to pass")
     node_uid = local_cluster.get_json("node", node)["metadata"]["uid"]
-    for driver, prefix in ((GPU, "gpu-"), (TPU, "tpu-")):
+    # Names as the vendors publish them: gpu-N; a v6e chip by its VFIO group number.
+    for driver, prefix in ((GPU, "gpu-"), (TPU, "")):
         (slice_obj,) = wait_slices(local_cluster, node, driver=driver)
         spec = slice_obj["spec"]
         assert slice_obj["apiVersion"] == "resource.k8s.io/v1"

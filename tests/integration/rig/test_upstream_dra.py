@@ -240,7 +240,7 @@ spec:
     )
     pod_obj, claim = _wait_allocated_and_bound(local_cluster, ns, "tpu-pod")
     devices = sorted(r["device"] for r in claim["status"]["allocation"]["devices"]["results"])
-    assert devices == sorted(f"tpu-{i}" for i in range(8))
+    assert devices == sorted(f"accel{i}" for i in range(8))
     assert pod_obj["spec"]["nodeName"] == "rig-tpu-a"
 
 

@@ -206,7 +206,7 @@ async def test_google_tpu_logging_reaches_the_containers_environment(
     handler, claims = tpu
     claims.objects["c"] = claim(
         TPU,
-        [("tpus", f"tpu-{i}") for i in range(4)],
+        [("tpus", f"accel{i}") for i in range(4)],
         [
             entry(
                 TPU,
@@ -228,7 +228,7 @@ async def test_conflicting_tpu_logging_across_requests_is_refused(tpu: tuple[Pre
     handler, claims = tpu
     claims.objects["c"] = claim(
         TPU,
-        [("a", "tpu-0"), ("a", "tpu-1"), ("b", "tpu-2"), ("b", "tpu-3")],
+        [("a", "accel0"), ("a", "accel1"), ("b", "accel2"), ("b", "accel3")],
         [
             entry(
                 TPU, {"apiVersion": GOOGLE_TPU, "kind": "TpuConfig", "logging": {"level": 1}}, requests=["a"]
@@ -246,7 +246,7 @@ async def test_own_tpu_config_shapes_the_claims_environment(tpu: tuple[PrepareHa
     handler, claims = tpu
     claims.objects["c"] = claim(
         TPU,
-        [("tpus", f"tpu-{i}") for i in range(4)],
+        [("tpus", f"accel{i}") for i in range(4)],
         [entry(TPU, {"apiVersion": OWN_TPU, "kind": "TpuConfig", "iciResiliency": True})],
     )
     assert (await handler.prepare([REF]))["uid-1"].error == ""
@@ -257,7 +257,7 @@ async def test_conflicting_own_tpu_configs_are_refused(tpu: tuple[PrepareHandler
     handler, claims = tpu
     claims.objects["c"] = claim(
         TPU,
-        [("a", "tpu-0"), ("a", "tpu-1"), ("b", "tpu-2"), ("b", "tpu-3")],
+        [("a", "accel0"), ("a", "accel1"), ("b", "accel2"), ("b", "accel3")],
         [
             entry(TPU, {"apiVersion": OWN_TPU, "kind": "TpuConfig", "iciResiliency": True}, requests=["a"]),
             entry(TPU, {"apiVersion": OWN_TPU, "kind": "TpuConfig", "iciResiliency": False}, requests=["b"]),

@@ -104,7 +104,6 @@ async def test_full_gpus_are_named_by_minor_with_nvidia_attributes(
             "cudaComputeCapability": {"version": "9.0.0"},
             "cudaDriverVersion": {"version": "12.9.0"},
             "driverVersion": {"version": "580.65.6"},
-            "pcieBusID": {"string": "0000:1b:00.0"},
             "productName": {"string": "NVIDIA H100 80GB HBM3"},
             "resource.kubernetes.io/pciBusID": {"string": "0000:1b:00.0"},
             "resource.kubernetes.io/pcieRoot": {"string": "pci0000:15"},
@@ -149,8 +148,8 @@ async def test_mig_enabled_gpu_publishes_its_mig_devices_instead(install: Instal
     inventory = await NvmlBackend(proc_root=tmp_path / "proc", sysfs_root=tmp_path / "sys").discover()
 
     names = [d.name for d in inventory.devices]
-    assert names == ["gpu-0-mig-1g5gb-0", "gpu-0-mig-1g5gb-me-1", "gpu-0-mig-3g20gb-4", "gpu-1"]
-    mig = inventory.by_name()["gpu-0-mig-3g20gb-4"]
+    assert names == ["gpu-0-mig-1g5gb-19-0", "gpu-0-mig-1g5gb-me-20-1", "gpu-0-mig-3g20gb-9-4", "gpu-1"]
+    mig = inventory.by_name()["gpu-0-mig-3g20gb-9-4"]
     rendered = mig.to_slice_device()
     assert rendered["attributes"]["type"] == {"string": "mig"}
     assert rendered["attributes"]["profile"] == {"string": "3g.20gb"}
@@ -166,7 +165,7 @@ async def test_mig_enabled_gpu_publishes_its_mig_devices_instead(install: Instal
         "multiprocessors": {"value": "42"},
         "ofaEngines": {"value": "0"},
     }
-    assert inventory.by_name()["gpu-0-mig-1g5gb-me-1"].attributes["profile"].value == "1g.5gb+me"
+    assert inventory.by_name()["gpu-0-mig-1g5gb-me-20-1"].attributes["profile"].value == "1g.5gb+me"
     assert mig.parent_uuid == "GPU-a100-0"
     # The parent node plus the GPU- and compute-instance capability nodes from /proc.
     paths = [n.path for n in mig.edits.device_nodes]

@@ -87,7 +87,8 @@ async def test_h100_profile_devices(tmp_path: Path) -> None:
     gpu = inventory.devices[3].to_slice_device()
     assert gpu["capacity"] == {"memory": {"value": "81559Mi"}}
     assert gpu["attributes"]["productName"] == {"string": "NVIDIA H100 80GB HBM3"}
-    assert gpu["attributes"]["pcieBusID"] == {"string": "0000:61:00.0"}
+    assert gpu["attributes"]["resource.kubernetes.io/pciBusID"] == {"string": "0000:61:00.0"}
+    assert "pcieBusID" not in gpu["attributes"]  # removed by NVIDIA's driver, and here
     assert gpu["attributes"]["resource.kubernetes.io/pcieRoot"] == {"string": "pci0000:5a"}
     assert gpu["attributes"]["uuid"]["string"].startswith("GPU-")
 
@@ -101,7 +102,7 @@ async def test_a100_mig_profile_devices(tmp_path: Path) -> None:
     assert kinds.count("gpu") == 5
     profiles = sorted(str(d.attributes["profile"].value) for d in inventory.devices if d.kind == "mig")
     assert profiles == ["1g.5gb"] * 9 + ["2g.10gb", "3g.20gb", "3g.20gb", "4g.20gb"]
-    assert "gpu-2-mig-4g20gb-0" in inventory.by_name()
+    assert "gpu-2-mig-4g20gb-5-0" in inventory.by_name()
 
 
 async def test_simulated_nvidia_is_the_nvml_backend_over_a_fake(tmp_path: Path) -> None:
@@ -199,5 +200,6 @@ def test_command_line_prints_the_slice_devices(capsys: pytest.CaptureFixture[str
     assert main(["--profile", "tpu-v5e-2x2", "--node-name", "n1"]) == 0
     (document,) = list(yaml.safe_load_all(capsys.readouterr().out))
     assert document["driver"] == "tpu.google.com"
-    assert [d["name"] for d in document["devices"]] == ["tpu-0", "tpu-1", "tpu-2", "tpu-3"]
+    # Named as Google's driver names them: by VFIO group (v5e), else accelN.
+    assert [d["name"] for d in document["devices"]] == ["0", "1", "2", "3"]
     assert document["errors"] == []

@@ -41,7 +41,10 @@ async def test_tpu_hosts(
     inventory = await backend(host).discover()
 
     assert inventory.driver == "tpu.google.com"
-    assert [d.name for d in inventory.devices] == [f"tpu-{i}" for i in range(chips)]
+    # Named as Google's driver names them: by device file, accelN or the VFIO group number.
+    assert [d.name for d in inventory.devices] == [d.local_id for d in inventory.devices]
+    assert inventory.devices[0].name == first_node.rsplit("/", 1)[1]
+    assert len(inventory.devices) == chips
     assert check_inventory(inventory) == []
     first = inventory.devices[0].to_slice_device()
     attrs = first["attributes"]

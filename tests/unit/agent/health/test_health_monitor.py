@@ -239,7 +239,7 @@ async def test_tpu_presence(tmp_path: Path) -> None:
     inventory = TpuBackend(
         node_name="tpu-node", sysfs_root=tmp_path / "sys", dev_root=tmp_path / "dev", tpu_env_path=None
     ).discover_sync()
-    assert [d.name for d in inventory.devices] == ["tpu-0", "tpu-1"], inventory.errors
+    assert [d.name for d in inventory.devices] == ["accel0", "accel1"], inventory.errors
     clock = Clock()
     mon = HealthMonitor(
         driver="unit-health.google.com",
@@ -254,13 +254,13 @@ async def test_tpu_presence(tmp_path: Path) -> None:
     (tmp_path / "dev" / "accel1").unlink()
     clock.advance(10)
     await mon.check()
-    assert mon.taints_for("tpu-1")[0]["key"] == "unit-health.google.com/unhealthy"
-    assert mon.taints_for("tpu-1")[0]["value"] == "device-node-missing"
-    assert "accel1" in mon.states()["tpu-1"].message()
+    assert mon.taints_for("accel1")[0]["key"] == "unit-health.google.com/unhealthy"
+    assert mon.taints_for("accel1")[0]["value"] == "device-node-missing"
+    assert "accel1" in mon.states()["accel1"].message()
     (tmp_path / "dev" / "accel1").touch()
     clock.advance(SETTINGS.recovery_period)
     await mon.check()
-    assert mon.states()["tpu-1"].state is State.HEALTHY
+    assert mon.states()["accel1"].state is State.HEALTHY
 
 
 async def test_nvml_that_cannot_start_leaves_devices_unknown(fake: FakeNvmlHealth, tmp_path: Path) -> None:

@@ -102,10 +102,10 @@ def test_mig_event_goes_to_its_instance_and_whole_gpu_events_to_all(
     _, got = started
     a100 = fake.gpus[2].uuid
     fake.inject_xid(a100, 94, gi=7, ci=0)
-    assert got.next_observation().device == "gpu-2-mig-1g5gb-0"
+    assert got.next_observation().device == "gpu-2-mig-1g5gb-19-0"
     fake.inject_event(a100, event_type=pynvml.nvmlEventTypeDoubleBitEccError)
     hit = {got.next_observation().device, got.next_observation().device}
-    assert hit == {"gpu-2-mig-1g5gb-0", "gpu-2-mig-3g20gb-4"}
+    assert hit == {"gpu-2-mig-1g5gb-19-0", "gpu-2-mig-3g20gb-9-4"}
 
 
 def test_lost_gpu_during_wait_marks_the_gpu_that_is_lost(
@@ -115,7 +115,7 @@ def test_lost_gpu_during_wait_marks_the_gpu_that_is_lost(
     fake.lose(fake.gpus[2].uuid)
     seen = {got.next_observation(), got.next_observation()}
     assert {o.kind for o in seen} == {ProblemKind.GPU_LOST}
-    assert {o.device for o in seen} == {"gpu-2-mig-1g5gb-0", "gpu-2-mig-3g20gb-4"}
+    assert {o.device for o in seen} == {"gpu-2-mig-1g5gb-19-0", "gpu-2-mig-3g20gb-9-4"}
     assert got.observations.empty()
 
 
@@ -126,7 +126,7 @@ def test_lost_gpu_nobody_owns_marks_every_device(
     fake.event_sets[0].queue.put(pynvml.NVML_ERROR_GPU_IS_LOST)  # every GPU still answers
     seen = {got.next_observation() for _ in range(4)}
     assert {o.kind for o in seen} == {ProblemKind.GPU_LOST}
-    assert {o.device for o in seen} == {"gpu-0", "gpu-1", "gpu-2-mig-1g5gb-0", "gpu-2-mig-3g20gb-4"}
+    assert {o.device for o in seen} == {"gpu-0", "gpu-1", "gpu-2-mig-1g5gb-19-0", "gpu-2-mig-3g20gb-9-4"}
     assert {o.message for o in seen} == {"NVML reports a lost GPU it cannot name"}
 
 
@@ -173,7 +173,7 @@ def test_poll_reads_telemetry_in_base_units(fake: FakeNvmlHealth, tmp_path: Path
     assert telemetry.ecc_errors[("corrected", "aggregate")] == 12
     assert telemetry.remapped_rows == {"correctable": 3, "uncorrectable": 0}
     assert telemetry.row_remap_failure is False
-    assert "gpu-2-mig-1g5gb-0" not in result.telemetry  # MIG devices: health only
+    assert "gpu-2-mig-1g5gb-19-0" not in result.telemetry  # MIG devices: health only
     assert {o.device for o in result.observations if o.kind is None} == {d.name for d in devices}
 
 
@@ -192,8 +192,8 @@ def test_poll_problems_row_remap_new_uncorrected_ecc_and_lost(fake: FakeNvmlHeal
     assert problems == {
         ("gpu-0", "row-remap-failure"),
         ("gpu-1", "ecc-uncorrected"),
-        ("gpu-2-mig-1g5gb-0", "over-temperature"),
-        ("gpu-2-mig-3g20gb-4", "over-temperature"),
+        ("gpu-2-mig-1g5gb-19-0", "over-temperature"),
+        ("gpu-2-mig-3g20gb-9-4", "over-temperature"),
     }
     # The ECC count did not move again: no new problem from it.
     fake.lose(fake.gpus[1].uuid, via_event=False)
