@@ -134,6 +134,7 @@ class LocalCluster:
     _components: list[_Component] = field(default_factory=list, init=False)
     _pki: ClusterPKI | None = field(default=None, init=False)
     _real_nodes: list[RealNode] = field(default_factory=list, init=False)
+    _nodes_started: int = field(default=0, init=False)
     _node_proxy: NodeProxy | None = field(default=None, init=False)
     _images: list[ImageArchive] = field(default_factory=list, init=False)
     _apiserver_port: int = field(default=0, init=False)
@@ -563,14 +564,21 @@ class LocalCluster:
             self._images = build_images(self.workdir / "images")
         # Unix socket paths are limited to 107 bytes: a node's folder sits under the cluster's when
         # that path is short, else under a short temporary one linked from there.
+        if any(n.name == name for n in self._real_nodes):
+            raise ValueError(f"a real node named {name} is already running")
         (self.workdir / "nodes").mkdir(exist_ok=True)
         root = self.workdir / "nodes" / name
+        if root.is_symlink() or root.exists():
+            # A node of this name ran before and was removed: the new one starts afresh.
+            root.rename(root.with_name(f"{name}.removed-{self._nodes_started}"))
         if len(str(root)) > _NODE_ROOT_LIMIT:
             root = Path(tempfile.mkdtemp(prefix="dra-node-")) / name
             (self.workdir / "nodes" / name).symlink_to(root)
+        # Never reused, so a node added after a removal gets a subnet and bridge of its own.
+        self._nodes_started += 1
         node = RealNode(
             name=name,
-            index=len(self._real_nodes) + 1,
+            index=self._nodes_started,
             root=root,
             binaries=binaries,
             ca=self._pki.ca,

@@ -131,6 +131,10 @@ class AgentProcess:
     metrics_port: int = field(default_factory=free_port)
     log_name: str = "agent.log"
     """Two agents on one node's folders (a rolling update) keep separate logs."""
+    wait_kubelet: bool = False
+    """With a real kubelet: ``start`` also waits until it registered every driver (``/readyz``),
+    so a pod created next never meets an unregistered driver (the kubelet retries such a prepare
+    only at its next pod sync, a minute later)."""
 
     @property
     def log_path(self) -> Path:
@@ -191,10 +195,18 @@ class AgentProcess:
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
                 raise RuntimeError(f"agent exited with {self.process.returncode}:\n{self.log_tail()}")
-            if all(_accepts(self.dirs.registration_socket(d)) for d in drivers):
+            if all(_accepts(self.dirs.registration_socket(d)) for d in drivers) and (
+                not self.wait_kubelet or self._registered()
+            ):
                 return
             time.sleep(0.1)
         raise TimeoutError(f"agent on {self.node} did not serve within {timeout} s:\n{self.log_tail()}")
+
+    def _registered(self) -> bool:
+        try:
+            return self.http_get("/readyz") == (200, "ok\n")
+        except OSError:
+            return False
 
     def kill(self) -> None:
         """SIGKILL: no clean-up at all, as after an OOM kill or a node-level crash."""

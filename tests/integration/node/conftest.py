@@ -151,6 +151,7 @@ def node_with_agent(
         kubeconfig=agent_kubeconfig(local_cluster),
         # Faults are polled every second and a device recovers after 8 s without a new one.
         extra_env={"DRA_AGENT_HEALTH_POLL_INTERVAL": "1", "DRA_AGENT_HEALTH_RECOVERY_PERIOD": "8"},
+        wait_kubelet=True,
     )
     try:
         local_cluster.create_namespace(NAMESPACE)
@@ -158,9 +159,11 @@ def node_with_agent(
         agent.start()
         yield NodeWithAgent(cluster=local_cluster, node=node, agent=agent)
     finally:
+        # Waited for, while the agent still unprepares the pods' claims: the next module's node
+        # starts in a namespace of the same name.
+        local_cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=true", "--timeout=120s", check=False)
         if agent.process is not None:
             agent.stop()
-        local_cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
         local_cluster.kubectl("delete", "deviceclass", CLASS, "--ignore-not-found", check=False)
         local_cluster.remove_real_node(NODE)
 
