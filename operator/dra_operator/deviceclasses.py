@@ -26,23 +26,33 @@ def gpu_selector(driver: str, device_type: str) -> str:
     return f'device.driver == "{driver}" && device.attributes["{driver}"].type == "{device_type}"'
 
 
-def desired_classes(settings: Settings) -> dict[str, dict[str, Any]]:
-    """The classes the operator keeps, by name (same selectors as the vendors' drivers)."""
+EXTENDED = "extendedResourceName"
+
+
+def desired_classes(settings: Settings, *, extended_resources: bool = True) -> dict[str, dict[str, Any]]:
+    """The classes the operator keeps, by name (same selectors as the vendors' drivers; the GPU and
+    TPU classes serve their extended resources unless ``extended_resources`` is False)."""
     wanted = {
-        settings.gpu_class: gpu_selector(settings.gpu_driver, "gpu"),
-        settings.tpu_class: f'device.driver == "{settings.tpu_driver}"',
+        settings.gpu_class: (gpu_selector(settings.gpu_driver, "gpu"), settings.gpu_extended_resource_name),
+        settings.tpu_class: (
+            f'device.driver == "{settings.tpu_driver}"',
+            settings.tpu_extended_resource_name,
+        ),
     }
     if settings.mig_enabled:
-        wanted[settings.mig_class] = gpu_selector(settings.gpu_driver, "mig")
-    return {
-        name: {
+        wanted[settings.mig_class] = (gpu_selector(settings.gpu_driver, "mig"), "")
+    classes = {}
+    for name, (expression, extended) in wanted.items():
+        spec: dict[str, Any] = {"selectors": [{"cel": {"expression": expression}}]}
+        if extended and extended_resources:
+            spec[EXTENDED] = extended
+        classes[name] = {
             "apiVersion": "resource.k8s.io/v1",
             "kind": "DeviceClass",
             "metadata": {"name": name, "labels": {MANAGED_BY_LABEL: MANAGED_BY_VALUE}},
-            "spec": {"selectors": [{"cel": {"expression": expression}}]},
+            "spec": spec,
         }
-        for name, expression in wanted.items()
-    }
+    return classes
 
 
 def is_managed(obj: Mapping[str, Any]) -> bool:
@@ -51,11 +61,14 @@ def is_managed(obj: Mapping[str, Any]) -> bool:
 
 
 def drifted(actual: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
-    """Whether a managed class's selectors differ from what the operator wants. Other spec fields
-    (config, extendedResourceName) are the administrator's to add and are left alone."""
-    have = (actual.get("spec") or {}).get("selectors") or []
-    want = desired["spec"]["selectors"]
-    return bool(have != want)
+    """Whether a managed class's selectors, or the extended resource it should serve, differ from
+    what the operator wants. Other spec fields (config) are the administrator's and are left alone,
+    as is an extended resource the operator was told not to set."""
+    spec = actual.get("spec") or {}
+    if (spec.get("selectors") or []) != desired["spec"]["selectors"]:
+        return True
+    want = desired["spec"].get(EXTENDED)
+    return want is not None and spec.get(EXTENDED) != want
 
 
 def default_compiler() -> Compiler:
@@ -86,6 +99,8 @@ class DeviceClassKeeper:
         self.api = api
         self.settings = settings
         self.desired = desired_classes(settings)
+        self.extended_resources = True
+        """False once the API server showed it drops DeviceClass.spec.extendedResourceName."""
         self._compiler = compiler
         self._reported: dict[str, tuple[int, str]] = {}
 
@@ -111,28 +126,50 @@ class DeviceClassKeeper:
             created = await self.api.create_device_class(desired)
             if created is not None:
                 logger.info("created DeviceClass %s", name)
+                self._check_served(desired, created)
             return
         if not is_managed(obj):
             logger.info("DeviceClass %s exists without the managed-by label; leaving it alone", name)
             return
         if drifted(obj, desired):
             meta = obj.get("metadata") or {}
+            spec = {k: v for k, v in desired["spec"].items() if k in ("selectors", EXTENDED)}
             try:
-                await self.api.patch_device_class(
+                patched = await self.api.patch_device_class(
                     name=name,
-                    body={
-                        "metadata": {"resourceVersion": meta.get("resourceVersion")},
-                        "spec": {"selectors": desired["spec"]["selectors"]},
-                    },
+                    body={"metadata": {"resourceVersion": meta.get("resourceVersion")}, "spec": spec},
                 )
             except (Conflict, Gone):
                 return  # a newer version is on its way through the watch; judged then
             logger.info("repaired drifted DeviceClass %s", name)
+            self._check_served(desired, patched)
+            fields = " and ".join(f"spec.{k}" for k in spec)
             await self.api.post_event(
                 involved=_involved(obj),
                 type_="Normal",
                 reason="DeviceClassRepaired",
-                message=f"DeviceClass {name}: spec.selectors reset to the driver's selectors",
+                message=f"DeviceClass {name}: {fields} reset to the driver's",
+            )
+
+    def _check_served(self, desired: Mapping[str, Any], returned: Mapping[str, Any]) -> None:
+        """An API server that does not know extendedResourceName (DRAExtendedResource off, or
+        Kubernetes before 1.34) drops it: stop asking for it, or the repair would never end."""
+        if EXTENDED in desired["spec"] and EXTENDED not in (returned.get("spec") or {}):
+            self.extended_resources = False
+            self.desired = desired_classes(self.settings, extended_resources=False)
+            logger.warning(
+                "the API server dropped DeviceClass.spec.%s (DRAExtendedResource off, or Kubernetes "
+                "before 1.34): the driver's classes are kept without it, so pods asking for %s "
+                "through resources.limits are not served by DRA",
+                EXTENDED,
+                " or ".join(
+                    n
+                    for n in (
+                        self.settings.gpu_extended_resource_name,
+                        self.settings.tpu_extended_resource_name,
+                    )
+                    if n
+                ),
             )
 
     async def validate(self, obj: Mapping[str, Any]) -> None:

@@ -61,6 +61,14 @@ class Settings:
     mig_enabled: bool = False
     """Whether to create and keep the MIG DeviceClass."""
 
+    gpu_extended_resource_name: str = "nvidia.com/gpu"
+    """Extended resource the GPU class serves (DeviceClass.spec.extendedResourceName, Kubernetes
+    1.34+ with DRAExtendedResource), so device-plugin style pods (``limits: nvidia.com/gpu: 1``) get
+    GPUs through DRA; empty leaves it out. Left out too when the API server does not know the field."""
+
+    tpu_extended_resource_name: str = "google.com/tpu"
+    """Extended resource the TPU class serves (as for the GPU class); empty leaves it out."""
+
     manage_device_classes: bool = True
     """Whether to create the driver's DeviceClasses and repair them when they drift."""
 

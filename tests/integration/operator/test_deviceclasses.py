@@ -19,6 +19,12 @@ def _selectors(cluster: LocalCluster, name: str) -> list[dict[str, Any]] | None:
     return selectors
 
 
+def _extended(cluster: LocalCluster, name: str) -> str | None:
+    spec = cluster.get_json("deviceclass", name).get("spec") or {}
+    value = spec.get("extendedResourceName")
+    return str(value) if value is not None else None
+
+
 def test_managed_classes_are_kept_and_user_classes_left_alone(
     local_cluster: LocalCluster, operators: Operators, scratch: list[tuple[str, ...]]
 ) -> None:
@@ -39,6 +45,21 @@ def test_managed_classes_are_kept_and_user_classes_left_alone(
     gpu = operators.gpu_class
     wanted = local_cluster.wait_for(lambda: _selectors(local_cluster, gpu), what="GPU class created")
     assert 'device.attributes["gpu.nvidia.com"].type == "gpu"' in wanted[0]["cel"]["expression"]
+    # It serves device-plugin style pods (`limits: nvidia.com/gpu`), and keeps doing so.
+    assert _extended(local_cluster, gpu) == "nvidia.com/gpu"
+    local_cluster.kubectl(
+        "patch",
+        "deviceclass",
+        gpu,
+        "--type=json",
+        "-p",
+        json.dumps([{"op": "remove", "path": "/spec/extendedResourceName"}]),
+    )
+    local_cluster.wait_for(
+        lambda: _extended(local_cluster, gpu) == "nvidia.com/gpu",
+        timeout=60,
+        what="extended resource put back",
+    )
 
     # Drift: someone edits the managed class's selectors; the operator puts them back.
     local_cluster.kubectl(
