@@ -62,10 +62,23 @@ def test_demo_runs_the_examples_on_real_nodes_and_shows_their_devices(workdir: P
     output = _run_demo(workdir)
     # What the containers printed, from the agents' CDI specs: the GPU examples `nvidia-smi -L`
     # (the simulated node's stand-in, answering from the device nodes each container was given)...
-    gpus = re.findall(
-        r"^  \| GPU 0: NVIDIA (H100 80GB HBM3|A100-SXM4-40GB) \(UUID: GPU-[0-9a-f-]+\)$", output, re.M
+    gpu_line = re.compile(
+        r"^  \| GPU 0: NVIDIA (H100 80GB HBM3|A100-SXM4-40GB) \(UUID: GPU-[0-9a-f-]+\)$", re.M
     )
-    assert len(gpus) == 10, output  # gke 1, single 1, test1 2, test2 2 (one per container), test4 4
+    per_pod = {
+        section.split(" ", 1)[0]: len(gpu_line.findall(section))
+        for section in output.split("\npod ")[1:]
+        if "GPU 0:" in section
+    }
+    # GKE's example prints every minute (once or more); NVIDIA's once per container.
+    assert per_pod.pop(next(k for k in per_pod if k.startswith("dra-example-gke-gpu/"))) >= 1, output
+    assert per_pod == {
+        "dra-example-single-gpu/pod1": 1,
+        "gpu-test1/pod1": 1,
+        "gpu-test1/pod2": 1,
+        "gpu-test2/pod": 2,
+        "gpu-test4/pod": 4,
+    }, output
     migs = re.findall(r"^  \|   MIG (\S+) Device 0: \(UUID: MIG-[0-9a-f-]+\)$", output, re.MULTILINE)
     assert sorted(migs) == ["1g.5gb", "1g.5gb", "2g.10gb", "3g.20gb"], output  # each container its own
     # ... the variable and the device files, through kubectl exec ...
