@@ -183,12 +183,15 @@ def wait_for_plugins(cluster: LocalCluster, runtimes: Sequence[NodeRuntime], *, 
 def example_namespaces(path: Path) -> list[str]:
     """The namespaces an example's objects land in: its own, or for a file written without one (as
     GKE's guide writes them, for ``kubectl create -n``) ``dra-example-<file stem>``."""
-    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    return _namespaces([d for d in yaml.safe_load_all(path.read_text()) if d], stem=path.stem)
+
+
+def _namespaces(docs: Sequence[Mapping[str, Any]], *, stem: str) -> list[str]:
     own = sorted(
         {d["metadata"]["name"] for d in docs if d["kind"] == "Namespace"}
         | {d["metadata"]["namespace"] for d in docs if d["metadata"].get("namespace")}
     )
-    return own or [f"dra-example-{path.stem}"]
+    return own or [f"dra-example-{stem}"]
 
 
 def example_pod_count(paths: Sequence[Path]) -> int:
@@ -212,15 +215,16 @@ def apply_examples(cluster: LocalCluster, *, image: str | None = None) -> list[P
     for path in examples:
         docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
         unnamespaced = not any(d["kind"] == "Namespace" or d["metadata"].get("namespace") for d in docs)
+        namespace = _namespaces(docs, stem=path.stem)[0]
         if unnamespaced:
-            cluster.create_namespace(example_namespaces(path)[0])
+            cluster.create_namespace(namespace)
         if image is None:
-            target = ["-n", example_namespaces(path)[0]] if unnamespaced else []
+            target = ["-n", namespace] if unnamespaced else []
             cluster.kubectl("apply", *target, "-f", str(path))
             continue
         for doc in docs:
             if unnamespaced:
-                doc["metadata"]["namespace"] = example_namespaces(path)[0]
+                doc["metadata"]["namespace"] = namespace
             spec = doc.get("spec") or {}
             pod_spec = (spec.get("template") or {}).get("spec") if doc["kind"] != "Pod" else spec
             for container in (pod_spec or {}).get("containers") or []:

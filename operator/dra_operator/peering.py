@@ -68,9 +68,9 @@ def parse_time(text: str) -> float | None:
     return parsed.timestamp()
 
 
-def blocking_deadlines(*, peers: Mapping[str, Any], identity: str, priority: int, now: float) -> list[float]:
-    """When each live peer that keeps this one paused (same or higher priority) expires."""
-    deadlines = []
+def _live_peers(peers: Mapping[str, Any], *, identity: str, now: float) -> list[tuple[int, float]]:
+    """(priority, deadline) of every other peer whose entry is still live (Kopf ignores dead ones)."""
+    live = []
     for other, info in peers.items():
         if other == identity or not isinstance(info, Mapping):
             continue
@@ -78,24 +78,19 @@ def blocking_deadlines(*, peers: Mapping[str, Any], identity: str, priority: int
         if lastseen is None:
             continue
         deadline = lastseen + float(info.get("lifetime") or 0)
-        if deadline <= now:
-            continue  # a dead peer; Kopf ignores it too
-        if int(info.get("priority") or 0) >= priority:
-            deadlines.append(deadline)
-    return deadlines
+        if deadline > now:
+            live.append((int(info.get("priority") or 0), deadline))
+    return live
+
+
+def blocking_deadlines(*, peers: Mapping[str, Any], identity: str, priority: int, now: float) -> list[float]:
+    """When each live peer that keeps this one paused (same or higher priority) expires."""
+    return [d for p, d in _live_peers(peers, identity=identity, now=now) if p >= priority]
 
 
 def has_live_lower(*, peers: Mapping[str, Any], identity: str, priority: int, now: float) -> bool:
     """Whether a live peer with a lower priority exists (it may be the active one right now)."""
-    for other, info in peers.items():
-        if other == identity or not isinstance(info, Mapping):
-            continue
-        lastseen = parse_time(str(info.get("lastseen", "")))
-        if lastseen is None or lastseen + float(info.get("lifetime") or 0) <= now:
-            continue
-        if int(info.get("priority") or 0) < priority:
-            return True
-    return False
+    return any(p < priority for p, _ in _live_peers(peers, identity=identity, now=now))
 
 
 def is_active(*, peers: Mapping[str, Any], identity: str, priority: int, now: float) -> bool:

@@ -196,13 +196,14 @@ class AgentProcess:
             if self.process is not None and self.process.poll() is not None:
                 raise RuntimeError(f"agent exited with {self.process.returncode}:\n{self.log_tail()}")
             if all(_accepts(self.dirs.registration_socket(d)) for d in drivers) and (
-                not self.wait_kubelet or self._registered()
+                not self.wait_kubelet or self.registered()
             ):
                 return
             time.sleep(0.1)
         raise TimeoutError(f"agent on {self.node} did not serve within {timeout} s:\n{self.log_tail()}")
 
-    def _registered(self) -> bool:
+    def registered(self) -> bool:
+        """Whether ``/readyz`` passes: the kubelet registered every driver."""
         try:
             return self.http_get("/readyz") == (200, "ok\n")
         except OSError:

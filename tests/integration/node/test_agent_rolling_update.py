@@ -22,10 +22,7 @@ def _registry(setup: NodeWithAgent) -> list[str]:
 def _ready(agent: AgentProcess) -> bool:
     assert agent.process is not None
     assert agent.process.poll() is None, f"agent exited:\n{agent.log_tail(40)}"
-    try:
-        return agent.http_get("/readyz") == (200, "ok\n")
-    except OSError:
-        return False  # not listening yet
+    return agent.registered()
 
 
 def _instance(setup: NodeWithAgent, pod_uid: str) -> AgentProcess:

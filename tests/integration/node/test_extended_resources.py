@@ -6,34 +6,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from dra_devcluster.images import WORKLOAD_IMAGE
 from tests.integration.agent.agentproc import GPU
 from tests.integration.objects import device_class
 
-from .conftest import NAMESPACE, NODE, NodeWithAgent, wait_gone
+from .conftest import NAMESPACE, NodeWithAgent, gpu_pod, wait_gone
 
 EXTENDED = "example.com/real-node-gpu"  # the test's own name: other tests' classes stay unaffected
 CLASS = "real-node-extended-gpu"
 
 
 def _pod(name: str, count: int) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": NAMESPACE},
-        "spec": {
-            "nodeSelector": {"kubernetes.io/hostname": NODE},
-            "terminationGracePeriodSeconds": 1,
-            "containers": [
-                {
-                    "name": "main",
-                    "image": WORKLOAD_IMAGE,
-                    "command": ["sh", "-c", "env | grep ^NVIDIA_VISIBLE_DEVICES=; echo done; sleep 3600"],
-                    "resources": {"limits": {EXTENDED: str(count)}},
-                }
-            ],
-        },
-    }
+    """The node tests' GPU pod, asking through ``resources.limits`` instead of a claim."""
+    _, pod = gpu_pod(name, command="env | grep ^NVIDIA_VISIBLE_DEVICES=; echo done; sleep 3600")
+    del pod["spec"]["resourceClaims"]
+    pod["spec"]["containers"][0]["resources"] = {"limits": {EXTENDED: str(count)}}
+    return pod
 
 
 def test_a_pod_asking_for_an_extended_resource_gets_gpus_prepared_by_the_agent(

@@ -36,14 +36,6 @@ def _stamp(ts: float) -> str:
     return datetime.datetime.fromtimestamp(ts, datetime.UTC).isoformat()
 
 
-class _Clock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
 class _PeeringObject:
     """Merge-patch semantics of the API server on one ClusterKopfPeering, and failures on demand."""
 
@@ -68,17 +60,28 @@ class _PeeringObject:
         return self.obj
 
 
-def _peering(
-    store: _PeeringObject, mono: _Clock, wall: _Clock, *, identity: str = "me", priority: int = 10
-) -> Peering:
+class _Time:
+    """One clock for every instance: monotonic seconds ``now``, wall time ``T0 + now``."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def mono(self) -> float:
+        return self.now
+
+    def wall(self) -> float:
+        return T0 + self.now
+
+
+def _instance(store: _PeeringObject, t: _Time, identity: str, priority: int) -> Peering:
     return Peering(
         api=cast(KubeApi, store),
         name="p",
         identity=identity,
         priority=priority,
         times=TIMES,
-        clock=mono,
-        wall=wall,
+        clock=t.mono,
+        wall=t.wall,
     )
 
 
@@ -107,8 +110,8 @@ def test_kopf_and_zulu_timestamps_parse_and_garbage_does_not() -> None:
 
 
 def test_renewal_writes_kopfs_entry_and_the_heartbeat_and_makes_a_lone_instance_active() -> None:
-    store, mono, wall = _PeeringObject(), _Clock(100.0), _Clock(T0)
-    peering = _peering(store, mono, wall)
+    store, t = _PeeringObject(), _Time()
+    peering = _instance(store, t, "me", 10)
     assert not _active(peering)
     asyncio.run(peering.renew())
     assert store.obj["status"]["me"] == {"priority": 10, "lifetime": 12, "lastseen": _stamp(T0)}
@@ -117,31 +120,6 @@ def test_renewal_writes_kopfs_entry_and_the_heartbeat_and_makes_a_lone_instance_
     assert peering.sent.startswith("me@")
     assert _active(peering)
     assert peering.changed.is_set()
-
-
-class _Time:
-    """One clock for every instance: monotonic seconds ``now``, wall time ``T0 + now``."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def mono(self) -> float:
-        return self.now
-
-    def wall(self) -> float:
-        return T0 + self.now
-
-
-def _instance(store: _PeeringObject, t: _Time, identity: str, priority: int) -> Peering:
-    return Peering(
-        api=cast(KubeApi, store),
-        name="p",
-        identity=identity,
-        priority=priority,
-        times=TIMES,
-        clock=t.mono,
-        wall=t.wall,
-    )
 
 
 def test_the_active_instance_stops_writing_at_the_renew_deadline_before_a_peer_may_start(
@@ -244,7 +222,7 @@ def test_a_standby_takes_over_when_the_active_entry_expires_or_at_once_on_its_fa
 def test_a_missing_peering_object_keeps_the_instance_paused(caplog: pytest.LogCaptureFixture) -> None:
     store = _PeeringObject()
     store.exists = False
-    peering = _peering(store, _Clock(0.0), _Clock(T0))
+    peering = _instance(store, _Time(), "me", 10)
     with caplog.at_level(logging.WARNING, logger="dra_operator.peering"):
         asyncio.run(peering.renew())
     assert not _active(peering)
