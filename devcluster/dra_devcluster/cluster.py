@@ -15,6 +15,7 @@ import contextlib
 import json
 import logging
 import os
+import random
 import shutil
 import signal
 import socket
@@ -89,11 +90,38 @@ START_ATTEMPTS = 3
 draw their source ports from the same range)."""
 
 
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_LISTEN_PORTS = 12000
+"""How many ports below the kernel's ephemeral range :func:`free_port` draws from."""
+
+
+def _listen_range() -> range | None:
+    """Ports below the ephemeral range: outgoing connections never take their source port there, so a
+    port picked from it stays free until the component binds it (a port picked by binding to 0 is
+    from the ephemeral range, where any client's connection may take it in between; seen in CI)."""
+    try:
+        low = int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    start = max(1024, low - _LISTEN_PORTS)
+    return range(start, low) if low - start >= 1000 else None
+
+
 def free_port() -> int:
+    """A loopback TCP port nobody listens on now, outside the ephemeral range where possible."""
+    candidates = _listen_range()
+    if candidates is not None:
+        for port in random.sample(candidates, 64):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                try:
+                    sock.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+        picked: int = sock.getsockname()[1]
+        return picked
 
 
 def _kubeconfig(*, server: str, ca: Path, user: str, cert: CertPair | None, token: str | None) -> str:
