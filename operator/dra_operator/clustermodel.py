@@ -47,8 +47,15 @@ class PodInfo:
     gated: bool = False
     """Whether the pod has scheduling gates (kube-scheduler leaves it alone until they are gone)."""
     claims: tuple[str, ...] = ()
-    """Names of the ResourceClaims the pod uses: those it names, and those generated for it from
-    templates (``status.resourceClaimStatuses``)."""
+    """Names of the ResourceClaims the pod uses: those it names, those generated for it from
+    templates (``status.resourceClaimStatuses``) and the one kube-scheduler made for its extended
+    resources (``status.extendedResourceClaimStatus``)."""
+    extended_claim: str = ""
+    """The claim kube-scheduler made for the pod's extended-resource requests (KEP-5004), if any."""
+    extended_resources: tuple[tuple[str, str], ...] = ()
+    """(container, extended resource name) for each request that claim serves."""
+    scheduled_at: str = ""
+    """When the pod's PodScheduled condition last changed (RFC 3339), if it has one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,8 +192,19 @@ class ClusterModel:
         key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
         spec = obj.get("spec") or {}
         status = obj.get("status") or {}
-        named = [*(spec.get("resourceClaims") or []), *(status.get("resourceClaimStatuses") or [])]
+        extended = status.get("extendedResourceClaimStatus") or {}
+        named = [
+            *(spec.get("resourceClaims") or []),
+            *(status.get("resourceClaimStatuses") or []),
+            *([extended] if isinstance(extended, dict) else []),
+        ]
         claims = [str(r["resourceClaimName"]) for r in named if r.get("resourceClaimName")]
+        mappings = (extended.get("requestMappings") or []) if isinstance(extended, dict) else []
+        scheduled = [
+            c
+            for c in status.get("conditions") or []
+            if isinstance(c, dict) and c.get("type") == "PodScheduled"
+        ]
         self.pods[key] = PodInfo(
             uid=str(meta.get("uid", "")),
             phase=str(status.get("phase", "")),
@@ -194,6 +212,13 @@ class ClusterModel:
             node_name=str(spec.get("nodeName") or ""),
             gated=bool(spec.get("schedulingGates")),
             claims=tuple(dict.fromkeys(claims)),
+            extended_claim=str(extended.get("resourceClaimName") or "") if isinstance(extended, dict) else "",
+            extended_resources=tuple(
+                (str(m.get("containerName", "")), str(m.get("resourceName", "")))
+                for m in mappings
+                if isinstance(m, dict)
+            ),
+            scheduled_at=str(scheduled[0].get("lastTransitionTime") or "") if scheduled else "",
         )
 
     def remove_pod(self, *, namespace: str, name: str) -> None:

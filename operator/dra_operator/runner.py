@@ -48,6 +48,7 @@ from dra_operator.peering import Peering, PeeringTimes
 from dra_operator.placement import Placer
 from dra_operator.planner import PlannerPlacer
 from dra_operator.reconcile.claims import ClaimReconciler
+from dra_operator.reconcile.extended import ExtendedResourceReporter
 from dra_operator.reconcile.ownership import allocated_by_us
 from dra_operator.reconcile.pending import SchedulerClaimExplainer
 from dra_operator.reconcile.slices import OrphanSliceCollector
@@ -200,7 +201,13 @@ async def run(
         ),
         asyncio.create_task(claims.events.run(), name="events"),
         asyncio.create_task(
-            _explainer(explainer=SchedulerClaimExplainer(claims=claims), health=health),
+            _explainer(
+                explainer=SchedulerClaimExplainer(claims=claims),
+                extended=ExtendedResourceReporter(
+                    model=claims.model, classes=claims.classes, events=claims.events
+                ),
+                health=health,
+            ),
             name="pending claim explainer",
         ),
         asyncio.create_task(
@@ -364,21 +371,24 @@ async def _sweeper(
                     claims.mark(key)
 
 
-async def _explainer(*, explainer: SchedulerClaimExplainer, health: Health) -> None:
-    """Explain the claims kube-scheduler leaves pending, on the active instance only (a standby's
-    model may lag, and two instances would post every Event twice). A pass every few seconds: a
-    claim is looked at again only after the explanation interval, so a pass costs a scan of the
-    pending claims."""
-    if not explainer.enabled:
-        return
+async def _explainer(
+    *, explainer: SchedulerClaimExplainer, extended: ExtendedResourceReporter, health: Health
+) -> None:
+    """Explain the claims kube-scheduler leaves pending, and say which claim serves each pod's
+    extended resources, on the active instance only (a standby's model may lag, and two instances
+    would post every Event twice). A pass every few seconds: a claim is looked at again only after
+    the explanation interval, so a pass costs a scan of the pending claims and of the pods."""
     claims = explainer.claims
-    tick = min(5.0, max(0.5, explainer.after / 2))
+    tick = min(5.0, max(0.5, explainer.after / 2)) if explainer.enabled else 2.0
     while True:
         await asyncio.sleep(tick)
         if not health.active or not claims.synced.is_set():
             continue
+        now = time.time()
         try:
-            explainer.sweep(now=time.time())
+            if explainer.enabled:
+                explainer.sweep(now=now)
+            extended.sweep(now=now)
         except Exception:
             logger.exception("explaining pending claims failed")
             claims.metrics.reconcile_errors.labels("ResourceClaim").inc()

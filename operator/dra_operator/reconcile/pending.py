@@ -61,7 +61,8 @@ def waiting_for_scheduler(pod: PodInfo) -> bool:
     return not pod.node_name and not pod.gated and not pod.deleting and pod.phase not in _TERMINAL_PHASES
 
 
-def _timestamp(text: str) -> float | None:
+def parse_time(text: str) -> float | None:
+    """Seconds since the epoch of an RFC 3339 UTC time as the API server writes it; None if not one."""
     try:
         stamp = datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
     except ValueError:
@@ -82,7 +83,7 @@ def waiting_claims(
         if not request_classes(claim) & wanted or is_ours(claim, ownership=ownership, classes=wanted):
             continue
         key = ClaimKey(claim.namespace, claim.name)
-        created = _timestamp(model.claim_created.get(key, ""))
+        created = parse_time(model.claim_created.get(key, ""))
         if created is None or now - created < after:
             continue
         pod: str | None = None
