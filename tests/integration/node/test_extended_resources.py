@@ -4,12 +4,13 @@ claim, kube-scheduler makes the pod's special claim, and the agent prepares it l
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from tests.integration.agent.agentproc import GPU
+from tests.integration.agent.agentproc import GPU, TPU
 from tests.integration.objects import device_class
 
-from .conftest import NAMESPACE, NodeWithAgent, gpu_pod, wait_gone
+from .conftest import NAMESPACE, NODE, NodeWithAgent, gpu_pod, wait_gone
 
 EXTENDED = "example.com/real-node-gpu"  # the test's own name: other tests' classes stay unaffected
 CLASS = "real-node-extended-gpu"
@@ -57,3 +58,118 @@ def test_a_pod_asking_for_an_extended_resource_gets_gpus_prepared_by_the_agent(
     finally:
         cluster.kubectl("delete", "pod", "extended-gpus", "-n", NAMESPACE, "--ignore-not-found", check=False)
         cluster.kubectl("delete", "deviceclass", CLASS, "--ignore-not-found", check=False)
+
+
+TPU_EXTENDED = "example.com/real-node-tpu"
+TPU_CLASS = "real-node-extended-tpu"
+
+
+def test_a_pod_asking_for_tpu_chips_as_for_the_device_plugin_gets_them_from_the_agent(
+    node_with_agent: NodeWithAgent,
+) -> None:
+    setup = node_with_agent
+    cluster = setup.cluster
+    # The node also serves a simulated TPU host (four v4 chips) for this test.
+    setup.agent.stop()
+    setup.agent.profiles = ("h100-80gb-x8", "tpu-v4-2x2x1")
+    setup.agent.start()
+    tpu_class = device_class(TPU_CLASS, driver=TPU)
+    tpu_class["spec"]["extendedResourceName"] = TPU_EXTENDED
+    try:
+        cluster.apply([tpu_class])
+        pod = _pod("extended-tpus", 4)
+        main = pod["spec"]["containers"][0]
+        main["command"] = [
+            "sh",
+            "-c",
+            "env | grep ^TPU_ | sort; ls /dev | grep -c ^accel; echo done; sleep 3600",
+        ]
+        main["resources"] = {"limits": {TPU_EXTENDED: "4"}}
+        cluster.apply([pod])
+        log = setup.wait_log("extended-tpus", "done")
+        status = cluster.get_json("pod", "extended-tpus", "-n", NAMESPACE)["status"]
+        claim_name = status["extendedResourceClaimStatus"]["resourceClaimName"]
+        claim = cluster.get_json("resourceclaim", claim_name, "-n", NAMESPACE)
+        results = claim["status"]["allocation"]["devices"]["results"]
+        assert {(r["driver"], r["pool"]) for r in results} == {(TPU, NODE)}
+        assert len(results) == 4
+        lines = log.splitlines()
+        # All four chips of the host: the single-host environment and the four device files.
+        assert "TPU_TOPOLOGY=2x2x1" in lines, log
+        assert "TPU_CHIPS_PER_HOST_BOUNDS=2,2,1" in lines, log
+        assert "4" in lines, log
+        uid = claim["metadata"]["uid"]
+        spec = setup.agent.dirs.cdi_spec(uid, driver=TPU)
+        assert spec.exists()
+        cluster.kubectl("delete", "pod", "extended-tpus", "-n", NAMESPACE, "--wait=true", "--timeout=60s")
+        wait_gone(cluster, spec)
+        assert uid not in setup.agent.dirs.checkpoint_claims(TPU)
+    finally:
+        cluster.kubectl("delete", "pod", "extended-tpus", "-n", NAMESPACE, "--ignore-not-found", check=False)
+        cluster.kubectl("delete", "deviceclass", TPU_CLASS, "--ignore-not-found", check=False)
+        setup.agent.stop()
+        setup.agent.profiles = ("h100-80gb-x8",)
+        setup.agent.start()
+
+
+PLUGIN_NODE = "real-node-plugin"
+
+
+def test_a_node_whose_device_plugin_advertises_the_resource_keeps_serving_it(
+    node_with_agent: NodeWithAgent,
+) -> None:
+    """Two real nodes side by side: one whose GPUs only the agent publishes, one that advertises the
+    extended resource in its status as a device plugin's kubelet does (no agent there). Each pod
+    asking for the resource runs; only the one on the DRA node gets a claim and the agent's devices."""
+    setup = node_with_agent
+    cluster = setup.cluster
+    extended_class = device_class(CLASS, driver=GPU)
+    extended_class["spec"]["extendedResourceName"] = EXTENDED
+    cluster.add_real_node(PLUGIN_NODE)
+    try:
+        patch = [{"op": "add", "path": "/status/capacity/" + EXTENDED.replace("/", "~1"), "value": "2"}]
+        cluster.kubectl(
+            "patch", "node", PLUGIN_NODE, "--subresource=status", "--type=json", "-p", json.dumps(patch)
+        )
+        cluster.wait_for(
+            lambda: (
+                (cluster.get_json("node", PLUGIN_NODE)["status"].get("allocatable") or {}).get(EXTENDED)
+                == "2"
+            ),
+            what=f"{EXTENDED} in the allocatable of {PLUGIN_NODE}",
+        )
+        cluster.apply([extended_class])
+        on_plugin = _pod("via-plugin", 1)
+        on_plugin["spec"]["nodeSelector"] = {"kubernetes.io/hostname": PLUGIN_NODE}
+        on_plugin["spec"]["containers"][0]["command"] = [
+            "sh",
+            "-c",
+            "echo visible=${NVIDIA_VISIBLE_DEVICES:-none}; echo done; sleep 3600",
+        ]
+        cluster.apply([_pod("via-dra", 1), on_plugin])
+        log = setup.wait_log("via-dra", "done")
+        assert len([line for line in log.splitlines() if line.startswith("NVIDIA_VISIBLE_DEVICES=")]) == 1, (
+            log
+        )
+
+        def plugin_log() -> str | None:
+            # Read through the API server (the node is not the fixture's, whose log folder it reads).
+            result = cluster.kubectl("logs", "via-plugin", "-n", NAMESPACE, check=False)
+            return result.stdout if "done" in result.stdout else None
+
+        plugin_output = cluster.wait_for(plugin_log, timeout=90, what="via-plugin's log")
+        # Served by the node's own advertisement: no claim, no device from the agent.
+        assert "visible=none" in plugin_output.splitlines(), plugin_output
+        via_plugin = cluster.get_json("pod", "via-plugin", "-n", NAMESPACE)
+        assert via_plugin["spec"]["nodeName"] == PLUGIN_NODE
+        assert not via_plugin["status"].get("extendedResourceClaimStatus"), via_plugin["status"]
+        via_dra = cluster.get_json("pod", "via-dra", "-n", NAMESPACE)
+        claim_name = via_dra["status"]["extendedResourceClaimStatus"]["resourceClaimName"]
+        claims = cluster.get_json("resourceclaims", "-n", NAMESPACE)["items"]
+        assert [c["metadata"]["name"] for c in claims] == [claim_name]
+    finally:
+        cluster.kubectl(
+            "delete", "pod", "via-dra", "via-plugin", "-n", NAMESPACE, "--ignore-not-found", check=False
+        )
+        cluster.kubectl("delete", "deviceclass", CLASS, "--ignore-not-found", check=False)
+        cluster.remove_real_node(PLUGIN_NODE)
