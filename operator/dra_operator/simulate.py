@@ -238,7 +238,8 @@ def _table(result: dict[str, Any]) -> str:
         for row in (header, *rows):
             lines.append("   ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
         lines.append("")
-    text = result["error"] if result["outcome"] == "error" else result["explanation"]
+    # An error goes to stderr as well; an explanation kept beside it (invalid pools) is printed.
+    text = result["explanation"] or (result["error"] if result["outcome"] == "error" else "")
     if text:
         lines.append(text)
     return "\n".join(lines) + "\n"
@@ -301,8 +302,15 @@ def simulate(args: argparse.Namespace, *, stdin: TextIO) -> tuple[dict[str, Any]
         )
         return result, 0
     if isinstance(outcome, NotPlaced):
-        result["outcome"] = "unallocatable"
         result["explanation"] = outcome.explanation.full
+        if outcome.invalid_pools:
+            # Upstream's allocator fails such a node with an error: the slices need fixing, not
+            # more capacity. The explanation stays, for what the other nodes lacked.
+            result["error"] = "invalid ResourceSlice pools: " + "; ".join(
+                f"{pool} on node {node}" for node, pool in outcome.invalid_pools
+            )
+            return result, 2
+        result["outcome"] = "unallocatable"
         return result, 1
     assert isinstance(outcome, PlanError)
     result["error"] = outcome.message

@@ -355,7 +355,11 @@ class _Run:
                 logger.debug(
                     "invalid pools on node %s: %s", self.node.name, [p.invalid_reason for p in invalid]
                 )
-                raise FailedAllocationOnNode("invalid resource pools were encountered")
+                # Upstream's words first (callers match on them), then which pools and why.
+                named = tuple(f"{p.text} ({p.invalid_reason})" for p in invalid)
+                raise FailedAllocationOnNode(
+                    f"invalid resource pools were encountered: {'; '.join(named)}", invalid_pools=named
+                )
             return None
         return [self._result(ci, c) for ci, c in enumerate(self.claims)]
 

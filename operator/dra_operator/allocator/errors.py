@@ -10,7 +10,12 @@ class AllocationError(Exception):
 
 class FailedAllocationOnNode(AllocationError):
     """Nothing fits on this node and the reason is node-specific (invalid resource pools); other
-    nodes may still succeed (upstream ``ErrFailedAllocationOnNode``)."""
+    nodes may still succeed (upstream ``ErrFailedAllocationOnNode``). ``invalid_pools`` names each
+    invalid pool with its reason ("driver/pool (duplicate device name 'gpu-0')")."""
+
+    def __init__(self, message: str, *, invalid_pools: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.invalid_pools = invalid_pools
 
 
 class AllocationTimeout(AllocationError):

@@ -34,6 +34,8 @@ class NodeAttempt:
     node: str
     failure: str | None = None
     constraint_rejections: Mapping[tuple[str, int], int] = field(default_factory=dict)
+    invalid_pools: tuple[str, ...] = ()
+    """The node's invalid pools, "driver/pool (reason)", when they are why it failed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,9 +74,10 @@ def explain(
         best = [fixed]
     else:
         tried = len(attempts)
+        others = "" if tried >= nodes else "; the others have too few free matching devices"
         header = (
             f"{what} cannot be allocated on any of {nodes} node{'s' if nodes != 1 else ''} "
-            f"({tried} searched; the others have too few free matching devices)"
+            f"({tried} searched{others})"
         )
         best = _best_nodes(planner=planner, claims=claims)
     by_node = {a.node: a for a in attempts}
@@ -215,6 +218,8 @@ def _advice(
             continue
         request = f"{_prefix(row.claim, claims)}request {row.request}"
         where = f"node {node}" if fixed is not None else f"the closest node, {node},"
+        if row.devices == 0 and row.unavailable_pools:
+            continue  # the node's pools are unusable: said above
         if row.devices == 0:
             out.append(
                 f"node {node} publishes no devices: check that the driver runs there"

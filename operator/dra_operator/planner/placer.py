@@ -111,5 +111,8 @@ class PlannerPlacer:
         if isinstance(outcome, PlanError):
             return Unallocatable(reason=outcome.reason, message=outcome.message[:1024])
         if isinstance(outcome, NotPlaced):
-            return Unallocatable(reason="NoFit", message=outcome.explanation.short)
+            # A node ruled out by invalid pools is upstream's error case: the driver's slices need
+            # fixing, so the reason says so (the message still explains every node).
+            reason = "InvalidResourceSlices" if outcome.invalid_pools else "NoFit"
+            return Unallocatable(reason=reason, message=outcome.explanation.short)
         return Placement(node=outcome.node if outcome.node_bound else None, allocations=outcome.allocations)

@@ -57,6 +57,9 @@ class NotPlaced:
 
     explanation: Explanation
     tried: int = 0
+    invalid_pools: tuple[tuple[str, str], ...] = ()
+    """(node, "driver/pool (reason)") for each invalid pool that ruled a node out: an error in the
+    driver's ResourceSlices, not a capacity problem (upstream fails such a node with an error)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,7 +267,9 @@ class Planner:
         try:
             results = self.allocator.allocate(node=node, claims=claims, timeout=self.timeout)
         except FailedAllocationOnNode as exc:
-            search.attempts.append(NodeAttempt(node=node.name, failure=str(exc)))
+            search.attempts.append(
+                NodeAttempt(node=node.name, failure=str(exc), invalid_pools=exc.invalid_pools)
+            )
             return None
         except AllocationTimeout as exc:
             search.attempts.append(NodeAttempt(node=node.name, failure=str(exc)))
@@ -290,7 +295,8 @@ class Planner:
             explanation = explain(planner=self, claims=claims, attempts=search.attempts, fixed=fixed)
         except AllocationError as exc:  # the funnel evaluates selectors too: errors stay errors
             return PlanError(str(exc))
-        return NotPlaced(explanation=explanation, tried=len(search.attempts))
+        invalid = tuple((a.node, pool) for a in search.attempts for pool in a.invalid_pools)
+        return NotPlaced(explanation=explanation, tried=len(search.attempts), invalid_pools=invalid)
 
 
 def _index_for(

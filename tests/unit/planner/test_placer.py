@@ -108,3 +108,18 @@ def test_disagreements_name_the_device_and_a_rebuild_repairs_them() -> None:
     assert any("gpu.nvidia.com/n1/gpu-0" in p and "default/a" in p for p in problems), problems
     placer.rebuild()
     assert placer.disagreements(model) == []
+
+
+def test_a_node_with_an_invalid_pool_is_reported_as_invalid_slices_while_others_still_serve() -> None:
+    model = _model()
+    model.upsert_node(node("n3"))
+    broken = node_slice("n3", [*gpus("n3", 8), gpus("n3", 1)[0]])  # gpu-0 twice
+    model.upsert_slice(broken)
+    placer = PlannerPlacer()
+    # Another node still fits a small claim: upstream only rules the invalid node out.
+    assert isinstance(placer.place(claims=[_claim("small", 2)], model=model), Placement)
+    # Only n3 could have held 6: the reason points at the slices, the message names pool and cause.
+    big = placer.place(claims=[_claim("big", 6)], model=model)
+    assert isinstance(big, Unallocatable)
+    assert big.reason == "InvalidResourceSlices"
+    assert "gpu.nvidia.com/n3 (duplicate device name 'gpu-0')" in big.message, big.message

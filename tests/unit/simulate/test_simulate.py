@@ -290,3 +290,91 @@ def test_a_node_without_a_node_object_has_no_labels(
     code, out, _ = run(capsys, "-f", str(path), "-f", fx("zone-a-slice.yaml"), "-f", fx("claim-five.yaml"))
     assert code == 1
     assert "cannot be allocated on any of 2 nodes" in out
+
+
+_GPU_CLASS = {
+    "apiVersion": "resource.k8s.io/v1",
+    "kind": "DeviceClass",
+    "metadata": {"name": "gpu.nvidia.com"},
+    "spec": {"selectors": [{"cel": {"expression": 'device.driver == "gpu.nvidia.com"'}}]},
+}
+_CLAIM = {
+    "apiVersion": "resource.k8s.io/v1",
+    "kind": "ResourceClaim",
+    "metadata": {"name": "c", "namespace": "default"},
+    "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}},
+}
+
+
+def _slice(
+    name: str, pool: str, devices: list[dict[str, Any]], counters: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "driver": "gpu.nvidia.com",
+        "nodeName": pool,
+        "pool": {"name": pool, "generation": 1, "resourceSliceCount": 1},
+        "devices": devices,
+    }
+    if counters:
+        spec["sharedCounters"] = [{"name": n, "counters": {"memory": {"value": "8"}}} for n in counters]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+
+
+def _consumes(device: str, counter_set: str, counter: str = "memory") -> dict[str, Any]:
+    return {
+        "name": device,
+        "consumesCounters": [{"counterSet": counter_set, "counters": {counter: {"value": "1"}}}],
+    }
+
+
+@pytest.mark.parametrize(
+    ("slices", "reason"),
+    [
+        ([_slice("s", "n1", [{"name": "gpu-0"}, {"name": "gpu-0"}])], "duplicate device name 'gpu-0'"),
+        (
+            [_slice("s", "n1", [{"name": "gpu-0"}], counters=("gpu-0-set", "gpu-0-set"))],
+            "duplicate counter set name 'gpu-0-set'",
+        ),
+        (
+            [_slice("s", "n1", [_consumes("gpu-0", "nowhere")], counters=("gpu-0-set",))],
+            "device 'gpu-0' consumes unknown counter set 'nowhere'",
+        ),
+        (
+            [_slice("s", "n1", [_consumes("gpu-0", "gpu-0-set", "cores")], counters=("gpu-0-set",))],
+            "device 'gpu-0' consumes unknown counter 'cores' of counter set 'gpu-0-set'",
+        ),
+        (
+            # The counter set exists, but in another node's pool.
+            [
+                _slice("s", "n1", [_consumes("gpu-0", "n2-set")]),
+                _slice("t", "n2", [{"name": "gpu-9"}], counters=("n2-set",)),
+            ],
+            "device 'gpu-0' consumes unknown counter set 'n2-set'",
+        ),
+    ],
+    ids=[
+        "duplicate-device",
+        "duplicate-counter-set",
+        "unknown-counter-set",
+        "unknown-counter",
+        "other-pools-set",
+    ],
+)
+def test_an_invalid_pool_is_an_error_naming_the_pool_and_the_reason(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, slices: list[dict[str, Any]], reason: str
+) -> None:
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump_all([_GPU_CLASS, *slices, _CLAIM]))
+    code, out, err = run(capsys, "-f", str(path), "--node", "n1", "-o", "json")
+    assert code == 2, (out, err)
+    result = json.loads(out)
+    assert result["outcome"] == "error"
+    assert result["error"] == f"invalid ResourceSlice pools: gpu.nvidia.com/n1 ({reason}) on node n1"
+    # The explanation is kept: it says the same, with what the node had.
+    assert f"gpu.nvidia.com/n1 ({reason})" in result["explanation"]
+    assert err.strip() == f"dra-operator simulate: {result['error']}"
