@@ -24,6 +24,7 @@ from dra_node_agent.checkpoint_report import CorruptionReporter
 from dra_node_agent.claims import ClaimReader
 from dra_node_agent.discovery.base import DiscoveredInventory, DiscoveryBackend
 from dra_node_agent.discovery.detect import DiscoveryConfig, select_backends
+from dra_node_agent.discovery.tpu import DEFAULT_TPU_ENV_FILE
 from dra_node_agent.health import DEFAULT_IGNORED_XIDS, HealthSettings, TaintEffect, parse_xid_list
 from dra_node_agent.health.attach import DriverHealth, attach_health
 from dra_node_agent.health.events import NodeEvents
@@ -32,6 +33,7 @@ from dra_node_agent.plugin import RunningPlugin, serve_plugin
 from dra_node_agent.prepare import PrepareHandler
 from dra_node_agent.publisher import SlicePublisher
 from dra_node_agent.settings import Settings, describe
+from dra_node_agent.tpu_multihost import KubeWorkloads, PodEvents, TpuWorkerResolver
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +73,8 @@ def discovery_config(settings: Settings) -> DiscoveryConfig:
         dev_root=str(settings.dev_root),
         sysfs_root=str(settings.sysfs_root),
         proc_root=str(settings.proc_root),
+        # Only a file named explicitly applies to simulated hosts: the machine's own is not theirs.
+        tpu_env_path=settings.tpu_env_file or (None if settings.simulate_profile else DEFAULT_TPU_ENV_FILE),
         simulation_dir=str(settings.state_dir / "simulated"),
     )
 
@@ -130,6 +134,14 @@ async def _start_driver(
         state_dir=settings.checkpoint_dir(driver=driver),
         cdi_dir=settings.cdi_dir,
         proc_root=settings.proc_root,
+        tpu_workers=TpuWorkerResolver(
+            source=KubeWorkloads(api=api, api_version=api_version),
+            events=PodEvents(api=api, node_name=settings.node_name, component=driver),
+            driver=driver,
+            node_name=settings.node_name,
+        )
+        if driver == settings.tpu_driver_name
+        else None,
     )
     # Listening before the first load, so a checkpoint found corrupt at start is reported too.
     reporter = CorruptionReporter(
@@ -202,6 +214,8 @@ async def _stop_driver(runtime: DriverRuntime) -> None:
             await task
     if runtime.checkpoint_reporter is not None:
         await runtime.checkpoint_reporter.aclose()
+    if isinstance(runtime.handler.tpu_workers, TpuWorkerResolver):
+        await runtime.handler.tpu_workers.aclose()
 
 
 async def _served_version(api: client.ApiClient, *, stop: asyncio.Event) -> str | None:

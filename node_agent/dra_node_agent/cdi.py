@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .checkpoint import atomic_write_file, fsync_directory, remove_temp_files
-from .discovery.base import ContainerEdits, DiscoveredDevice, DiscoveredInventory, TpuHostInfo
+from .discovery.base import ContainerEdits, DiscoveredDevice, DiscoveredInventory, TpuHostInfo, TpuWorkers
 from .discovery.tpu import GENERATIONS, chips_per_host_bounds, host_topology
 from .opaqueconfig import DriverConfig, TpuConfig
 
@@ -73,9 +73,13 @@ def minimum_cdi_version(spec: dict[str, Any]) -> str:
 
 
 def gpu_claim_edits(devices: Sequence[DiscoveredDevice]) -> ContainerEdits:
-    """Spec-level env for an NVIDIA claim: the UUIDs of its GPUs and MIG devices, for the NVIDIA runtime."""
-    uuids = ",".join(d.uuid for d in devices)
-    return ContainerEdits(env=(f"NVIDIA_VISIBLE_DEVICES={uuids}",))
+    """Spec-level env for an NVIDIA claim: the UUIDs of its GPUs and MIG devices, for the NVIDIA runtime.
+
+    Nothing for a driver of other devices (the simulated NIC driver): an empty NVIDIA_VISIBLE_DEVICES
+    from its spec would hide the claim's GPUs from the NVIDIA runtime.
+    """
+    uuids = ",".join(d.uuid for d in devices if d.kind in ("gpu", "mig"))
+    return ContainerEdits(env=(f"NVIDIA_VISIBLE_DEVICES={uuids}",)) if uuids else ContainerEdits()
 
 
 def _bounds(values: Sequence[int]) -> str:
@@ -99,13 +103,18 @@ def tpu_claim_env(
     driver: str,
     node_name: str | None,
     config: TpuConfig | None = None,
+    workers: TpuWorkers | None = None,
 ) -> tuple[str, ...]:
     """The TPU_* environment a container needs for `chips` chips of this host.
 
-    With every chip of the host the slice is the host's slice (possibly multi-host). With fewer, the
-    container gets a single-host sub-slice of its own. TPU_VISIBLE_CHIPS counts from 0 because a
-    container only sees its own chips and libtpu numbers those from 0. A claim's `TpuConfig`
-    supplies the worker identity of a multi-host slice and the ICI resiliency switch.
+    With every chip of the host the slice is the host's slice (possibly multi-host: TPU_TOPOLOGY and
+    TPU_ACCELERATOR_TYPE are the whole slice's, TPU_HOST_BOUNDS its hosts per dimension). With
+    fewer, the container gets a single-host sub-slice of its own. TPU_VISIBLE_CHIPS counts from 0
+    because a container only sees its own chips and libtpu numbers those from 0.
+
+    The worker identity of a multi-host slice comes, per variable, from the claim's `TpuConfig`
+    first, then from `workers` (derived from the pod's Indexed Job or JobSet at prepare), then from
+    the host's tpu-env WORKER_ID. A single-host slice is always worker 0 of "localhost".
     """
     gen = GENERATIONS.get(host.generation)
     dims_count = gen.dims if gen is not None else len(host.dims)
@@ -142,8 +151,14 @@ def tpu_claim_env(
         "ALT=false",
         f"DRA_RESOURCE_DRIVER_NAME={driver}",
     ]
-    worker_id = config.worker_id if config and config.worker_id is not None else host.worker_id
-    hostnames = config.worker_hostnames if config and config.worker_hostnames else host.worker_hostnames
+    worker_id = host.worker_id
+    hostnames = host.worker_hostnames
+    if workers is not None:
+        worker_id, hostnames = workers.worker_id, workers.hostnames
+    if config is not None and config.worker_id is not None:
+        worker_id = config.worker_id
+    if config is not None and config.worker_hostnames:
+        hostnames = config.worker_hostnames
     if single_host:
         env += ["TPU_WORKER_ID=0", "TPU_WORKER_HOSTNAMES=localhost"]
     elif worker_id is not None:
@@ -174,10 +189,12 @@ def build_claim_spec(
     inventory: DiscoveredInventory,
     node_name: str | None = None,
     config: DriverConfig | None = None,
+    workers: TpuWorkers | None = None,
 ) -> dict[str, Any]:
     """The CDI spec for one claim's devices of `inventory.driver` (pure; no I/O).
 
-    `config` is the claim's validated opaque config, if any; a `TpuConfig` shapes the TPU env.
+    `config` is the claim's validated opaque config, if any; a `TpuConfig` shapes the TPU env, as
+    does `workers`, the multi-host identity prepare derived from the pod's Job.
 
     A simulated inventory's device nodes are named only when they exist on the host as character
     devices (``simulated_nodes_on_host``); otherwise its specs carry environment only (a runtime
@@ -215,6 +232,7 @@ def build_claim_spec(
                 driver=driver,
                 node_name=node_name,
                 config=config if isinstance(config, TpuConfig) else None,
+                workers=workers,
             )
         )
     else:
@@ -255,6 +273,7 @@ class CdiWriter:
         devices: Sequence[DiscoveredDevice],
         inventory: DiscoveredInventory,
         config: DriverConfig | None = None,
+        workers: TpuWorkers | None = None,
     ) -> list[str]:
         """Write the claim's spec atomically; returns the CDI device IDs in `devices` order.
 
@@ -263,7 +282,12 @@ class CdiWriter:
         if inventory.driver != self.driver:
             raise ValueError(f"CDI writer for {self.driver}: inventory is for driver {inventory.driver}")
         spec = build_claim_spec(
-            claim_uid=claim_uid, devices=devices, inventory=inventory, node_name=self.node_name, config=config
+            claim_uid=claim_uid,
+            devices=devices,
+            inventory=inventory,
+            node_name=self.node_name,
+            config=config,
+            workers=workers,
         )
         self.cdi_dir.mkdir(parents=True, exist_ok=True)
         data = _encode(spec)

@@ -52,6 +52,11 @@ class ClaimAllocation:
     # ``status.allocation.devices.config`` as v1 JSON, every driver's (class entries and claim
     # entries, as the allocator copied them); ``opaqueconfig`` picks and validates this driver's.
     config_entries: tuple[Mapping[str, Any], ...]
+    # ``status.reservedFor`` entries that are Pods, as (name, uid): the pods that use the claim.
+    pods: tuple[tuple[str, str], ...] = ()
+    # The CEL expressions of the claim's requests that this driver's results answer (subrequests
+    # included), for the multi-host check that a claim keeps to one TPU slice.
+    selectors: tuple[str, ...] = ()
 
 
 def describe(ref: ClaimRef) -> str:
@@ -85,7 +90,21 @@ def driver_allocation(*, ref: ClaimRef, obj: Mapping[str, Any], driver: str) -> 
         if result.driver == driver
     )
     entries = tuple(entry.to_json() for entry in allocation.config)
-    return ClaimAllocation(ref=ref, devices=devices, config_entries=entries)
+    pods = tuple(
+        (r.name, r.uid) for r in claim.status.reserved_for if r.resource == "pods" and not r.api_group
+    )
+    answered = {d.request.split("/", 1)[0] for d in devices}
+    selectors: list[str] = []
+    for request in claim.spec.requests:
+        if request.name not in answered:
+            continue
+        specs = [sub.spec for sub in request.first_available]
+        if request.exactly is not None:
+            specs = [request.exactly]
+        selectors.extend(sel.cel for spec in specs for sel in spec.selectors if sel.cel)
+    return ClaimAllocation(
+        ref=ref, devices=devices, config_entries=entries, pods=pods, selectors=tuple(selectors)
+    )
 
 
 class ClaimSource(Protocol):

@@ -4,7 +4,8 @@ Prepare, per claim:
   1. already ``PrepareCompleted`` in the checkpoint -> the recorded answer, nothing re-written;
   2. GET the claim, check its UID, keep this driver's allocation results;
   3. map each result to a device this node published, validate this driver's opaque config
-     (class entries, then claim entries, per request);
+     (class entries, then claim entries, per request); for a TPU claim with every chip of a host of
+     a multi-host slice, derive the pod's worker identity from its Job (``tpu_multihost``);
   4. a ``PrepareStarted`` entry left by a crash -> roll its partial work back first;
   5. record ``PrepareStarted`` (written while the claim is read, the two slow steps overlapping),
      set the devices up, write the claim's CDI spec, record ``PrepareCompleted``; the checkpoint
@@ -38,7 +39,7 @@ import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Final
+from typing import Final, Protocol
 
 from prometheus_client import Counter, Histogram
 
@@ -46,7 +47,13 @@ from dra_api.kubeletapi.model import ClaimRef, PreparedDevice, PrepareResult
 from dra_node_agent import checkpoint as cp
 from dra_node_agent.cdi import CdiWriter
 from dra_node_agent.claims import ClaimAllocation, ClaimError, ClaimGone, ClaimSource, describe
-from dra_node_agent.discovery.base import ContainerEdits, DiscoveredDevice, DiscoveredInventory
+from dra_node_agent.discovery.base import (
+    ContainerEdits,
+    DiscoveredDevice,
+    DiscoveredInventory,
+    TpuHostInfo,
+    TpuWorkers,
+)
 from dra_node_agent.opaqueconfig import (
     GoogleTpuConfig,
     OpaqueConfigError,
@@ -89,6 +96,15 @@ DEVICE_SETUPS = Counter(
 )
 
 
+class TpuWorkerSource(Protocol):
+    """Multi-host TPU worker identity for a claim (``tpu_multihost.TpuWorkerResolver``); raises
+    ``ClaimError`` when it cannot be told right."""
+
+    async def resolve(
+        self, *, allocation: ClaimAllocation, host: TpuHostInfo, chips: int, config: TpuConfig | None
+    ) -> TpuWorkers | None: ...
+
+
 class PrepareError(Exception):
     """A claim that cannot be prepared; the message names the claim and the reason."""
 
@@ -107,8 +123,11 @@ class PrepareHandler:
         cdi_dir: Path,
         proc_root: Path = Path("/proc"),
         config_parser: OpaqueConfigParser | None = None,
+        tpu_workers: TpuWorkerSource | None = None,
     ) -> None:
         self.driver = driver
+        # Derives the worker identity of a pod on a multi-host TPU slice from its Job (TPU drivers).
+        self.tpu_workers = tpu_workers
         self.node_name = node_name
         self._inventory = inventory
         self._devices = inventory.by_name()
@@ -260,7 +279,9 @@ class PrepareHandler:
             await asyncio.gather(reading, return_exceptions=True)
             return answer(entry)
         try:
-            planned, devices, tpu_config = self.plan(await reading)
+            allocation = await reading
+            planned, devices, tpu_config = self.plan(allocation)
+            workers = await self._tpu_workers(allocation, devices, tpu_config) if planned else None
         except (ClaimError, PrepareError):
             await asyncio.to_thread(self.store.remove, claim.uid)  # nothing was done: forget it
             raise
@@ -282,6 +303,7 @@ class PrepareHandler:
                 devices=devices,
                 inventory=self._inventory,
                 config=tpu_config,
+                workers=workers,
             )
             await self._pause("cdi-written")
 
@@ -373,6 +395,18 @@ class PrepareHandler:
                 "container"
             )
         return planned, list(devices.values()), next(iter(tpu_configs), None)
+
+    async def _tpu_workers(
+        self, allocation: ClaimAllocation, devices: Sequence[DiscoveredDevice], config: TpuConfig | None
+    ) -> TpuWorkers | None:
+        """The multi-host worker identity of the claim's pod, when this is a TPU host of a multi-host
+        slice and the claim has all its chips; None keeps the host's own (see ``tpu_multihost``)."""
+        host = self._inventory.tpu_host
+        if self.tpu_workers is None or host is None:
+            return None
+        return await self.tpu_workers.resolve(
+            allocation=allocation, host=host, chips=len(devices), config=config
+        )
 
     def _apply_config(
         self,

@@ -84,6 +84,17 @@ class Settings:
             "DRA driver name for Google TPUs (ResourceSlices, sockets, CDI vendor).", metavar="NAME"
         ),
     )
+    tpu_env_file: str = field(
+        default="",
+        metadata=_opt(
+            "Cloud TPU tpu-env file (lines KEY: 'value'): the slice's TOPOLOGY, this host's WORKER_ID and "
+            "the slice's identity (SLICE_ID, else NODE_ID), published as the sliceId and workerId "
+            "attributes. Unset: /etc/tpu/tpu-env on TPU hardware, none with --simulate-profile (a "
+            "simulated host of a multi-host slice is given its own file).",
+            env=("TPU_ENV_FILE",),
+            metavar="PATH",
+        ),
+    )
     kubelet_registry_dir: Path = field(
         default=Path("/var/lib/kubelet/plugins_registry"),
         metadata=_opt(

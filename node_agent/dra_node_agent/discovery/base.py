@@ -208,6 +208,8 @@ class TpuHostInfo:
     chips_per_host_bounds: tuple[int, int, int]
     worker_id: int | None = None
     worker_hostnames: tuple[str, ...] = ()
+    # The physical slice this host belongs to (tpu-env SLICE_ID or NODE_ID); None when unknown.
+    slice_id: str | None = None
 
     @property
     def dims(self) -> tuple[int, ...]:
@@ -223,6 +225,28 @@ class TpuHostInfo:
     @property
     def single_host(self) -> bool:
         return self.slice_chips == self.chips_on_host
+
+    @property
+    def host_bounds(self) -> tuple[int, int, int]:
+        """Hosts per dimension of the slice: its topology divided by this host's chip bounds."""
+        padded = [*self.dims, 1, 1][:3]
+        a, b, c = (max(1, d // per) for d, per in zip(padded, self.chips_per_host_bounds, strict=True))
+        return a, b, c
+
+    @property
+    def slice_hosts(self) -> int:
+        """How many hosts the slice spans (1 for a single-host slice)."""
+        a, b, c = self.host_bounds
+        return a * b * c
+
+
+@dataclass(frozen=True)
+class TpuWorkers:
+    """The multi-host identity of one container: its worker index and every worker's hostname, in
+    index order (TPU_WORKER_ID, TPU_WORKER_HOSTNAMES); derived at prepare from the pod's Job."""
+
+    worker_id: int
+    hostnames: tuple[str, ...]
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ class DiscoveryConfig:
     dev_root / sysfs_root / proc_root: the host's /dev, /sys and /proc as the agent sees them.
     host_dev_dir: the host's /dev as the container runtime sees it (device paths in CDI specs).
     tpu_topology: the TPU slice topology when the host does not say (e.g. "4x4x4" for a multi-host slice).
-    tpu_env_path: the Cloud TPU `tpu-env` file; None to ignore.
+    tpu_env_path: the Cloud TPU `tpu-env` file (simulated TPU hosts read it too); None to ignore.
     simulation_dir: where simulated fake trees are written (a temporary directory if None).
     """
 
@@ -110,7 +110,13 @@ def _simulated_backends(config: DiscoveryConfig) -> list[DiscoveryBackend]:
         drivers.add(driver)
         state_dir = Path(config.simulation_dir) / f"{index}-{profile.name}" if config.simulation_dir else None
         backends.append(
-            SimulatedBackend(profile=profile, node_name=config.node_name, state_dir=state_dir, driver=driver)
+            SimulatedBackend(
+                profile=profile,
+                node_name=config.node_name,
+                state_dir=state_dir,
+                driver=driver,
+                tpu_env_path=config.tpu_env_path if profile.tpu is not None else None,
+            )
         )
     return backends
 

@@ -376,6 +376,9 @@ class SimulatedBackend:
     """Discovery over simulated hardware described by `profile`.
 
     The fake trees are written once under `state_dir` (a fresh temporary directory by default).
+    A TPU profile's host reads `tpu_env_path`, a Cloud TPU tpu-env file, as a real host does: that
+    is where a simulated host of a multi-host slice gets its WORKER_ID and SLICE_ID, so hardware and
+    simulation share one code path (None: no file, a host whose slice identity is unknown).
     """
 
     def __init__(
@@ -385,7 +388,9 @@ class SimulatedBackend:
         node_name: str,
         state_dir: str | Path | None = None,
         driver: str | None = None,
+        tpu_env_path: str | Path | None = None,
     ) -> None:
+        self._tpu_env_path = tpu_env_path
         self._profile_ref = profile
         self._node_name = node_name
         self._state_dir = Path(state_dir) if state_dir else None
@@ -460,7 +465,7 @@ class SimulatedBackend:
             sysfs_root=root / "sys",
             dev_root=root / "dev",
             topology=profile.tpu.topology,
-            tpu_env_path=None,
+            tpu_env_path=self._tpu_env_path,
             host_dev_dir=str(root / "dev") if char_devices else "/dev",
             simulated=True,
         )

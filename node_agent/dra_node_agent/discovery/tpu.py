@@ -5,7 +5,8 @@ ID (v2 and v3 share one and differ by subsystem device). v2-v4 chips show as `/d
 v5e/v5p/v6e/TPU7x chips are bound to vfio-pci and show as `/dev/vfio/<iommu group>`. Attribute
 names follow kubernetes-sigs/dra-driver-google-tpu (`accelerator`, `tpuGen`, `chipCount`,
 `topology`, `index`, `uuid`, `brand`), plus `type`, `tensorCores`, the standard PCI attributes
-and a `memory` (HBM) capacity.
+and a `memory` (HBM) capacity. A host of a multi-host slice also publishes `sliceId` (which
+physical slice) and `workerId` (which host of it), from its tpu-env file.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import asyncio
 import logging
 import re
 import uuid as uuidlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,6 +69,9 @@ V2_V3_SUBSYSTEMS = {0x004E: "v2", 0x004F: "v3"}
 CHIPS_PER_HOST_BOUNDS = {1: (1, 1, 1), 2: (1, 2, 1), 4: (2, 2, 1), 8: (2, 4, 1)}
 
 _TOPOLOGY = re.compile(r"^[1-9]\d*(x[1-9]\d*){1,2}$")
+DEFAULT_TPU_ENV_FILE = "/etc/tpu/tpu-env"  # the host copy of GCE's tpu-env (Google's TPU_ENV_FILE)
+MAX_SLICE_ID = 64  # a string attribute's limit
+_SLICE_ID = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_.]{0,63}$")
 
 
 def generation_for(device_id: int, subsystem_device: int | None) -> str | None:
@@ -90,6 +94,23 @@ def validate_topology(topology: str) -> str:
     if not _TOPOLOGY.match(topology):
         raise ValueError(f"TPU topology {topology!r}: expected AxB or AxBxC with positive integers")
     return topology
+
+
+def slice_identity(env: Mapping[str, str]) -> str | None:
+    """The name of the physical slice this host belongs to, from its tpu-env values.
+
+    Facts (reference devices.md 2.3): Cloud TPU's tpu-env carries TOPOLOGY, HOST_BOUNDS,
+    CHIPS_PER_HOST_BOUNDS and WORKER_ID (this host's index in its slice), but no key the references
+    name as the slice's identity. Our choice: ``SLICE_ID``, a key of this driver that whoever writes
+    the file sets (on GKE the node pool's name, one multi-host TPU node pool being one slice; the
+    simulated nodes of the tests write it); else ``NODE_ID``, which Cloud TPU VMs carry as the name
+    of their TPU node (inferred, not in the references). Hosts with the same value form one slice.
+    """
+    for key in ("SLICE_ID", "NODE_ID"):
+        value = env.get(key, "").strip()
+        if value:
+            return value
+    return None
 
 
 def read_tpu_env(path: Path) -> dict[str, str]:
@@ -153,7 +174,7 @@ class TpuBackend:
         sysfs_root: str | Path = "/sys",
         dev_root: str | Path = "/dev",
         topology: str | None = None,
-        tpu_env_path: str | Path | None = "/etc/tpu/tpu-env",
+        tpu_env_path: str | Path | None = DEFAULT_TPU_ENV_FILE,
         worker_id: int | None = None,
         worker_hostnames: tuple[str, ...] = (),
         host_dev_dir: str = "/dev",
@@ -277,6 +298,13 @@ class TpuBackend:
         worker_id = self._worker_id
         if worker_id is None and env.get("WORKER_ID", "").isdigit():
             worker_id = int(env["WORKER_ID"])
+        slice_id = slice_identity(env)
+        if slice_id is not None and not _SLICE_ID.match(slice_id):
+            errors.append(
+                f"{self._tpu_env_path}: slice identity {slice_id!r} is not 1-{MAX_SLICE_ID} letters, "
+                "digits, '-', '_' or '.'; sliceId is not published"
+            )
+            slice_id = None
         return TpuHostInfo(
             generation=gen.name,
             accelerator=gen.accelerator,
@@ -286,6 +314,7 @@ class TpuBackend:
             chips_per_host_bounds=chips_per_host_bounds(chips),
             worker_id=worker_id,
             worker_hostnames=self._worker_hostnames,
+            slice_id=slice_id,
         )
 
     def _device(self, gen: TpuGeneration, host: TpuHostInfo, index: int, chip: _Chip) -> DiscoveredDevice:
@@ -309,6 +338,12 @@ class TpuBackend:
             attributes[f"{STANDARD_ATTRIBUTE_DOMAIN}/pcieRoot"] = string_attr(root)
         if chip.numa_node is not None:
             attributes["numaNode"] = int_attr(chip.numa_node)
+        # Which physical slice and which host of it: a claim's selector on sliceId keeps the pods of
+        # a multi-host workload on the hosts of one slice (see slice_identity).
+        if host.slice_id is not None:
+            attributes["sliceId"] = string_attr(host.slice_id)
+        if host.worker_id is not None:
+            attributes["workerId"] = int_attr(host.worker_id)
         return DiscoveredDevice(
             # Google's driver names a chip by its device file: accelN, or its VFIO group number.
             name=chip.local_id or f"tpu-{index}",

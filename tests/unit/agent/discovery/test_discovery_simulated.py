@@ -27,7 +27,15 @@ FIXTURES = Path(__file__).parents[3] / "fixtures"
 GOLDEN = FIXTURES / "golden"
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 SEMVER = re.compile(r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)$")
-SHIPPED = ["a100-40gb-mig", "h100-80gb-x8", "tpu-v4-2x2x1", "tpu-v5e-2x2", "tpu-v6e-2x4"]
+SHIPPED = [
+    "a100-40gb-mig",
+    "h100-80gb-x8",
+    "tpu-v4-2x2x1",
+    "tpu-v5e-2x2",
+    "tpu-v5p-2x2x4",
+    "tpu-v6e-2x4",
+    "tpu-v6e-4x4",
+]
 
 
 def test_shipped_profiles() -> None:

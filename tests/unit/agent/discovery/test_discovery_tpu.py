@@ -149,3 +149,57 @@ def test_tpu_env_parsing(tmp_path: Path) -> None:
 def test_bad_topology_is_rejected() -> None:
     with pytest.raises(ValueError, match="TPU topology '2x'"):
         TpuBackend(node_name="n", topology="2x")
+
+
+@pytest.mark.parametrize(
+    ("profile", "worker", "hosts", "bounds"),
+    [("tpu-v5p-2x2x4", 3, 4, (1, 1, 4)), ("tpu-v6e-4x4", 1, 2, (2, 1, 1))],
+)
+async def test_a_host_of_a_multi_host_slice_publishes_its_slice_and_worker_from_tpu_env(
+    tmp_path: Path, profile: str, worker: int, hosts: int, bounds: tuple[int, int, int]
+) -> None:
+    env = tmp_path / "tpu-env"
+    env.write_text(f"WORKER_ID: '{worker}'\nSLICE_ID: 'pool-a'\n")
+    inventory = await SimulatedBackend(
+        profile=profile, node_name="n", state_dir=tmp_path / "hw", tpu_env_path=env
+    ).discover()
+    assert check_inventory(inventory) == []
+    host = inventory.tpu_host
+    assert host is not None
+    assert (host.slice_id, host.worker_id, host.slice_hosts, host.host_bounds) == (
+        "pool-a",
+        worker,
+        hosts,
+        bounds,
+    )
+    assert not host.single_host
+    for device in inventory.slice_devices():
+        assert device["attributes"]["sliceId"] == {"string": "pool-a"}
+        assert device["attributes"]["workerId"] == {"int": worker}
+
+
+async def test_without_a_tpu_env_file_no_slice_attributes_are_published(tmp_path: Path) -> None:
+    inventory = await SimulatedBackend(profile="tpu-v5p-2x2x4", node_name="n", state_dir=tmp_path).discover()
+    attributes = inventory.slice_devices()[0]["attributes"]
+    assert "sliceId" not in attributes
+    assert "workerId" not in attributes
+    assert inventory.tpu_host is not None
+    assert inventory.tpu_host.slice_hosts == 4
+
+
+async def test_the_slice_identity_falls_back_to_node_id_and_refuses_what_is_no_attribute(
+    tmp_path: Path,
+) -> None:
+    env = tmp_path / "tpu-env"
+    env.write_text("WORKER_ID: '0'\nNODE_ID: 'my-tpu'\n")
+    found = await SimulatedBackend(
+        profile="tpu-v5p-2x2x4", node_name="n", state_dir=tmp_path / "a", tpu_env_path=env
+    ).discover()
+    assert found.slice_devices()[0]["attributes"]["sliceId"] == {"string": "my-tpu"}
+    env.write_text("WORKER_ID: '0'\nSLICE_ID: '" + "x" * 65 + "'\n")
+    refused = await SimulatedBackend(
+        profile="tpu-v5p-2x2x4", node_name="n", state_dir=tmp_path / "b", tpu_env_path=env
+    ).discover()
+    assert "sliceId" not in refused.slice_devices()[0]["attributes"]
+    assert "sliceId is not published" in refused.errors[0]
+    assert check_inventory(refused) == []
