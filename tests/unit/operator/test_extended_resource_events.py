@@ -93,7 +93,8 @@ def test_one_event_names_the_claim_the_resources_and_the_devices_once_allocated(
     assert reporter.sweep(now=SCHEDULED + 2) == 1
     assert reporter.sweep(now=SCHEDULED + 3) == 0
     (event,) = sink.posted
-    assert event["type"] == "Normal" and event["reason"] == REASON
+    assert event["type"] == "Normal"
+    assert event["reason"] == REASON
     assert event["involved"] == {
         "apiVersion": "v1",
         "kind": "Pod",
