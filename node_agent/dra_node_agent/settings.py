@@ -68,7 +68,8 @@ class Settings:
         default=(),
         metadata=_opt(
             "Publish simulated devices instead of discovering hardware: built-in profile names (e.g. "
-            "h100-80gb-x8, tpu-v6e-2x4) or profile YAML paths, comma-separated, at most one per driver.",
+            "h100-80gb-x8, tpu-v6e-2x4; nic-sim-h100-x4, a simulated NIC driver for tests) or profile "
+            "YAML paths, comma-separated, at most one per driver.",
             metavar="NAME|PATH",
         ),
     )

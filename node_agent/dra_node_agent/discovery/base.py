@@ -163,7 +163,7 @@ class ContainerEdits:
         return out
 
 
-DeviceKind = Literal["gpu", "mig", "tpu"]
+DeviceKind = Literal["gpu", "mig", "tpu", "nic"]
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,8 @@ class DiscoveryConfig:
 
     node_name: this node; seeds simulated and TPU UUIDs.
     backends: "auto" (detect), or any of "nvidia", "tpu" to force them on.
-    simulated_profiles: profile names or paths; when set, only simulated backends run.
+    simulated_profiles: profile names or paths; when set, only simulated backends run (at most one
+        per driver: GPU, TPU, and the simulated NIC driver a `nic:` profile names).
     gpu_driver / tpu_driver: the driver names devices are published under.
     driver_root: where the NVIDIA driver's files live (/run/nvidia/driver for a containerised driver).
     dev_root / sysfs_root / proc_root: the host's /dev, /sys and /proc as the agent sees them.
@@ -104,7 +105,12 @@ def _simulated_backends(config: DiscoveryConfig) -> list[DiscoveryBackend]:
     drivers: set[str] = set()
     for index, ref in enumerate(config.simulated_profiles):
         profile = load_profile(ref)
-        driver = config.gpu_driver if profile.nvidia is not None else config.tpu_driver
+        if profile.nvidia is not None:
+            driver = config.gpu_driver
+        elif profile.tpu is not None:
+            driver = config.tpu_driver
+        else:
+            driver = profile.driver  # the simulated NIC driver's name is the profile's
         if driver in drivers:
             raise ValueError(f"simulated profiles: two profiles publish for driver {driver!r}; use one")
         drivers.add(driver)

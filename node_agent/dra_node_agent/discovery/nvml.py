@@ -27,11 +27,12 @@ from .base import (
     DiscoveredDevice,
     DiscoveredInventory,
     dns_label,
+    int_attr,
     sorted_devices,
     string_attr,
     version_attr,
 )
-from .pci import normalize_bus_id, pcie_root
+from .pci import normalize_bus_id, pci_device_dir, pcie_root, read_int
 
 log = logging.getLogger(__name__)
 
@@ -273,6 +274,11 @@ class NvmlBackend:
         root = pcie_root(self._sysfs_root, bus_id)
         if root is not None:
             shared[f"{STANDARD_ATTRIBUTE_DOMAIN}/pcieRoot"] = string_attr(root)
+        # As NVIDIA's driver: the NUMA node sysfs gives the PCI function; -1 (no NUMA affinity, or
+        # a single-node machine) and a missing entry leave the attribute out rather than guess.
+        numa = read_int(pci_device_dir(self._sysfs_root, bus_id) / "numa_node")
+        if numa is not None and numa >= 0:
+            shared[f"{STANDARD_ATTRIBUTE_DOMAIN}/numaNode"] = int_attr(numa)
         parent_node = self._node(f"nvidia{minor}")
 
         if mig_enabled:

@@ -3,7 +3,8 @@
 A profile describes one node's accelerators (see `dra_node_agent/profiles/*.yaml`). The simulated
 backend turns it into a `FakeNvml` (NVIDIA) or a fake sysfs and /dev tree (TPU) and runs
 `NvmlBackend` or `TpuBackend` over it, so a simulated node publishes exactly what real hardware of
-that kind would. UUIDs derive from the node name, so two simulated nodes never share one.
+that kind would. UUIDs derive from the node name, so two simulated nodes never share one. A `nic:`
+profile runs the simulated NIC driver of `simnic` (a test stand-in for aligning GPUs with NICs).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from .fakehw import (
     write_pci_tree,
 )
 from .nvml import ARCHITECTURE_NAMES, BRAND_NAMES, NvmlBackend
+from .simnic import NIC_DRIVER, NicProfile, SimNic, SimulatedNicBackend, nic_pci_functions, valid_if_name
 from .tpu import GENERATIONS, GOOGLE_VENDOR, TpuBackend, validate_topology
 
 PROFILE_PACKAGE = "dra_node_agent.profiles"
@@ -87,9 +89,12 @@ class Profile:
     description: str
     nvidia: NvidiaProfile | None = None
     tpu: TpuProfile | None = None
+    nic: NicProfile | None = None
 
     @property
     def driver(self) -> str:
+        if self.nic is not None:
+            return self.nic.driver
         return GPU_DRIVER if self.nvidia is not None else TPU_DRIVER
 
 
@@ -125,15 +130,16 @@ def load_profile(name_or_path: str | Path) -> Profile:
 
 def parse_profile(data: Any, *, label: str) -> Profile:
     p = _Reader(label)
-    top = p.mapping(data, "", {"name", "description", "nvidia", "tpu"})
-    has_nvidia, has_tpu = "nvidia" in top, "tpu" in top
-    if has_nvidia == has_tpu:
-        raise ProfileError(f"profile {label}: exactly one of 'nvidia' and 'tpu' must be set")
+    top = p.mapping(data, "", {"name", "description", "nvidia", "tpu", "nic"})
+    has_nvidia, has_tpu, has_nic = "nvidia" in top, "tpu" in top, "nic" in top
+    if has_nvidia + has_tpu + has_nic != 1:
+        raise ProfileError(f"profile {label}: exactly one of 'nvidia', 'tpu' and 'nic' must be set")
     return Profile(
         name=p.string(top.get("name", label), "name"),
         description=p.string(top.get("description", ""), "description"),
         nvidia=_parse_nvidia(p, top["nvidia"]) if has_nvidia else None,
         tpu=_parse_tpu(p, top["tpu"]) if has_tpu else None,
+        nic=_parse_nic(p, top["nic"]) if has_nic else None,
     )
 
 
@@ -290,6 +296,34 @@ def _parse_tpu(p: _Reader, raw: Any) -> TpuProfile:
     )
 
 
+def _parse_nic(p: _Reader, raw: Any) -> NicProfile:
+    section = p.mapping(raw, "nic", {"driver", "nics"})
+    driver = p.string(section.get("driver", NIC_DRIVER), "nic.driver")
+    nics: list[SimNic] = []
+    for i, item in enumerate(p.sequence(section.get("nics"), "nic.nics")):
+        where = f"nic.nics[{i}]"
+        n = p.mapping(item, where, {"ifName", "pciBusId", "pcieRoot", "numaNode", "rdma"})
+        if_name = p.string(n.get("ifName"), f"{where}.ifName")
+        if not valid_if_name(if_name):
+            raise p.fail(f"{where}.ifName", f"{if_name!r} is not a Linux interface name")
+        rdma = n.get("rdma", True)
+        if not isinstance(rdma, bool):
+            raise p.fail(f"{where}.rdma", "must be true or false")
+        root = n.get("pcieRoot")
+        nics.append(
+            SimNic(
+                if_name=if_name,
+                pci_bus_id=p.string(n.get("pciBusId"), f"{where}.pciBusId"),
+                pcie_root=None if root is None else p.string(root, f"{where}.pcieRoot"),
+                numa_node=p.integer(n.get("numaNode", -1), f"{where}.numaNode"),
+                rdma=rdma,
+            )
+        )
+    if not nics:
+        raise p.fail("nic.nics", "must list at least one NIC")
+    return NicProfile(driver=driver, nics=tuple(nics))
+
+
 def simulated_gpus(profile: NvidiaProfile, *, node_name: str) -> list[FakeGpu]:
     """The fake GPUs of a profile, with UUIDs derived from the node name."""
     gpus: list[FakeGpu] = []
@@ -366,7 +400,7 @@ class SimulatedHardware:
 
     root: Path
     nvml: FakeNvml | None = None
-    backend: NvmlBackend | TpuBackend | None = field(default=None, repr=False)
+    backend: NvmlBackend | TpuBackend | SimulatedNicBackend | None = field(default=None, repr=False)
     char_devices: bool = False
     """Whether the fake /dev holds character devices (the agent may mknod), which a container
     runtime can inject as it would the real ones."""
@@ -455,6 +489,13 @@ class SimulatedBackend:
                 simulated=True,
             )
             return SimulatedHardware(root=root, nvml=nvml, backend=backend, char_devices=char_devices)
+        if profile.nic is not None:
+            # NICs have no device nodes here: their CDI specs carry environment only.
+            write_pci_tree(root, nic_pci_functions(profile.nic))
+            nic_backend = SimulatedNicBackend(
+                driver=driver, profile=profile.nic, sysfs_root=root / "sys", node_name=self._node_name
+            )
+            return SimulatedHardware(root=root, backend=nic_backend)
         assert profile.tpu is not None
         write_pci_tree(root, tpu_pci_functions(profile.tpu), char_devices=True)
         nodes = [p for p in (root / "dev").rglob("*") if not p.is_dir()]

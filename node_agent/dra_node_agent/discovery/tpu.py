@@ -337,7 +337,10 @@ class TpuBackend:
         if root is not None:
             attributes[f"{STANDARD_ATTRIBUTE_DOMAIN}/pcieRoot"] = string_attr(root)
         if chip.numa_node is not None:
+            # Google's driver's own name, and the standard one that other drivers (a NIC's) share,
+            # so a claim can match a chip with a NIC on its NUMA node across drivers.
             attributes["numaNode"] = int_attr(chip.numa_node)
+            attributes[f"{STANDARD_ATTRIBUTE_DOMAIN}/numaNode"] = int_attr(chip.numa_node)
         # Which physical slice and which host of it: a claim's selector on sliceId keeps the pods of
         # a multi-host workload on the hosts of one slice (see slice_identity).
         if host.slice_id is not None:

@@ -35,7 +35,9 @@ def probe_for(
                 ignored_xids=ignored_xids,
                 temperature_limit=temperature_limit,
             )
-        return TpuHealthProbe(sysfs_root=hardware.root / "sys", dev_root=hardware.root / "dev")
+        if backend.profile().tpu is not None:
+            return TpuHealthProbe(sysfs_root=hardware.root / "sys", dev_root=hardware.root / "dev")
+        return None  # the simulated NIC driver (a test stand-in) reports no health
     if isinstance(backend, NvmlBackend):
         return NvmlHealthProbe(
             nvml=backend.nvml_module(), ignored_xids=ignored_xids, temperature_limit=temperature_limit

@@ -38,6 +38,7 @@ from __future__ import annotations
 from dra_operator.allocator.allocator import (
     MAX_DEVICES_PER_CLAIM,
     Allocator,
+    MatchValues,
     RequestFunnel,
     class_matches,
     evaluate_selector,
@@ -64,6 +65,7 @@ __all__ = [
     "DeviceID",
     "FailedAllocationOnNode",
     "FeatureGates",
+    "MatchValues",
     "Pool",
     "PoolID",
     "RequestFunnel",

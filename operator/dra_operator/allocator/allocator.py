@@ -32,7 +32,13 @@ from dra_api.model import (
 )
 from dra_api.quantity import Quantity
 from dra_operator.allocator import capacity as cap
-from dra_operator.allocator.constraints import Constraint, DistinctAttribute, MatchAttribute
+from dra_operator.allocator.constraints import (
+    Constraint,
+    DistinctAttribute,
+    MatchAttribute,
+    attribute_text,
+    lookup_attribute,
+)
 from dra_operator.allocator.errors import AllocationError, AllocationTimeout, FailedAllocationOnNode
 from dra_operator.allocator.gates import FeatureGates
 from dra_operator.allocator.pools import DeviceEntry, Pool, PoolID, SliceEntry, SliceIndex
@@ -139,6 +145,22 @@ class RequestFunnel:
     within_capacity: int
     binding_excluded: int = 0  # devices with binding conditions while the feature is off
     unavailable_pools: tuple[str, ...] = ()  # "driver/pool (reason)" for incomplete or invalid pools
+    match_values: tuple[MatchValues, ...] = ()  # per matchAttribute constraint covering the request
+
+
+@dataclass(frozen=True, slots=True)
+class MatchValues:
+    """The values of one matchAttribute constraint's attribute among a request's devices that pass
+    every check of the funnel (``within_capacity``): what the constraint has to choose from.
+
+    ``values`` pairs each value (as text) with how many such devices have it, most first;
+    ``missing`` counts those without the attribute (the constraint never takes them).
+    """
+
+    constraint: int  # index in the claim's constraints
+    attribute: str
+    values: tuple[tuple[str, int], ...]
+    missing: int = 0
 
 
 def _counters_fit(available: Mapping[tuple[str, str], Quantity], entry: DeviceEntry) -> bool:
@@ -618,6 +640,13 @@ class _Run:
 
     def funnel(self, spec: Spec) -> RequestFunnel:
         counts = [0] * 7
+        matching = [
+            k
+            for k in self.claims[spec.claim_index].constraints
+            if isinstance(k, MatchAttribute) and k.covers(spec.parent, spec.full)
+        ]
+        seen: dict[int, dict[str, int]] = {k.index: {} for k in matching}
+        missing: dict[int, int] = dict.fromkeys(seen, 0)
         binding_excluded = 0
         unavailable: list[str] = []
         taints = self.gates.device_taints
@@ -661,6 +690,12 @@ class _Run:
                     if self.cc and not self._capacity_fits(spec, entry):
                         continue
                     counts[6] += 1
+                    for k in matching:
+                        text = attribute_text(lookup_attribute(entry, k.attribute), lists=k.lists)
+                        if text is None:
+                            missing[k.index] += 1
+                        else:
+                            seen[k.index][text] = seen[k.index].get(text, 0) + 1
         return RequestFunnel(
             claim=self.input_claims[spec.claim_index].ref,
             request=spec.full,
@@ -676,6 +711,15 @@ class _Run:
             within_capacity=counts[6],
             binding_excluded=binding_excluded,
             unavailable_pools=tuple(unavailable),
+            match_values=tuple(
+                MatchValues(
+                    constraint=k.index,
+                    attribute=k.attribute,
+                    values=tuple(sorted(seen[k.index].items(), key=lambda item: (-item[1], item[0]))),
+                    missing=missing[k.index],
+                )
+                for k in matching
+            ),
         )
 
     # ---- the search ----------------------------------------------------------------------------

@@ -50,6 +50,16 @@ def attribute_set(
     return None if element is None else frozenset((element,))
 
 
+def attribute_text(value: AttributeValue | UnsupportedAttribute | None, *, lists: bool) -> str | None:
+    """A value as an explanation shows it ("pci0000:15", "1", "[0, 1]"); None when the device
+    cannot take part in a constraint on it (see :func:`attribute_set`)."""
+    values = attribute_set(value, lists=lists)
+    if values is None:
+        return None
+    texts = sorted(str(v).lower() if isinstance(v, bool) else str(v) for _, v in values)
+    return texts[0] if len(texts) == 1 and not isinstance(value, tuple) else "[" + ", ".join(texts) + "]"
+
+
 class Constraint:
     """Base: which requests a constraint covers (empty = all requests of the claim)."""
 

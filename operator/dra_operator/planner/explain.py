@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from dra_api.model import ALL, Node, ResourceClaim
-from dra_operator.allocator import RequestFunnel
+from dra_operator.allocator import MatchValues, RequestFunnel
 from dra_operator.planner.demand import DemandKey, request_keys
 
 if TYPE_CHECKING:
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 EVENT_MESSAGE_LIMIT = 1024
 _BEST_NODES = 3
+_SHOWN_VALUES = 6  # attribute values listed per request before "and N more"
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +114,9 @@ def explain(
         if attempt is not None:
             for ck, rejected in sorted(attempt.constraint_rejections.items()):
                 name = constraint_names.get(ck, f"constraint #{ck[1]}")
-                parts.append(f"{name} turned away {rejected} device{'s' if rejected != 1 else ''}")
+                text = f"{name} turned away {rejected} device{'s' if rejected != 1 else ''}"
+                values = _match_values_text(rows=rows, key=ck, claims=claims)
+                parts.append(f"{text} and failed: {values}" if values else text)
         node_lines.append(f"{node.name}: " + "; ".join(parts))
         funnels.append((node.name, rows, attempt))
     advice = _advice(
@@ -150,6 +153,48 @@ def _constraint_text(match: str | None, distinct: str | None, requests: tuple[st
     kind = f"matchAttribute {match}" if match else f"distinctAttribute {distinct}"
     on = f" on {', '.join(requests)}" if requests else ""
     return f"constraint ({kind}{on})"
+
+
+def _match_values_text(
+    *, rows: Sequence[RequestFunnel], key: tuple[str, int], claims: Sequence[ResourceClaim]
+) -> str | None:
+    """For a matchAttribute constraint: the attribute's values among each covered request's usable
+    devices on the node, and whether any one value has enough of them for every request, e.g.
+    "usable resource.kubernetes.io/pcieRoot values: request gpu: pci0000:3a (1); request nic:
+    pci0000:15 (1); no one value has enough for every request (gpu needs 1, nic needs 1)"."""
+    ref, index = key
+    covered: list[tuple[RequestFunnel, MatchValues]] = [
+        (row, mv) for row in rows if row.claim == ref for mv in row.match_values if mv.constraint == index
+    ]
+    if not covered:
+        return None
+    pieces = []
+    for row, mv in covered:
+        shown = ", ".join(f"{value} ({n})" for value, n in mv.values[:_SHOWN_VALUES]) or "none"
+        if len(mv.values) > _SHOWN_VALUES:
+            shown += f" and {len(mv.values) - _SHOWN_VALUES} more"
+        if mv.missing:
+            shown += f", {mv.missing} without the attribute"
+        pieces.append(f"{_prefix(row.claim, claims)}request {row.request}: {shown}")
+
+    def need(row: RequestFunnel) -> int:
+        return 1 if row.mode == ALL else row.wanted
+
+    def enough(value: str) -> bool:
+        return all(dict(mv.values).get(value, 0) >= need(row) for row, mv in covered)
+
+    fitting = [value for value, _ in covered[0][1].values if enough(value)]
+    if fitting:
+        verdict = (
+            f"{', '.join(fitting[:_SHOWN_VALUES])} would have enough for every request, but not together "
+            "with the claim's other requests and constraints"
+        )
+    else:
+        needs = ", ".join(
+            f"{row.request} needs {'all' if row.mode == ALL else need(row)}" for row, _ in covered
+        )
+        verdict = f"no one value has enough for every request ({needs})"
+    return f"usable {covered[0][1].attribute} values: " + "; ".join(pieces) + f"; {verdict}"
 
 
 _STAGES = (

@@ -29,6 +29,7 @@ from dra_devcluster.cluster import free_port
 REPO = Path(__file__).resolve().parents[3]
 GPU = "gpu.nvidia.com"
 TPU = "tpu.google.com"
+NIC = "nic.sim.accel-dra.dev"  # the simulated NIC driver of the nic-* profiles (a test stand-in)
 AGENT_NAMESPACE = "accel-dra"
 AGENT_SERVICE_ACCOUNT = "accel-dra-node-agent"
 
@@ -95,6 +96,13 @@ class AgentDirs:
             folder.mkdir(parents=True, exist_ok=True)
         if not self.boot_id.exists():
             self.boot_id.write_text("boot-one\n")
+
+
+def profile_driver(profile: str) -> str:
+    """The driver a shipped profile publishes under (the agent's default names)."""
+    if profile.startswith("tpu"):
+        return TPU
+    return NIC if profile.startswith("nic") else GPU
 
 
 def agent_kubeconfig(cluster: LocalCluster) -> Path:
@@ -190,7 +198,7 @@ class AgentProcess:
 
     def wait_serving(self, *, timeout: float = 60) -> None:
         """Wait until every driver's registration socket accepts connections (the agent's last step)."""
-        drivers = [GPU if not p.startswith("tpu") else TPU for p in self.profiles]
+        drivers = [profile_driver(p) for p in self.profiles]
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:

@@ -142,13 +142,15 @@ def gpu_pod(name: str, *, command: str, count: int = 1) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def node_with_agent(
-    local_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
+    local_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 ) -> Iterator[NodeWithAgent]:
     node = local_cluster.add_real_node(NODE)
     agent = AgentProcess(
         node=NODE,
         dirs=AgentDirs.for_node(node),
         kubeconfig=agent_kubeconfig(local_cluster),
+        # A test module may name the agent's simulated profiles (AGENT_PROFILES); else the H100s.
+        profiles=getattr(request.module, "AGENT_PROFILES", ("h100-80gb-x8",)),
         # Faults are polled every second and a device recovers after 8 s without a new one.
         extra_env={"DRA_AGENT_HEALTH_POLL_INTERVAL": "1", "DRA_AGENT_HEALTH_RECOVERY_PERIOD": "8"},
         wait_kubelet=True,

@@ -30,6 +30,7 @@ SEMVER = re.compile(r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)$")
 SHIPPED = [
     "a100-40gb-mig",
     "h100-80gb-x8",
+    "nic-sim-h100-x4",
     "tpu-v4-2x2x1",
     "tpu-v5e-2x2",
     "tpu-v5p-2x2x4",
@@ -125,7 +126,7 @@ async def test_simulated_nvidia_is_the_nvml_backend_over_a_fake(tmp_path: Path) 
 @pytest.mark.parametrize(
     ("document", "message"),
     [
-        ({"nvidia": {}, "tpu": {}}, "exactly one of 'nvidia' and 'tpu'"),
+        ({"nvidia": {}, "tpu": {}}, "exactly one of 'nvidia', 'tpu' and 'nic'"),
         ({"tpu": {"generation": "v6e", "chips": 8, "colour": 1}}, "tpu: unknown field 'colour'"),
         ({"tpu": {"generation": "v9", "chips": 8}}, "tpu.generation: unknown generation 'v9'"),
         ({"tpu": {"generation": "v6e", "chips": "8"}}, "tpu.chips: must be an integer"),
