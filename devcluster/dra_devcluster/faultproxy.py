@@ -7,7 +7,10 @@ back chunk by chunk, so lists, writes and long-lived watches behave exactly as a
 itself. A test adds :class:`Fault` rules to make chosen requests fail: a Kubernetes Status error
 (503, 429 with Retry-After, ...), a connection reset with no response, or a watch that ends at once
 with "410 Expired" (resource version too old). :meth:`FaultProxy.drop_streams` cuts every open watch,
-as an apiserver restart would. :meth:`FaultProxy.records` tells what happened to each request.
+as an apiserver restart would. A :class:`Blackhole` stalls connections silently: the streams it holds
+stay open but carry nothing more (no bytes, no end) until it is lifted, as behind a network path that
+drops packets; it can hold new requests too. :meth:`FaultProxy.records` tells what happened to each
+request.
 
 It is not a fake API server: nothing is answered from the proxy except the injected faults.
 
@@ -23,6 +26,7 @@ only, test clusters only. Upgrade requests (exec, port-forward) are not supporte
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
@@ -31,7 +35,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Coroutine, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -168,6 +172,53 @@ class Fault:
         return self.path is None or re.search(self.path, path) is not None
 
 
+@dataclass(eq=False)
+class Blackhole:
+    """A silent stall: matching connections stay open and carry nothing until the blackhole lifts.
+
+    ``existing``: responses already being relayed when it is added stop there; what the apiserver
+    sends afterwards (events, bookmarks, the end of the stream) waits in the proxy, so the client
+    sees a connection that is neither alive nor closed. ``new``: requests that arrive while it is
+    in place are held before they reach the apiserver (a held write has not happened). Lifting it
+    (:meth:`FaultProxy.lift`, :meth:`FaultProxy.clear`, or ``seconds`` after it was added) lets
+    both go on where they stopped, unless the client hung up meanwhile.
+
+    ``watch`` is True for watch requests only (the default), False for all others, None for both;
+    ``methods`` and ``path`` narrow the match as in :class:`Fault`. ``stalled`` counts the
+    connections it stopped and ``held`` the new requests it held (written by the proxy).
+    """
+
+    watch: bool | None = True
+    methods: frozenset[str] | None = None
+    path: str | None = None
+    existing: bool = True
+    new: bool = True
+    seconds: float | None = None
+    stalled: int = 0
+    held: int = 0
+    # Set by FaultProxy.blackhole(): when the blackhole lifts by itself, and which streams it finds
+    # open (those opened before it, see _Stream.serial).
+    until: float | None = field(default=None, init=False)
+    since: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        if not (self.existing or self.new):
+            raise ValueError("a blackhole that holds neither existing nor new connections does nothing")
+        if self.seconds is not None and self.seconds <= 0:
+            raise ValueError(f"seconds must be > 0, not {self.seconds}")
+        if self.methods is not None:
+            self.methods = frozenset(m.upper() for m in self.methods)
+        if self.path is not None:
+            re.compile(self.path)
+
+    def matches(self, method: str, path: str, watch: bool) -> bool:
+        if self.methods is not None and method.upper() not in self.methods:
+            return False
+        if self.watch is not None and self.watch != watch:
+            return False
+        return self.path is None or re.search(self.path, path) is not None
+
+
 @dataclass(frozen=True)
 class RequestRecord:
     """One request as the proxy saw it.
@@ -191,6 +242,17 @@ class _Stream:
     copy: asyncio.Task[None]
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     abort: bool = False
+
+
+@dataclass(frozen=True)
+class _Conn:
+    """What a blackhole matches a request or a relayed response by. ``serial`` orders responses
+    against blackholes: a blackhole holds the responses that began before it (``existing``)."""
+
+    method: str
+    path: str
+    watch: bool
+    serial: int
 
 
 def _is_watch_request(path: str, query: Mapping[str, str]) -> bool:
@@ -246,6 +308,10 @@ class FaultProxy:
         self._with_cert: aiohttp.ClientSession | None = None
         self._without_cert: aiohttp.ClientSession | None = None
         self._streams: set[_Stream] = set()
+        self._blackholes: list[Blackhole] = []
+        # Replaced (and the old one set) whenever the blackholes change, to wake what they hold.
+        self._blackholes_changed = asyncio.Event()
+        self._serials = itertools.count(1)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -334,8 +400,35 @@ class FaultProxy:
             self._faults = [f for f in self._faults if f is not fault]
 
     def clear(self) -> None:
+        """Remove every fault and lift every blackhole."""
         with self._lock:
             self._faults.clear()
+            lifted, self._blackholes = self._blackholes, []
+        if lifted:
+            self._wake_held()
+
+    def blackhole(self, hole: Blackhole | None = None) -> Blackhole:
+        """Put a :class:`Blackhole` in place now (a default one: every watch, existing and new);
+        returns it. Responses already relayed to their end are not affected."""
+        hole = hole if hole is not None else Blackhole()
+        with self._lock:
+            hole.since = next(self._serials)
+            hole.until = None if hole.seconds is None else time.monotonic() + hole.seconds
+            self._blackholes.append(hole)
+        return hole
+
+    def lift(self, hole: Blackhole) -> None:
+        """Remove this very blackhole; what it held goes on. Absent (or already expired) is fine."""
+        with self._lock:
+            self._blackholes = [b for b in self._blackholes if b is not hole]
+        self._wake_held()
+
+    def _wake_held(self) -> None:
+        with self._lock:
+            changed, self._blackholes_changed = self._blackholes_changed, asyncio.Event()
+        loop = self._loop
+        if loop is not None and loop.is_running():
+            loop.call_soon_threadsafe(changed.set)
 
     def records(self) -> list[RequestRecord]:
         with self._lock:
@@ -457,12 +550,55 @@ class FaultProxy:
         with self._lock:
             self._records.append(record)
 
+    def _holding(
+        self, conn: _Conn, *, new: bool, counted: set[int]
+    ) -> tuple[float | None, asyncio.Event] | None:
+        """Whether a blackhole holds ``conn`` now: None if not, else when the first of those that
+        hold it expires by itself (None: never) and the event that signals a change. Counts each
+        blackhole once per connection (``counted``: the ids already counted)."""
+        now = time.monotonic()
+        with self._lock:
+            self._blackholes = [b for b in self._blackholes if b.until is None or b.until > now]
+            holding = [
+                b
+                for b in self._blackholes
+                if b.matches(conn.method, conn.path, conn.watch)
+                and (b.new if new else b.existing and conn.serial < b.since)
+            ]
+            for b in holding:
+                if id(b) not in counted:
+                    counted.add(id(b))
+                    if new:
+                        b.held += 1
+                    else:
+                        b.stalled += 1
+            changed = self._blackholes_changed
+        if not holding:
+            return None
+        ends = [b.until for b in holding if b.until is not None]
+        return (min(ends) if len(ends) == len(holding) else None), changed
+
+    async def _pass_blackholes(self, conn: _Conn, *, new: bool) -> None:
+        """Return once no blackhole holds ``conn`` (at once when none does)."""
+        counted: set[int] = set()
+        while (held := self._holding(conn, new=new, counted=counted)) is not None:
+            until, changed = held
+            timeout = None if until is None else max(0.0, until - time.monotonic())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), timeout)
+
     async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
         at = time.monotonic()
         watch = _is_watch_request(request.path, request.query)
+        conn = _Conn(request.method, request.path, watch, next(self._serials))
+        # A held request waits here, before anything reaches the apiserver or the client; the
+        # client hanging up meanwhile cancels this handler (handler_cancellation).
+        await self._pass_blackholes(conn, new=True)
+        # Responses that begin from here on are held only by blackholes added later.
+        conn = _Conn(request.method, request.path, watch, next(self._serials))
         fault = self._take_fault(request.method, request.path, watch)
         if fault is None:
-            return await self._forward(request, at=at, watch=watch)
+            return await self._forward(request, at=at, conn=conn)
         if fault.action == "reset":
             self._record(request, at, watch, "injected:reset")
             if request.transport is not None:
@@ -479,7 +615,8 @@ class FaultProxy:
             retry_after=fault.retry_after,
         )
 
-    async def _forward(self, request: web.BaseRequest, *, at: float, watch: bool) -> web.StreamResponse:
+    async def _forward(self, request: web.BaseRequest, *, at: float, conn: _Conn) -> web.StreamResponse:
+        watch = conn.watch
         headers: CIMultiDict[str] = CIMultiDict(
             (k, v) for k, v in request.headers.items() if k.lower() not in _DROP_UPSTREAM
         )
@@ -505,7 +642,11 @@ class FaultProxy:
                 headers=_downstream_headers(upstream.headers.items()),
             )
             await response.prepare(request)
-            stream = _Stream(copy=asyncio.create_task(_relay(upstream, response)))
+            stream = _Stream(
+                copy=asyncio.create_task(
+                    _relay(upstream, response, gate=lambda: self._pass_blackholes(conn, new=False))
+                )
+            )
             if watch:
                 self._streams.add(stream)
             try:
@@ -541,9 +682,22 @@ def _downstream_headers(items: Iterable[tuple[str, str]]) -> CIMultiDict[str]:
     return CIMultiDict((k, v) for k, v in items if k.lower() not in _DROP_DOWNSTREAM)
 
 
-async def _relay(upstream: aiohttp.ClientResponse, response: web.StreamResponse) -> None:
-    async for chunk in upstream.content.iter_any():
-        await response.write(chunk)
+async def _relay(
+    upstream: aiohttp.ClientResponse,
+    response: web.StreamResponse,
+    *,
+    gate: Callable[[], Awaitable[None]],
+) -> None:
+    """Copy the body; ``gate`` before each chunk and before the end (clean or broken), so a
+    blackhole stops the stream where it is and shows the client neither data nor an end."""
+    try:
+        async for chunk in upstream.content.iter_any():
+            await gate()
+            await response.write(chunk)
+    except (aiohttp.ClientError, OSError):
+        await gate()
+        raise
+    await gate()
 
 
-__all__ = ["Fault", "FaultAction", "FaultProxy", "RequestRecord"]
+__all__ = ["Blackhole", "Fault", "FaultAction", "FaultProxy", "RequestRecord"]

@@ -9,12 +9,13 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import queue
 import socket
 import ssl
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -22,7 +23,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from dra_devcluster import LocalCluster
-from dra_devcluster.faultproxy import Fault, FaultProxy
+from dra_devcluster.faultproxy import Blackhole, Fault, FaultProxy
 
 pytestmark = pytest.mark.cluster
 
@@ -269,3 +270,111 @@ def test_stop_closes_the_port_and_ends_the_thread(local_cluster: LocalCluster) -
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
     assert _proxy_threads() == threads_before
     assert proxy.drop_streams() == 0
+
+
+class _Lines:
+    """Reads a watch stream's lines in a thread, so a test can wait for the next one with a timeout
+    without breaking the stream (a socket read that times out cannot be resumed)."""
+
+    def __init__(self, resp: http.client.HTTPResponse) -> None:
+        self.lines: queue.Queue[bytes] = queue.Queue()
+        self._thread = threading.Thread(target=self._read, args=(resp,), daemon=True)
+        self._thread.start()
+
+    def _read(self, resp: http.client.HTTPResponse) -> None:
+        with contextlib.suppress(Exception):
+            while line := resp.readline():
+                self.lines.put(line)
+        self.lines.put(b"")  # the end (or a broken connection)
+
+    def until_name(self, name: str, *, timeout: float = 60) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            line = self.lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            assert line, f"the watch stream ended before {name!r}"
+            event: dict[str, Any] = json.loads(line)
+            if event["object"]["metadata"].get("name") == name:
+                return event
+
+
+def _in_thread(fn: Callable[[], Reply]) -> queue.Queue[Reply | BaseException]:
+    out: queue.Queue[Reply | BaseException] = queue.Queue()
+
+    def run() -> None:
+        try:
+            out.put(fn())
+        except BaseException as exc:
+            out.put(exc)
+
+    threading.Thread(target=run, daemon=True).start()
+    return out
+
+
+def test_blackhole_stalls_open_watches_until_lifted(proxy: FaultProxy, local_cluster: LocalCluster) -> None:
+    """An existing-only blackhole: the open watch gets nothing (no event, no end) while a watch opened
+    afterwards gets the same event; plain requests pass; once lifted, the held event arrives."""
+    namespace = f"faultproxy-{uuid.uuid4().hex[:8]}"
+    local_cluster.kubectl("create", "namespace", namespace)
+    stack = contextlib.ExitStack()
+    try:
+        path = f"/api/v1/namespaces/{namespace}/configmaps"
+        rv = _request(proxy, local_cluster, path).json()["metadata"]["resourceVersion"]
+        old = _Lines(_open_watch(proxy, local_cluster, f"{path}?watch=true&resourceVersion={rv}", stack))
+        local_cluster.kubectl("create", "configmap", "before", "-n", namespace)
+        old.until_name("before")
+
+        hole = proxy.blackhole(Blackhole(new=False))
+        fresh = _Lines(_open_watch(proxy, local_cluster, f"{path}?watch=true&resourceVersion={rv}", stack))
+        assert _request(proxy, local_cluster, path).status == 200  # not a watch: passes
+        local_cluster.kubectl("create", "configmap", "during", "-n", namespace)
+        # The new connection is not held: the event reached the proxy...
+        fresh.until_name("during")
+        # ...and the stalled one shows nothing at all, not even its end.
+        with pytest.raises(queue.Empty):
+            old.lines.get(timeout=2)
+        assert hole.stalled == 1
+        assert hole.held == 0
+
+        proxy.lift(hole)
+        assert old.until_name("during")["type"] == "ADDED"
+    finally:
+        stack.close()
+        local_cluster.kubectl("delete", "namespace", namespace, "--wait=false")
+
+
+def test_blackhole_holds_new_requests_until_lifted_or_expired(
+    proxy: FaultProxy, local_cluster: LocalCluster
+) -> None:
+    """A blackhole for new requests (watch=None: plain GETs too) holds them before the apiserver; a
+    client that gives up never got a byte, one that waits is answered once it lifts or expires."""
+    target = "/api/v1/namespaces/default"
+    hole = proxy.blackhole(Blackhole(watch=None, path="/default$", existing=False))
+    assert _request(proxy, local_cluster, "/api/v1/namespaces/kube-system").status == 200
+
+    conn = _connect(proxy, local_cluster, timeout=2)
+    try:
+        conn.request("GET", target, headers={"Accept": "application/json"})
+        with pytest.raises(TimeoutError):
+            conn.getresponse()
+    finally:
+        conn.close()
+    waiting = _in_thread(lambda: _request(proxy, local_cluster, target))
+    with pytest.raises(queue.Empty):
+        waiting.get(timeout=1)
+    assert _outcomes(proxy, target) == []  # nothing reached the apiserver
+    assert hole.held == 2
+
+    proxy.lift(hole)
+    reply = waiting.get(timeout=60)
+    assert isinstance(reply, Reply), reply
+    assert reply.status == 200, reply
+    assert _outcomes(proxy, target) == ["forwarded:200"]
+
+    timed = proxy.blackhole(Blackhole(watch=None, seconds=1))
+    reply = _in_thread(lambda: _request(proxy, local_cluster, target)).get(timeout=60)
+    assert isinstance(reply, Reply), reply
+    assert reply.status == 200, reply
+    assert timed.held == 1
+
+    with pytest.raises(ValueError, match="does nothing"):
+        Blackhole(existing=False, new=False)
