@@ -228,6 +228,11 @@ def test_an_indexed_job_gets_one_host_per_pod_and_a_consistent_worker_identity(t
     # A Job that fits its slice draws no slice Warning.
     events = cluster.get_json("events", "-n", NAMESPACE)["items"]
     assert [e for e in events if e.get("reason", "").startswith("TpuSlice")] == []
+    # ... because the checks ran and found nothing: the agents read every object they needed
+    # (the Job's pods and the slices, with the project's RBAC), none logged a failed read.
+    for name, agent in tpu_slice.agents.items():
+        failed = [line for line in agent.log_text().splitlines() if "TPU slice check" in line]
+        assert failed == [], f"agent on {name}: {failed}"
 
     cluster.kubectl(
         "delete", "job", "train", "-n", NAMESPACE, "--cascade=foreground", "--wait=true", "--timeout=120s"
