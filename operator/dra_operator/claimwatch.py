@@ -14,8 +14,10 @@ claims deleted during the gap (:meth:`ClaimReconciler.apply_listing`), and ask f
 other resources, whose watches most likely had the same gap. Failures back off exponentially.
 
 It runs on the standby instance too: its model stays current, and the claim worker, not the
-watch, is what the peering pauses. A watch that hangs without failing ends at the client timeout
-(``watch_client_timeout_s``) and resumes.
+watch, is what the peering pauses. A watch that hangs without failing (a silent TCP stall: no data,
+no end) is dropped when nothing, not even a bookmark, came for ``watch_inactivity_timeout_s``, and
+resumes from the last version seen; ``watch_client_timeout_s`` is the backstop for a stream the
+server never ends. Every restart is counted in ``dra_operator_watch_restarts_total`` by reason.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from dra_operator.health import Health
-from dra_operator.kubeapi import Expired, KubeApi, error_text
+from dra_operator.kubeapi import Expired, KubeApi, WatchInactive, error_text
 from dra_operator.metrics import Metrics
 from dra_operator.reconcile.claims import ClaimReconciler
 from dra_operator.settings import Settings
@@ -73,9 +75,21 @@ class ClaimWatch:
                 raise
             except Expired as exc:
                 logger.info("the claim watch expired (%s); listing claims again", " ".join(str(exc).split()))
+                self.metrics.watch_restarts.labels(RESOURCE, "expired").inc()
                 self.version = None
                 failures += 1
+            except WatchInactive as exc:
+                # Not a failure of the server: reconnect at once (a new connection takes another
+                # path through a NAT or proxy that dropped this one).
+                logger.warning(
+                    "the claim watch went silent (%s); dropped it, resuming from resourceVersion %s",
+                    exc,
+                    self.version,
+                )
+                self.metrics.watch_restarts.labels(RESOURCE, "inactive").inc()
+                failures = 0
             except Exception as exc:
+                self.metrics.watch_restarts.labels(RESOURCE, "error").inc()
                 failures += 1
                 logger.warning(
                     "the claim watch failed (%s); resuming in %.1f s", error_text(exc), _delay(failures)
@@ -102,6 +116,7 @@ class ClaimWatch:
             server_timeout_s=int(settings.watch_server_timeout_s),
             client_timeout_s=settings.watch_client_timeout_s,
             connect_timeout_s=settings.watch_connect_timeout_s,
+            inactivity_timeout_s=settings.watch_inactivity_timeout_s,
         )
         async with contextlib.aclosing(stream):
             async for kind, obj in stream:
@@ -113,6 +128,7 @@ class ClaimWatch:
                     self.claims.on_claim_event(obj, deleted=kind == "DELETED")
                 if version:
                     self.version = version
+        self.metrics.watch_restarts.labels(RESOURCE, "closed").inc()
         return events > 0 or time.monotonic() - started >= 1.0
 
 

@@ -40,6 +40,11 @@ class Expired(Exception):
     """A watch's resourceVersion is too old for the server (410 Gone): list again."""
 
 
+class WatchInactive(Exception):
+    """A watch brought nothing, not even a bookmark, for its inactivity timeout: the connection is
+    taken as silently stalled and dropped; resume from the last resourceVersion seen."""
+
+
 class NotActive(Exception):
     """A write was refused here because this instance is not (or no longer) the active one."""
 
@@ -165,10 +170,12 @@ class KubeApi:
         server_timeout_s: int,
         client_timeout_s: float,
         connect_timeout_s: float,
+        inactivity_timeout_s: float,
     ) -> AsyncGenerator[tuple[str, dict[str, Any]], None]:
         """Watch a resource.k8s.io resource cluster-wide from ``resource_version``: yields (type,
         object) for ADDED, MODIFIED, DELETED and BOOKMARK until the server ends the stream. Raises
-        :class:`Expired` on 410 Gone (as an HTTP status or as an ERROR event)."""
+        :class:`Expired` on 410 Gone (as an HTTP status or as an ERROR event), and
+        :class:`WatchInactive` when no byte came for ``inactivity_timeout_s``."""
         async for item in self._watch(
             f"/apis/{RESOURCE_GROUP}/{self.version}/{plural}",
             [],
@@ -176,6 +183,7 @@ class KubeApi:
             server_timeout_s=server_timeout_s,
             client_timeout_s=client_timeout_s,
             connect_timeout_s=connect_timeout_s,
+            inactivity_timeout_s=inactivity_timeout_s,
         ):
             yield item
 
@@ -187,6 +195,7 @@ class KubeApi:
         server_timeout_s: int,
         client_timeout_s: float,
         connect_timeout_s: float,
+        inactivity_timeout_s: float,
     ) -> AsyncGenerator[tuple[str, dict[str, Any]], None]:
         """Watch the one ClusterKopfPeering object ``name`` (see :meth:`watch`)."""
         return self._watch(
@@ -196,6 +205,7 @@ class KubeApi:
             server_timeout_s=server_timeout_s,
             client_timeout_s=client_timeout_s,
             connect_timeout_s=connect_timeout_s,
+            inactivity_timeout_s=inactivity_timeout_s,
         )
 
     async def _watch(
@@ -207,22 +217,26 @@ class KubeApi:
         server_timeout_s: int,
         client_timeout_s: float,
         connect_timeout_s: float,
+        inactivity_timeout_s: float,
     ) -> AsyncGenerator[tuple[str, dict[str, Any]], None]:
-        response = await self.api.call_api(
-            path,
-            "GET",
-            query_params=[
-                *query,
-                ("watch", "true"),
-                ("allowWatchBookmarks", "true"),
-                ("resourceVersion", resource_version),
-                ("timeoutSeconds", str(server_timeout_s)),
-            ],
-            header_params={"Accept": "application/json"},
-            auth_settings=["BearerToken"],
-            _preload_content=False,
-            _request_timeout=aiohttp.ClientTimeout(total=client_timeout_s, sock_connect=connect_timeout_s),
+        # sock_read is the inactivity deadline: aiohttp restarts it on every byte received, so a
+        # stream stalled without failing (no data, no FIN, no RST) ends after it, while a quiet
+        # healthy one keeps going on the API server's bookmarks. The total deadline is the backstop
+        # for a stream the server does not end after timeoutSeconds.
+        timeout = aiohttp.ClientTimeout(
+            total=client_timeout_s, sock_connect=connect_timeout_s, sock_read=inactivity_timeout_s
         )
+        silent = f"no data for {inactivity_timeout_s:g} s, not even a bookmark"
+        try:
+            response = await self._call_watch(
+                path=path,
+                query=query,
+                resource_version=resource_version,
+                server_timeout_s=server_timeout_s,
+                client_timeout=timeout,
+            )
+        except aiohttp.SocketTimeoutError as exc:
+            raise WatchInactive(f"no response: {silent}") from exc
         raw = response[0] if isinstance(response, tuple) else response
         try:
             if raw.status == 410:
@@ -231,7 +245,14 @@ class KubeApi:
                 raise await _api_error(raw)
             # Objects can be larger than aiohttp's line limit: split the stream into lines here.
             pending = bytearray()
-            async for chunk in raw.content.iter_any():
+            chunks = raw.content.iter_any()
+            while True:
+                try:
+                    chunk = await anext(chunks)
+                except StopAsyncIteration:
+                    break
+                except aiohttp.SocketTimeoutError as exc:
+                    raise WatchInactive(silent) from exc
                 pending += chunk
                 start = 0
                 while (end := pending.find(b"\n", start)) >= 0:
@@ -248,6 +269,31 @@ class KubeApi:
                 del pending[:start]
         finally:
             raw.release()
+
+    async def _call_watch(
+        self,
+        *,
+        path: str,
+        query: list[tuple[str, str]],
+        resource_version: str,
+        server_timeout_s: int,
+        client_timeout: aiohttp.ClientTimeout,
+    ) -> Any:
+        return await self.api.call_api(
+            path,
+            "GET",
+            query_params=[
+                *query,
+                ("watch", "true"),
+                ("allowWatchBookmarks", "true"),
+                ("resourceVersion", resource_version),
+                ("timeoutSeconds", str(server_timeout_s)),
+            ],
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+            _preload_content=False,
+            _request_timeout=client_timeout,
+        )
 
     async def get_claim(self, *, namespace: str, name: str) -> dict[str, Any] | None:
         try:

@@ -211,6 +211,15 @@ class Metrics:
             ["resource"],
             registry=self.registry,
         )
+        self.watch_restarts = PromCounter(
+            "dra_operator_watch_restarts",
+            "Watch streams that ended and were started again, by resource and reason: 'inactive' "
+            "(nothing, not even a bookmark, for the inactivity timeout: a silent stall), 'expired' (410 "
+            "Gone: listed again), 'error' (connection or API error), 'closed' (the server ended it; "
+            "normal after timeoutSeconds). Kopf's watches count 'inactive' and 'expired' only.",
+            ["resource", "reason"],
+            registry=self.registry,
+        )
 
     def attach_model(self, model: ClusterModel, failing: Callable[[], frozenset[object]]) -> None:
         self.registry.register(_ModelCollector(model, failing))

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dra_api.names import PROJECT_DOMAIN
-from dra_operator.kubeapi import Expired, KubeApi, error_text
+from dra_operator.kubeapi import Expired, KubeApi, WatchInactive, error_text
 
 logger = logging.getLogger(__name__)
 
@@ -254,9 +254,16 @@ class Peering:
             await asyncio.wait_for(self._wake.wait(), timeout=delay)
 
     async def watch(
-        self, *, server_timeout_s: int, client_timeout_s: float, connect_timeout_s: float
+        self,
+        *,
+        server_timeout_s: int,
+        client_timeout_s: float,
+        connect_timeout_s: float,
+        inactivity_timeout_s: float,
     ) -> None:
-        """Follow the peering object, so a peer's farewell or appearance is seen at once."""
+        """Follow the peering object, so a peer's farewell or appearance is seen at once. A stream
+        that goes silent is dropped after ``inactivity_timeout_s`` and resumed (the keep-alive's
+        own writes do not depend on it)."""
         version = "0"
         failures = 0
         while not self.stopping:
@@ -267,6 +274,7 @@ class Peering:
                     server_timeout_s=server_timeout_s,
                     client_timeout_s=client_timeout_s,
                     connect_timeout_s=connect_timeout_s,
+                    inactivity_timeout_s=inactivity_timeout_s,
                 ):
                     failures = 0
                     version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
@@ -275,6 +283,8 @@ class Peering:
                         self._wake.set()  # re-plan the next wake-up from the new deadlines
             except Expired:
                 version = "0"
+            except WatchInactive as exc:
+                logger.warning("the peering watch went silent (%s); dropped it, resuming", exc)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

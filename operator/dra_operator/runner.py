@@ -37,6 +37,7 @@ import yaml
 
 from dra_api.kube import make_api_client, preferred_resource_version
 from dra_api.names import PROJECT_DOMAIN
+from dra_operator import kopfwatchlog
 from dra_operator.claimwatch import ClaimWatch
 from dra_operator.clustermodel import ClusterModel
 from dra_operator.deviceclasses import DeviceClassKeeper
@@ -74,6 +75,8 @@ def configure_kopf(kopf_settings: kopf.OperatorSettings, settings: Settings) -> 
     kopf_settings.watching.server_timeout = int(settings.watch_server_timeout_s)
     kopf_settings.watching.client_timeout = settings.watch_client_timeout_s
     kopf_settings.watching.connect_timeout = settings.watch_connect_timeout_s
+    # Kopf drops a watch that brought nothing for this long and resumes it from the last version.
+    kopf_settings.watching.inactivity_timeout = settings.watch_inactivity_timeout_s
     kopf_settings.networking.request_timeout = settings.request_timeout_s
     kopf_settings.peering.lifetime = settings.peering_lifetime_s
     # The operator posts its own Events (with reasons users can filter on); Kopf's handler
@@ -229,6 +232,7 @@ async def run(
                     server_timeout_s=int(settings.watch_server_timeout_s),
                     client_timeout_s=settings.watch_client_timeout_s,
                     connect_timeout_s=settings.watch_connect_timeout_s,
+                    inactivity_timeout_s=settings.watch_inactivity_timeout_s,
                 ),
                 name="peering watch",
             ),
@@ -239,6 +243,9 @@ async def run(
         settings.priority,
         settings.ownership.value,
         version,
+    )
+    uninstall_watch_log = kopfwatchlog.install(
+        metrics=metrics, inactivity_timeout_s=settings.watch_inactivity_timeout_s
     )
     try:
         await kopf.operator(
@@ -264,6 +271,7 @@ async def run(
                 await task
         await http.cleanup()
         await api_client.close()
+        uninstall_watch_log()
 
 
 async def _take_signals(

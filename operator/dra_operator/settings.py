@@ -108,13 +108,26 @@ class Settings:
     """/healthz fails when the active operator has seen no heartbeat on its watch for this long."""
 
     watch_server_timeout_s: float = 300.0
-    """Server-side timeout of each watch request (the API server closes the stream after it)."""
+    """Server-side timeout of each watch request (timeoutSeconds): the API server ends the stream
+    after it and the operator resumes from the last resourceVersion. 5 min, as client-go's
+    reflectors, so every watch is a fresh request at least that often even through a proxy or load
+    balancer that keeps a dead one open, at the cost of one request per watch per 5 min."""
 
     watch_client_timeout_s: float = 330.0
-    """Client-side total timeout of each watch request, for streams the server never closes."""
+    """Client-side total deadline of each watch request: a stream the server failed to end after its
+    timeout is dropped anyway. Must exceed the server timeout; the 30 s over it is slack for a busy
+    server."""
+
+    watch_inactivity_timeout_s: float = 70.0
+    """A watch that brings nothing for this long, not even a bookmark, is taken as silently stalled
+    (a half-open connection, a network path or proxy that stopped forwarding): it is dropped, logged
+    and counted (dra_operator_watch_restarts_total), and resumes from the last resourceVersion it
+    saw (a fresh listing if that is too old). The API server sends watches that ask for bookmarks
+    (all of the operator's do) one about every minute, so 70 s never drops a quiet healthy watch;
+    much lower values only add reconnects on idle watches. Applies to Kopf's watches too."""
 
     watch_connect_timeout_s: float = 30.0
-    """Timeout for establishing a watch connection."""
+    """Timeout for establishing a watch connection; a watch that could not connect is retried."""
 
     request_timeout_s: float = 60.0
     """Timeout of any other API request."""
@@ -249,6 +262,7 @@ def from_sources(*, args: argparse.Namespace | None = None, env: Mapping[str, st
     if policy not in PLACEMENT_POLICIES:
         raise ValueError(f"placement_policy: {policy!r} is not one of {', '.join(PLACEMENT_POLICIES)}")
     _check_peering_times(values)
+    _check_watch_times(values)
     if values.get("max_concurrent_writes", 1) < 1:
         raise ValueError(f"max_concurrent_writes: must be at least 1, got {values['max_concurrent_writes']}")
     return Settings(**values)
@@ -264,6 +278,24 @@ def _check_peering_times(values: Mapping[str, Any]) -> None:
             "peering timing: need heartbeat_interval < peering_renew_deadline < peering_lifetime, got "
             f"{interval:g} s, {deadline:g} s and {lifetime} s (for a slow API server raise the deadline "
             "and the lifetime together)"
+        )
+
+
+def _check_watch_times(values: Mapping[str, Any]) -> None:
+    defaults = Settings()
+    server = values.get("watch_server_timeout_s", defaults.watch_server_timeout_s)
+    client = values.get("watch_client_timeout_s", defaults.watch_client_timeout_s)
+    inactivity = values.get("watch_inactivity_timeout_s", defaults.watch_inactivity_timeout_s)
+    connect = values.get("watch_connect_timeout_s", defaults.watch_connect_timeout_s)
+    if not 0 < server < client:
+        raise ValueError(
+            "watch timing: need 0 < watch_server_timeout < watch_client_timeout (the client's deadline "
+            f"is the backstop for a stream the server does not end), got {server:g} s and {client:g} s"
+        )
+    if inactivity <= 0 or connect <= 0:
+        raise ValueError(
+            f"watch timing: watch_inactivity_timeout ({inactivity:g} s) and watch_connect_timeout "
+            f"({connect:g} s) must be positive"
         )
 
 

@@ -12,7 +12,7 @@ import pytest
 from dra_operator.claimwatch import ClaimWatch
 from dra_operator.clustermodel import ClaimKey, ClusterModel
 from dra_operator.health import Health
-from dra_operator.kubeapi import Expired, Listing
+from dra_operator.kubeapi import Expired, Listing, WatchInactive
 from dra_operator.metrics import Metrics
 from dra_operator.planner import PlannerPlacer
 from dra_operator.reconcile.claims import ClaimReconciler
@@ -138,3 +138,31 @@ async def test_streams_that_end_at_once_back_off_exponentially() -> None:
         await watch.run()
     assert sleeps == [0.5, 1.0, 2.0, 4.0]
     assert api.watched_from == ["3", "3", "3", "3"]
+
+
+async def test_a_silent_stream_is_dropped_counted_and_resumed_at_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """WatchInactive (nothing for the inactivity timeout) is a stall, not a failure of the server:
+    the watch resumes from the last version it saw, without a back-off and without a listing."""
+    api = ScriptedApi(
+        [Listing([], "3")],
+        [
+            [("ADDED", h.claim("a", rv="4")), WatchInactive("no data for 70 s, not even a bookmark")],
+            [("ADDED", h.claim("b", rv="5")), aiohttp.ClientConnectionError("reset")],
+        ],
+    )
+    sleeps: list[float] = []
+    watch, model = _watch(api, sleeps, stop_after=1)
+    with pytest.raises(Stop):
+        await watch.run()
+    assert api.watched_from == ["3", "4"]
+    assert watch.listings == 1
+    assert set(model.claims) == {ClaimKey("ns", "a"), ClaimKey("ns", "b")}
+    assert sleeps == [0.5]  # only the connection error backs off
+    restarts = watch.metrics.watch_restarts
+    assert restarts.labels("resourceclaims", "inactive")._value.get() == 1
+    assert restarts.labels("resourceclaims", "error")._value.get() == 1
+    silent = [r for r in caplog.records if "went silent" in r.getMessage()]
+    assert [r.levelname for r in silent] == ["WARNING"]
+    assert "resuming from resourceVersion 4" in silent[0].getMessage()
