@@ -14,16 +14,24 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, TextIO
 
 import yaml
 
-from dra_api.model import V1BETA1, DeviceClass, ModelError, Node, ResourceClaim, ResourceSlice
+from dra_api.model import (
+    V1BETA1,
+    AllocationResult,
+    DeviceClass,
+    ModelError,
+    Node,
+    ResourceClaim,
+    ResourceSlice,
+)
 from dra_operator.allocator import FeatureGates
 from dra_operator.cel import CelCompileError, compile_selector
-from dra_operator.planner import POLICIES, NotPlaced, PlanError, Planned, Planner
+from dra_operator.planner import POLICIES, NotPlaced, PlanError, Planned, Planner, PlanOutcome
 
 PROG = "dra-operator simulate"
 _KINDS = ("DeviceClass", "ResourceSlice", "ResourceClaim", "Node")
@@ -245,7 +253,7 @@ def _table(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _render(result: dict[str, Any], output: str) -> str:
+def render(result: dict[str, Any], output: str) -> str:
     if output == "json":
         return json.dumps(result, indent=2) + "\n"
     if output == "yaml":
@@ -268,21 +276,54 @@ def simulate(args: argparse.Namespace, *, stdin: TextIO) -> tuple[dict[str, Any]
         raise InputError(
             f"{', '.join(args.files)}: no pending ResourceClaim (one without status.allocation) in the input"
         )
-    nodes = dict(loaded.nodes)
-    for s in loaded.slices:
-        if s.node_name and s.node_name not in nodes:
-            nodes[s.node_name] = Node.make(s.node_name)  # a node known only from its slices: no labels
-    if args.node and args.node not in nodes:
-        nodes[args.node] = Node.make(args.node)
-    planner = Planner(
+    outcome = plan(
         classes=loaded.classes,
         slices=loaded.slices,
-        nodes=nodes.values(),
+        nodes=loaded.nodes.values(),
         allocated=[c.status.allocation for c, _, _ in loaded.claims if c.status.allocation is not None],
+        pending=pending,
+        node=args.node,
         gates=gates,
         policy=args.policy,
     )
-    outcome = planner.plan(pending, node=args.node)
+    return result_of(outcome, pending=pending, policy=args.policy)
+
+
+def plan(
+    *,
+    classes: Mapping[str, DeviceClass],
+    slices: Sequence[ResourceSlice],
+    nodes: Iterable[Node],
+    allocated: Iterable[AllocationResult],
+    pending: Sequence[ResourceClaim],
+    node: str | None,
+    gates: FeatureGates,
+    policy: str,
+) -> PlanOutcome:
+    """Allocate ``pending`` together, on ``node`` only when given, against the other objects (the
+    devices of ``allocated`` are taken). Nodes known only from their slices, or from ``node``, take
+    part without labels. Shared with ``kubectl dra explain``, which feeds it the live cluster."""
+    by_name = {n.name: n for n in nodes}
+    for s in slices:
+        if s.node_name and s.node_name not in by_name:
+            by_name[s.node_name] = Node.make(s.node_name)  # a node known only from its slices: no labels
+    if node and node not in by_name:
+        by_name[node] = Node.make(node)
+    planner = Planner(
+        classes=classes,
+        slices=slices,
+        nodes=by_name.values(),
+        allocated=allocated,
+        gates=gates,
+        policy=policy,
+    )
+    return planner.plan(pending, node=node)
+
+
+def result_of(
+    outcome: PlanOutcome, *, pending: Sequence[ResourceClaim], policy: str
+) -> tuple[dict[str, Any], int]:
+    """The printed result of :func:`plan` and the exit code (0 allocated, 1 unallocatable, 2 error)."""
     result: dict[str, Any] = {
         "outcome": "error",
         "node": None,
@@ -298,7 +339,7 @@ def simulate(args: argparse.Namespace, *, stdin: TextIO) -> tuple[dict[str, Any]
         where = f"node {outcome.node}" if outcome.node_bound else "devices reachable from every node"
         result["explanation"] = (
             f"allocated {len(pending)} claim{'s' if len(pending) != 1 else ''} on {where} "
-            f"({outcome.tried} node{'s' if outcome.tried != 1 else ''} searched, policy {args.policy})"
+            f"({outcome.tried} node{'s' if outcome.tried != 1 else ''} searched, policy {policy})"
         )
         return result, 0
     if isinstance(outcome, NotPlaced):
@@ -335,7 +376,7 @@ def main(
     except Exception as exc:  # a bug must still not print a traceback at the user
         print(f"{PROG}: internal error: {type(exc).__name__}: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
-    out.write(_render(result, args.output))
+    out.write(render(result, args.output))
     if code == 2 and result["error"]:
         print(f"{PROG}: {' '.join(str(result['error']).split())}", file=sys.stderr)
     return code

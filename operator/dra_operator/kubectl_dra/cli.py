@@ -1,0 +1,272 @@
+"""``kubectl-dra``: flags as kubectl spells them, exit codes, one-line errors.
+
+Exit codes: 0 done (for ``explain``: the claim is allocated, or would be), 1 ``explain``: the claim
+cannot be allocated (there), 2 a bad argument, an unknown claim, a bad kubeconfig or context, a
+server that cannot be reached or refuses the lists. Errors are one line on stderr starting with
+``error:``, as kubectl prints them; never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn, TextIO
+
+import aiohttp
+import yaml
+from kubernetes_asyncio.client.exceptions import ApiException
+from kubernetes_asyncio.config import ConfigException
+
+from dra_api.kube import UnsupportedServer
+from dra_operator.allocator import FeatureGates
+from dra_operator.kubectl_dra.claims import claim_rows, render_claims
+from dra_operator.kubectl_dra.cluster import ClusterObjects, fetch
+from dra_operator.kubectl_dra.devices import device_rows, render_devices
+from dra_operator.kubectl_dra.explain import explain_claim
+from dra_operator.kubectl_dra.output import dump
+from dra_operator.planner import POLICIES
+
+PROG = "kubectl dra"
+USAGE_ERROR = 2
+
+
+class UsageError(Exception):
+    """A bad argument or configuration, an unknown object, an unreachable server: one line."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message}; see '{self.prog} --help'")
+
+
+def _common(parser: argparse.ArgumentParser, *, namespaced: bool) -> None:
+    parser.add_argument(
+        "--kubeconfig", help="path to the kubeconfig file (default: $KUBECONFIG, ~/.kube/config)"
+    )
+    parser.add_argument("--context", help="the kubeconfig context to use (default: its current context)")
+    if namespaced:
+        parser.add_argument("-n", "--namespace", help="the namespace (default: the context's, or 'default')")
+    parser.add_argument(
+        "-o", "--output", choices=("wide", "json", "yaml"), help="output format (default: a table)"
+    )
+    parser.add_argument(
+        "--request-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="give up reading the cluster after this long (default: 30)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog=PROG,
+        description="Devices, claims and allocation explanations of a cluster running the accel-dra driver.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    devices = sub.add_parser(
+        "devices",
+        help="devices per node: health, taints, the claim and pod holding each; totals per class",
+        description="List every device of every ResourceSlice with its health (its taints), the claim "
+        "and pods holding it, and totals per DeviceClass.",
+    )
+    _common(devices, namespaced=False)
+    devices.add_argument("--node", help="only the devices this node can reach")
+    claims = sub.add_parser(
+        "claims",
+        help="claims: state, allocator (scheduler or operator), node, devices, consumers, age",
+        description="List ResourceClaims with their state, who allocated them (kube-scheduler or the "
+        "operator; for a pending claim, who is expected to), node, devices, consumers and age.",
+    )
+    _common(claims, namespaced=True)
+    claims.add_argument("-A", "--all-namespaces", action="store_true", help="claims of every namespace")
+    explain = sub.add_parser(
+        "explain",
+        help="why a claim is pending (the operator's explanation), or where it went and why it fits",
+        description="For a pending claim: the operator's allocator run on the cluster's current objects "
+        "and its explanation (the text of 'dra-operator simulate'). For an allocated claim: its node, "
+        "devices and why they fit. Exit code 0: allocated (or would be), 1: cannot be allocated, "
+        "2: error.",
+    )
+    explain.add_argument("claim", metavar="CLAIM", help="the ResourceClaim's name")
+    _common(explain, namespaced=True)
+    explain.add_argument("--node", help="what if: allocate on this node only")
+    explain.add_argument("--policy", choices=POLICIES, default=POLICIES[0], help="how to choose among nodes")
+    explain.add_argument(
+        "--feature-gates",
+        default="",
+        metavar="Name=true,...",
+        help="DRA feature gates (Kubernetes 1.36 defaults)",
+    )
+    return parser
+
+
+# ---- configuration -------------------------------------------------------------------------------
+
+
+def kubeconfig_path(flag: str | None, *, environ: dict[str, str] | None = None) -> str | None:
+    """The kubeconfig kubectl would use: the flag, the first existing file of $KUBECONFIG, or
+    ~/.kube/config; None (in-cluster) when there is none and the pod's ServiceAccount is there."""
+    env = os.environ if environ is None else environ
+    if flag:
+        if not Path(flag).is_file():
+            raise UsageError(f"stat {flag}: no such file or directory")
+        return flag
+    for entry in (env.get("KUBECONFIG") or "").split(os.pathsep):
+        if entry and Path(entry).is_file():
+            return entry
+    default = Path(env.get("HOME") or Path.home()) / ".kube" / "config"
+    if default.is_file():
+        return str(default)
+    if env.get("KUBERNETES_SERVICE_HOST"):
+        return None
+    raise UsageError("no configuration has been provided, try setting KUBECONFIG or --kubeconfig")
+
+
+def context_namespace(path: str | None, context: str | None) -> str:
+    """The namespace of the kubeconfig's context (``default`` when it names none)."""
+    if path is None:
+        try:
+            return Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace").read_text().strip()
+        except OSError:
+            return "default"
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = yaml.safe_load(f) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise UsageError(f"cannot read kubeconfig {path}: {' '.join(str(exc).split())}") from exc
+    if not isinstance(doc, dict):
+        raise UsageError(f"kubeconfig {path} is not a kubeconfig")
+    name = context or doc.get("current-context")
+    for entry in doc.get("contexts") or []:
+        if isinstance(entry, dict) and entry.get("name") == name:
+            return str((entry.get("context") or {}).get("namespace") or "default")
+    if context:
+        raise UsageError(f'context "{context}" does not exist')
+    return "default"
+
+
+def _server_error(exc: ApiException) -> str:
+    text = str(exc.reason or "")
+    try:
+        body = json.loads(text)
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and body.get("message"):
+        text = str(body["message"])
+    return f"the server refused the request (HTTP {exc.status}): {' '.join(text.split())[:300]}"
+
+
+def read_cluster(args: argparse.Namespace, *, kubeconfig: str | None) -> ClusterObjects:
+    try:
+        return asyncio.run(
+            asyncio.wait_for(fetch(kubeconfig=kubeconfig, context=args.context), args.request_timeout)
+        )
+    except ConfigException as exc:
+        raise UsageError(" ".join(str(exc).split())) from exc
+    except UnsupportedServer as exc:
+        raise UsageError(str(exc)) from exc
+    except ApiException as exc:
+        raise UsageError(_server_error(exc)) from exc
+    except TimeoutError as exc:
+        raise UsageError(
+            f"the API server did not answer within {args.request_timeout:g} s (--request-timeout)"
+        ) from exc
+    except (aiohttp.ClientError, OSError) as exc:
+        raise UsageError(
+            f"cannot reach the API server: {' '.join(str(exc).split()) or type(exc).__name__}"
+        ) from exc
+
+
+# ---- subcommands ---------------------------------------------------------------------------------
+
+
+def _devices(args: argparse.Namespace, cluster: ClusterObjects, out: TextIO, err: TextIO) -> int:
+    rows = device_rows(cluster=cluster, node=args.node)
+    output = args.output or "table"
+    if not rows and output not in ("json", "yaml"):
+        print("No resources found" + (f" on node {args.node}." if args.node else "."), file=err)
+        return 0
+    out.write(render_devices(rows, output=output))
+    return 0
+
+
+def _claims(args: argparse.Namespace, cluster: ClusterObjects, out: TextIO, err: TextIO) -> int:
+    namespace = None if args.all_namespaces else args.namespace
+    rows = claim_rows(cluster=cluster, namespace=namespace, now=datetime.datetime.now(datetime.UTC))
+    output = args.output or "table"
+    if not rows and output not in ("json", "yaml"):
+        print("No resources found" + (f" in {namespace} namespace." if namespace else "."), file=err)
+        return 0
+    out.write(render_claims(rows, output=output, all_namespaces=args.all_namespaces))
+    return 0
+
+
+def _explain(args: argparse.Namespace, cluster: ClusterObjects, out: TextIO, err: TextIO) -> int:
+    obj = cluster.claim(args.namespace, args.claim)
+    if obj is None:
+        raise UsageError(
+            f'resourceclaims.resource.k8s.io "{args.claim}" not found in namespace "{args.namespace}"'
+        )
+    explained = explain_claim(cluster=cluster, obj=obj, node=args.node, gates=args.gates, policy=args.policy)
+    if args.output in ("json", "yaml"):
+        out.write(dump(explained.data, args.output))
+    else:
+        out.write(explained.text)
+    return explained.code
+
+
+_COMMANDS = {"devices": _devices, "claims": _claims, "explain": _explain}
+
+
+def run(argv: Sequence[str], *, out: TextIO, err: TextIO) -> int:
+    parser = build_parser()
+    args, extra = parser.parse_known_args(list(argv))
+    if extra:
+        where = f"kubectl dra {args.command}" if args.command else PROG
+        raise UsageError(f"unrecognized arguments: {' '.join(extra)}; see '{where} --help'")
+    if args.command is None:
+        parser.print_help(out)
+        return USAGE_ERROR
+    if args.command == "explain":
+        try:
+            args.gates = FeatureGates.from_flag(args.feature_gates)
+        except ValueError as exc:
+            raise UsageError(f"--feature-gates: {exc}") from exc
+    kubeconfig = kubeconfig_path(args.kubeconfig)
+    if hasattr(args, "namespace"):
+        args.namespace = args.namespace or context_namespace(kubeconfig, args.context)
+    elif args.context is not None:
+        context_namespace(kubeconfig, args.context)  # an unknown context fails before any request
+    cluster = read_cluster(args, kubeconfig=kubeconfig)
+    for warning in cluster.warnings:
+        print(f"warning: {warning}", file=err)
+    return _COMMANDS[args.command](args, cluster, out, err)
+
+
+def main(
+    argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, stderr: TextIO | None = None
+) -> int:
+    out, err = stdout or sys.stdout, stderr or sys.stderr
+    try:
+        return run(sys.argv[1:] if argv is None else argv, out=out, err=err)
+    except UsageError as exc:
+        print(f"error: {exc}", file=err)
+        return USAGE_ERROR
+    except SystemExit as exc:  # --help
+        return exc.code if isinstance(exc.code, int) else 0
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # a bug must still not print a traceback at the user
+        print(f"error: internal error: {type(exc).__name__}: {' '.join(str(exc).split())}", file=err)
+        return USAGE_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())
