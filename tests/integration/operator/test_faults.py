@@ -147,18 +147,18 @@ def test_two_instances_one_active_and_takeover_after_kill(
     local_cluster.create_namespace(ns)
     scratch.append(("namespace", ns))
     add_gpu_node(local_cluster, scratch, "op-two", 8)
-    a = operators.start(name="a", wait_active=False)
-    b = operators.start(name="b", wait_active=False)
-
-    def one_active() -> tuple[OperatorProcess, OperatorProcess] | None:
-        roles = (_role(a), _role(b))
-        if sorted(roles) == ["active", "standby"]:
-            return (a, b) if roles[0] == "active" else (b, a)
-        return None
-
-    active, standby = local_cluster.wait_for(
-        one_active, timeout=90, interval=0.5, what="one active, one standby"
+    # Fixed priorities: which one ends active is known. With random ones, an instance that has not
+    # renewed its entry yet reports standby, so "one active, one standby" could be seen before the
+    # higher priority joined and took over (seen in CI: the 'standby' then allocated every claim).
+    a = operators.start("--priority=100", name="a", wait_active=False)
+    b = operators.start("--priority=50", name="b", wait_active=False)
+    local_cluster.wait_for(
+        lambda: (_role(a), _role(b)) == ("active", "standby"),
+        timeout=90,
+        interval=0.5,
+        what="a active, b standby",
     )
+    active, standby = a, b
     local_cluster.apply([claim(f"c{i}", ns, cls=operators.gpu_class) for i in range(4)])
     items = local_cluster.wait_for(
         lambda: _settled(local_cluster, ns, allocated=4, total=4), timeout=60, what="4 allocated"
