@@ -176,6 +176,62 @@ def test_kube_scheduler_gives_a_pod_a_gpu_and_a_nic_under_one_root(
         _delete(cluster, "resourceclaimtemplate", name)
 
 
+NUMA = "resource.kubernetes.io/numaNode"
+
+
+def test_kube_scheduler_puts_four_gpus_and_a_nic_on_one_numa_node(
+    node_with_agent: NodeWithAgent, nic_class: str
+) -> None:
+    """numaNode alignment the same way: the NIC is held to NUMA node 1, so the four GPUs must come
+    from node 1 too (GPUs 4-7), where first fit without the constraint would take GPUs 0-3."""
+    setup = node_with_agent
+    cluster = setup.cluster
+    name = "gpu-nic-numa"
+    domain = 'device.attributes["resource.kubernetes.io"]'
+    spec = {
+        "devices": {
+            "requests": [
+                {"name": "gpu", "exactly": {"deviceClassName": CLASS, "count": 4}},
+                {
+                    "name": "nic",
+                    "exactly": {
+                        "deviceClassName": NIC_CLASS,
+                        "selectors": [
+                            {"cel": {"expression": f"has({domain}.numaNode) && {domain}.numaNode == 1"}}
+                        ],
+                    },
+                },
+            ],
+            "constraints": [{"requests": ["gpu", "nic"], "matchAttribute": NUMA}],
+        }
+    }
+    template = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {"spec": spec},
+    }
+    cluster.apply([template, _pod(name, claim={"resourceClaimTemplateName": name})])
+    try:
+        log = setup.wait_log(name, "done", timeout=180)
+        results = setup.claim_of(name)["status"]["allocation"]["devices"]["results"]
+        gpus = _slice_attributes(cluster, GPU)
+        nics = _slice_attributes(cluster, NIC)
+        numa = {
+            r["device"]: (gpus if r["driver"] == GPU else nics)[r["device"]][NUMA]["int"] for r in results
+        }
+        assert sorted(d for d in numa if d.startswith("gpu-")) == ["gpu-4", "gpu-5", "gpu-6", "gpu-7"], numa
+        assert set(numa.values()) == {1}, numa
+        (nic,) = [d for d in numa if d.startswith("nic-")]
+        lines = log.splitlines()
+        (visible,) = [line for line in lines if line.startswith("NVIDIA_VISIBLE_DEVICES=")]
+        assert len(visible.split("=", 1)[1].split(",")) == 4, log
+        assert f"DRA_SIM_NIC_{nic.removeprefix('nic-')}_NUMA_NODE=1" in lines, log
+    finally:
+        _delete(cluster, "pod", name)
+        _delete(cluster, "resourceclaimtemplate", name)
+
+
 @pytest.fixture
 def operators(local_cluster: LocalCluster, tmp_path: Path) -> Iterator[Operators]:
     install_peering(local_cluster)
