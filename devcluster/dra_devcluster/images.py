@@ -5,7 +5,11 @@ the applets workloads use, written as an OCI image layout archive that ``ctr ima
 
 - the workload image (:data:`WORKLOAD_IMAGE`): what the examples and tests run (``sh``, ``env``,
   ``ls``, ``sleep``, ..., and a ``bash`` that hands its script to ``sh``);
-- the sandbox image (:data:`SANDBOX_IMAGE`): the pod's "pause" process, pinned in containerd's config.
+- the sandbox image (:data:`SANDBOX_IMAGE`): the pod's "pause" process, pinned in containerd's config;
+- the vector-add stand-in (:data:`VECTOR_ADD_IMAGE`): for pods written with no command of their own,
+  as the device plugin guide's ``example-vector-add`` is; by default it lists the GPUs it was given
+  (``nvidia-smi -L``, answered on a simulated node by the stand-in its CDI spec mounts) and prints
+  ``Test PASSED``, where the real sample would add two vectors on the GPU.
 
 The archives are deterministic (fixed timestamps and owners), so their digests only change with
 busybox itself.
@@ -25,6 +29,7 @@ BUSYBOX_PACKAGE = "busybox-static"
 BUSYBOX_PATHS = (Path("/bin/busybox"), Path("/usr/bin/busybox"))
 WORKLOAD_IMAGE = "registry.local/accel-dra/busybox:1"
 SANDBOX_IMAGE = "registry.local/accel-dra/pause:1"
+VECTOR_ADD_IMAGE = "registry.local/accel-dra/example-vector-add:1"
 _APPLETS = (
     "sh", "env", "printenv", "ls", "cat", "echo", "sleep", "grep", "head", "tail", "true", "false",
     "test", "id", "hostname", "ps", "date", "mkdir", "touch", "wc", "sort", "tr", "cut",
@@ -130,9 +135,15 @@ def write_archive(*, name: str, entrypoint: list[str], cmd: list[str], into: Pat
 
 
 def build_images(into: Path) -> list[ImageArchive]:
-    """The workload and sandbox images, as archives in ``into``."""
+    """The workload, vector-add stand-in and sandbox images, as archives in ``into``."""
     return [
         write_archive(name=WORKLOAD_IMAGE, entrypoint=[], cmd=["sh"], into=into),
+        write_archive(
+            name=VECTOR_ADD_IMAGE,
+            entrypoint=[],
+            cmd=["sh", "-c", "nvidia-smi -L && echo Test PASSED"],
+            into=into,
+        ),
         # PID 1 of the sandbox only has to stay; kubelet stops it with SIGKILL.
         write_archive(name=SANDBOX_IMAGE, entrypoint=["/bin/sleep", "2147483647"], cmd=[], into=into),
     ]

@@ -7,6 +7,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import yaml
+
+from dra_devcluster.images import VECTOR_ADD_IMAGE
 from tests.integration.agent.agentproc import GPU, TPU
 from tests.integration.objects import device_class
 
@@ -173,3 +176,71 @@ def test_a_node_whose_device_plugin_advertises_the_resource_keeps_serving_it(
         )
         cluster.kubectl("delete", "deviceclass", CLASS, "--ignore-not-found", check=False)
         cluster.remove_real_node(PLUGIN_NODE)
+
+
+# The device plugin guide's example pod (Kubernetes docs, "Schedule GPUs"), as written there; only
+# its image is replaced (no registry is reachable), by a stand-in that lists its GPUs by default.
+SEED_POD = """
+apiVersion: v1
+kind: Pod
+metadata:
+  name: example-vector-add
+spec:
+  restartPolicy: OnFailure
+  containers:
+    - name: example-vector-add
+      image: "registry.example/example-vector-add:v42"
+      resources:
+        limits:
+          gpu-vendor.example/example-gpu: 1 # requesting 1 GPU
+"""
+SEED_RESOURCE = "gpu-vendor.example/example-gpu"
+SEED_CLASS = "real-node-seed-gpu"
+
+
+def test_the_device_plugin_guides_example_pod_runs_as_written_on_gpus_the_agent_prepares(
+    node_with_agent: NodeWithAgent,
+) -> None:
+    setup = node_with_agent
+    cluster = setup.cluster
+    pod = yaml.safe_load(SEED_POD)
+    assert pod["spec"]["containers"][0]["image"] == "registry.example/example-vector-add:v42"
+    pod["spec"]["containers"][0]["image"] = VECTOR_ADD_IMAGE
+    pod["metadata"]["namespace"] = NAMESPACE
+    # The pod names no node: the class (the test's own) takes only this node's GPUs, by UUID, so
+    # kube-scheduler cannot pick a Node object of another test that has no kubelet.
+    uuids = [
+        d["attributes"]["uuid"]["string"]
+        for s in cluster.get_json("resourceslices")["items"]
+        if s["spec"].get("nodeName") == NODE and s["spec"]["driver"] == GPU
+        for d in s["spec"].get("devices") or []
+    ]
+    assert uuids
+    seed_class = device_class(
+        SEED_CLASS, driver=GPU, extra_cel=[f'device.attributes["{GPU}"].uuid in {json.dumps(uuids)}']
+    )
+    seed_class["spec"]["extendedResourceName"] = SEED_RESOURCE
+    cluster.apply([seed_class])
+    try:
+        cluster.apply([pod])
+        done = cluster.wait_for(
+            lambda: (
+                (p := cluster.get_json("pod", "example-vector-add", "-n", NAMESPACE))["status"].get("phase")
+                == "Succeeded"
+                and p
+            ),
+            timeout=120,
+            what="example-vector-add Succeeded",
+        )
+        assert done["spec"]["nodeName"] == NODE
+        assert done["status"]["extendedResourceClaimStatus"]["resourceClaimName"]
+        log = setup.pod_log("example-vector-add", container="example-vector-add")
+        gpus = [line for line in log.splitlines() if line.startswith("GPU ")]
+        assert len(gpus) == 1, log
+        assert "(UUID: GPU-" in gpus[0], log
+        assert "Test PASSED" in log.splitlines(), log
+    finally:
+        cluster.kubectl(
+            "delete", "pod", "example-vector-add", "-n", NAMESPACE, "--ignore-not-found", check=False
+        )
+        cluster.kubectl("delete", "deviceclass", SEED_CLASS, "--ignore-not-found", check=False)
