@@ -31,6 +31,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
 DRIVER = "gpu.nvidia.com"
@@ -136,12 +137,63 @@ def capacity(mix: str, nodes: int) -> int:
     }[mix]
 
 
+@dataclass(frozen=True)
+class Placement:
+    """What placing one mix took: sorted per-claim wall and CPU seconds, totals, and where each
+    claim went (``"node pool/device,..."``, ``"-"`` when it did not fit)."""
+
+    latencies: list[float]
+    cpu: list[float]
+    failed: int
+    total_s: float
+    cpu_s: float
+    placements: list[str]
+
+
+def place_claims(planner: Any, claims: list[Any]) -> Placement:
+    """Place ``claims`` one at a time through ``planner`` (a :class:`dra_operator.planner.Planner`),
+    noting each allocation before the next, as the operator does."""
+    from dra_operator.planner import Planned
+
+    latencies: list[float] = []
+    cpu: list[float] = []
+    outcomes: list[Any] = []
+    failed = 0
+    t0 = time.perf_counter()
+    c0 = time.process_time()
+    for c in claims:
+        s = time.perf_counter()
+        sc = time.process_time()
+        outcome = planner.plan([c])
+        if isinstance(outcome, Planned):
+            planner.note_allocated(outcome.allocations[0])
+        else:
+            failed += 1
+        latencies.append(time.perf_counter() - s)
+        cpu.append(time.process_time() - sc)
+        outcomes.append(outcome)
+    total = time.perf_counter() - t0
+    total_cpu = time.process_time() - c0
+    latencies.sort()
+    cpu.sort()
+    return Placement(latencies, cpu, failed, total, total_cpu, [_where(o) for o in outcomes])
+
+
+def _where(outcome: Any) -> str:
+    from dra_operator.planner import Planned
+
+    if not isinstance(outcome, Planned):
+        return "-"
+    devices = ",".join(f"{d.pool}/{d.device}" for d in outcome.allocations[0].devices)
+    return f"{outcome.node} {devices}"
+
+
 def run_one(nodes: int, claims_per_mix: int, policy: str) -> dict[str, Any]:
     """Everything for one N, in this (fresh) process."""
     from dra_api.model import DeviceClass, Node, ResourceClaim, ResourceSlice
     from dra_operator.allocator import SliceIndex
     from dra_operator.cel import compile_selector, evaluation_count
-    from dra_operator.planner import Planned, Planner
+    from dra_operator.planner import Planner
 
     compile_selector("true")  # load the CEL grammar once, outside every figure
     gc.collect()
@@ -162,25 +214,9 @@ def run_one(nodes: int, claims_per_mix: int, policy: str) -> dict[str, Any]:
         claims = [ResourceClaim.from_json(claim(mix, i)) for i in range(count)]
         planner = Planner(classes=classes, slices=index, nodes=node_objs, policy=policy)
         cel_before = evaluation_count()
-        latencies: list[float] = []
-        cpu: list[float] = []
-        failed = 0
-        t0 = time.perf_counter()
-        c0 = time.process_time()
-        for c in claims:
-            s = time.perf_counter()
-            sc = time.process_time()
-            outcome = planner.plan([c])
-            if isinstance(outcome, Planned):
-                planner.note_allocated(outcome.allocations[0])
-            else:
-                failed += 1
-            latencies.append(time.perf_counter() - s)
-            cpu.append(time.process_time() - sc)
-        total = time.perf_counter() - t0
-        total_cpu = time.process_time() - c0
-        latencies.sort()
-        cpu.sort()
+        placed = place_claims(planner, claims)
+        latencies, cpu, failed = placed.latencies, placed.cpu, placed.failed
+        total, total_cpu = placed.total_s, placed.cpu_s
         out["mixes"].append(
             {
                 "mix": mix,
