@@ -81,7 +81,7 @@ def build_go(*, into: Path | None = None) -> tuple[Path, float]:
     env = dict(os.environ, CGO_ENABLED="0", GOFLAGS="-mod=readonly")
     started = time.monotonic()
     result = subprocess.run(
-        [go, "build", "-trimpath", "-o", str(out), "."],
+        [go, "build", "-trimpath", "-buildvcs=false", "-o", str(out), "."],
         cwd=GO_SOURCE,
         env=env,
         capture_output=True,
