@@ -3,12 +3,18 @@
 ``ClaimReader.read`` GETs the claim in the served ``resource.k8s.io`` version, checks that it is
 still the object the kubelet means (same UID) and that it is allocated, and keeps what this driver
 needs: its own allocation results and the allocation's config entries.
+
+Each GET has a deadline (``request_timeout``) and a failed one (timeout, connection error, 429, 5xx)
+is tried again a few times with a short back-off, all well inside the kubelet's own deadline for the
+prepare call, so a stalled connection to the API server makes prepare wait a little or fail with a
+clear error that the kubelet retries, never hang.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -21,6 +27,11 @@ from dra_api.model import ModelError, ResourceClaim
 from dra_api.names import RESOURCE_GROUP
 
 logger = logging.getLogger(__name__)
+
+READ_TIMEOUT_S = 10.0
+READ_ATTEMPTS = 3
+# 3 x 10 s plus 0.5 s and 1 s of back-off: under the kubelet's 45 s deadline for a prepare call.
+_RETRIED_STATUS = frozenset({429, 500, 502, 503, 504})
 
 
 class ClaimError(Exception):
@@ -116,23 +127,62 @@ class ClaimSource(Protocol):
 class ClaimReader:
     """GETs claims for one driver through the served resource.k8s.io version."""
 
-    def __init__(self, *, api: client.ApiClient, driver: str, api_version: str) -> None:
+    def __init__(
+        self,
+        *,
+        api: client.ApiClient,
+        driver: str,
+        api_version: str,
+        request_timeout: float = READ_TIMEOUT_S,
+        attempts: int = READ_ATTEMPTS,
+        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+    ) -> None:
         self._custom = client.CustomObjectsApi(api)
         self.driver = driver
         self.api_version = api_version
+        self._timeout = aiohttp.ClientTimeout(total=request_timeout)
+        self.attempts = max(1, attempts)
+        self._sleep = sleep
 
     async def get(self, ref: ClaimRef) -> dict[str, Any]:
-        try:
-            obj: Any = await self._custom.get_namespaced_custom_object(
-                RESOURCE_GROUP, self.api_version, ref.namespace, "resourceclaims", ref.name
+        for attempt in range(1, self.attempts + 1):
+            try:
+                obj: Any = await self._custom.get_namespaced_custom_object(
+                    RESOURCE_GROUP,
+                    self.api_version,
+                    ref.namespace,
+                    "resourceclaims",
+                    ref.name,
+                    _request_timeout=self._timeout,
+                )
+                return dict(obj)
+            except ApiException as exc:
+                if exc.status == 404:
+                    raise ClaimGone(f"{describe(ref)}: not found in the API server") from exc
+                why = f"{exc.status} {exc.reason}"
+                if exc.status not in _RETRIED_STATUS or attempt == self.attempts:
+                    raise ClaimError(f"{describe(ref)}: reading it failed: {why}") from exc
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                why = (
+                    f"{type(exc).__name__}: {exc}"
+                    if str(exc)
+                    else f"{type(exc).__name__} (no answer in time)"
+                )
+                if attempt == self.attempts:
+                    raise ClaimError(
+                        f"{describe(ref)}: reading it failed after {attempt} attempts: {why}"
+                    ) from exc
+            delay = 0.5 * 2 ** (attempt - 1)
+            logger.warning(
+                "reading %s failed (%s), attempt %d of %d; retrying in %g s",
+                describe(ref),
+                why,
+                attempt,
+                self.attempts,
+                delay,
             )
-        except ApiException as exc:
-            if exc.status == 404:
-                raise ClaimGone(f"{describe(ref)}: not found in the API server") from exc
-            raise ClaimError(f"{describe(ref)}: reading it failed: {exc.status} {exc.reason}") from exc
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise ClaimError(f"{describe(ref)}: reading it failed: {exc!r}") from exc
-        return dict(obj)
+            await self._sleep(delay)
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     async def read(self, ref: ClaimRef) -> ClaimAllocation:
         return driver_allocation(ref=ref, obj=await self.get(ref), driver=self.driver)

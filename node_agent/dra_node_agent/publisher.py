@@ -13,7 +13,10 @@ restarted agent finds its slices by name and leaves them untouched when nothing 
 Every slice is owned by the Node object (garbage-collected with it). A watch on the slices of this
 node and driver (field selectors ``spec.nodeName`` and ``spec.driver``) triggers a reconcile after
 any change, so a slice deleted by someone else (kubelet wipes a driver's slices 30 s after it
-disappears) is recreated and stale ones are removed. Slices are written in the version the server
+disappears) is recreated and stale ones are removed. Every request has a deadline: a read or write
+that hangs (a silent network stall) fails after ``request_timeout`` and the pass is retried, and
+the watch, which asks for bookmarks (about one a minute), is dropped and started again from a fresh
+listing when nothing came for ``watch_inactivity_timeout``. Slices are written in the version the server
 serves: ``v1``/``v1beta2`` as is, ``v1beta1`` with each device's fields under ``basic``.
 """
 
@@ -28,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+import aiohttp
 from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import Counter
@@ -49,6 +53,11 @@ MAX_DEVICES_PER_SLICE_WITH_EXTRAS: Final = 64
 _LIST_ATTRIBUTE_KINDS: Final = frozenset({"ints", "bools", "strings", "versions"})
 MAX_NAME_LENGTH: Final = 253
 PLURAL: Final = "resourceslices"
+WATCH_SERVER_TIMEOUT_S: Final = 300
+# The API server sends a bookmark about every minute to a watch that asks for them: 70 s of nothing
+# at all is a stalled connection, not a quiet pool (the operator's default too).
+WATCH_INACTIVITY_TIMEOUT_S: Final = 70.0
+REQUEST_TIMEOUT_S: Final = 30.0
 
 Device = Mapping[str, Any]
 
@@ -262,6 +271,8 @@ class SlicePublisher:
         api_version: str,
         resync_delay: float = 1.0,
         resync_interval: float = 300.0,
+        request_timeout: float = REQUEST_TIMEOUT_S,
+        watch_inactivity_timeout: float = WATCH_INACTIVITY_TIMEOUT_S,
     ) -> None:
         self.driver = driver
         self.node_name = node_name
@@ -270,6 +281,14 @@ class SlicePublisher:
         self._core = client.CoreV1Api(api)
         self._resync_delay = resync_delay
         self._resync_interval = resync_interval
+        self._timeout = aiohttp.ClientTimeout(total=request_timeout)
+        # The server ends the watch after WATCH_SERVER_TIMEOUT_S; the total deadline is the backstop.
+        self._watch_timeout = aiohttp.ClientTimeout(
+            total=WATCH_SERVER_TIMEOUT_S + 30,
+            sock_connect=request_timeout,
+            sock_read=watch_inactivity_timeout,
+        )
+        self.watch_inactivity_timeout = watch_inactivity_timeout
         self._devices: list[Device] | None = None
         self._owner: dict[str, Any] | None = None
         self._last_generation = 0
@@ -292,7 +311,7 @@ class SlicePublisher:
     async def _node_owner(self) -> dict[str, Any]:
         # Read on every pass: a Node deleted and re-created under the same name has a new UID, and
         # slices owned by the old one would be garbage-collected as soon as they are written.
-        node: Any = await self._core.read_node(self.node_name)
+        node: Any = await self._core.read_node(self.node_name, _request_timeout=self._timeout)
         self._owner = {
             "apiVersion": "v1",
             "kind": "Node",
@@ -305,7 +324,11 @@ class SlicePublisher:
     async def list_slices(self) -> tuple[list[dict[str, Any]], str]:
         """This node's slices of this driver, and the list's resourceVersion."""
         result: Any = await self._custom.list_cluster_custom_object(
-            RESOURCE_GROUP, self.api_version, PLURAL, field_selector=self.field_selector
+            RESOURCE_GROUP,
+            self.api_version,
+            PLURAL,
+            field_selector=self.field_selector,
+            _request_timeout=self._timeout,
         )
         items = [dict(i) for i in result.get("items") or []]
         for item in items:
@@ -363,7 +386,9 @@ class SlicePublisher:
 
     async def _delete(self, name: str) -> None:
         try:
-            await self._custom.delete_cluster_custom_object(RESOURCE_GROUP, self.api_version, PLURAL, name)
+            await self._custom.delete_cluster_custom_object(
+                RESOURCE_GROUP, self.api_version, PLURAL, name, _request_timeout=self._timeout
+            )
         except ApiException as exc:
             if exc.status != 404:
                 raise
@@ -373,11 +398,11 @@ class SlicePublisher:
         written: Any
         if create:
             written = await self._custom.create_cluster_custom_object(
-                RESOURCE_GROUP, self.api_version, PLURAL, body
+                RESOURCE_GROUP, self.api_version, PLURAL, body, _request_timeout=self._timeout
             )
         else:
             written = await self._custom.replace_cluster_custom_object(
-                RESOURCE_GROUP, self.api_version, PLURAL, name, body
+                RESOURCE_GROUP, self.api_version, PLURAL, name, body, _request_timeout=self._timeout
             )
         sent = canonical([to_v1_device(d) for d in body["spec"]["devices"]])
         got = canonical(server_devices(written))
@@ -438,16 +463,29 @@ class SlicePublisher:
                         PLURAL,
                         field_selector=self.field_selector,
                         resource_version=version,
-                        timeout_seconds=300,
+                        timeout_seconds=WATCH_SERVER_TIMEOUT_S,
+                        allow_watch_bookmarks=True,
+                        _request_timeout=self._watch_timeout,
                     ):
                         kind = event.get("type")
                         if kind == "ERROR":
                             break  # 410 Gone and friends: list again
+                        if kind == "BOOKMARK":
+                            continue  # only proves the stream is alive
                         logger.debug("ResourceSlice event %s %s", kind, _name(event.get("object") or {}))
                         self.mark_dirty()
                 backoff = 1.0
             except asyncio.CancelledError:
                 raise
+            except TimeoutError as exc:
+                # aiohttp's read deadline (SocketTimeoutError), or a list that hung: a stalled
+                # connection, not a failing server; list and watch again at once.
+                logger.warning(
+                    "ResourceSlice watch of driver %s went silent (%s); listing and watching again",
+                    self.driver,
+                    _short(exc),
+                )
+                backoff = 1.0
             except Exception as exc:  # the watch must survive any API hiccup; it re-lists
                 logger.warning("ResourceSlice watch of driver %s failed: %s", self.driver, _short(exc))
                 await asyncio.sleep(backoff)
