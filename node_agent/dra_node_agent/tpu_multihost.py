@@ -5,8 +5,7 @@ the slice do not fit together.
 (a single-host slice keeps ``TPU_WORKER_ID=0``/``localhost``) whose TpuConfig does not set both
 worker fields already. It GETs the claim's pod and, for a pod of an Indexed Job (a JobSet's child
 Jobs are Indexed Jobs), the Job, and returns ``TpuWorkers`` from them (``tpu_workers``). The reads
-use the agent's own client (kubernetes_asyncio, non-blocking); RBAC: ``get`` on pods and jobs, and
-``list`` on pods (the Job's pods, by label, for the mixed-slice check).
+use the agent's own client (kubernetes_asyncio, non-blocking); RBAC: ``get`` on pods and jobs.
 
 What prepare does with the outcome:
 - a pod that is not in an Indexed Job: the host's own identity (tpu-env WORKER_ID), as before;
@@ -38,11 +37,9 @@ from .claims import ClaimAllocation, describe
 from .discovery.base import TpuHostInfo, TpuWorkers
 from .opaqueconfig import TpuConfig
 from .tpu_workers import (
-    JOB_NAME_LABELS,
     PublishedHost,
     SliceWorkload,
     WorkloadError,
-    bound_workers,
     job_of_pod,
     published_hosts,
     slice_problems,
@@ -64,8 +61,6 @@ class WorkloadSource(Protocol):
     async def job(self, namespace: str, name: str) -> Mapping[str, Any]: ...
 
     async def resource_slices(self, driver: str) -> list[Mapping[str, Any]]: ...
-
-    async def job_pods(self, namespace: str, job: str) -> list[Mapping[str, Any]]: ...
 
 
 class PodEventSink(Protocol):
@@ -98,12 +93,6 @@ class KubeWorkloads:
         )
         body = await self._read(f"ResourceSlices of {driver}", listing)
         return list(body.get("items") or [])
-
-    async def job_pods(self, namespace: str, job: str) -> list[Mapping[str, Any]]:
-        listing = self._core.list_namespaced_pod(namespace, label_selector=f"{JOB_NAME_LABELS[0]}={job}")
-        body = await self._read(f"pods of Job {namespace}/{job}", listing)
-        result: dict[str, Any] = self._api.sanitize_for_serialization(body)
-        return list(result.get("items") or [])
 
     @staticmethod
     async def _read(what: str, call: Any) -> Any:
@@ -226,16 +215,6 @@ class TpuWorkerResolver:
                 logger.warning(
                     "TPU slice check for pod %s: cannot list ResourceSlices: %s", workload.pod, exc
                 )
-        peers: dict[str, list[int]] | None = None
-        if published is not None:
-            try:
-                peers = bound_workers(
-                    await self._source.job_pods(workload.namespace, workload.job), job=workload.job
-                )
-            except Exception as exc:  # the other checks still run
-                logger.warning(
-                    "TPU slice check for pod %s: cannot list its Job's pods: %s", workload.pod, exc
-                )
         problems = slice_problems(
             workload=workload,
             host=host,
@@ -243,7 +222,6 @@ class TpuWorkerResolver:
             published=published,
             selectors=selectors,
             driver=self.driver,
-            peers=peers,
         )
         for problem in problems:
             key = (workload.pod_uid, problem.reason)

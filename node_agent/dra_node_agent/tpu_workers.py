@@ -30,7 +30,6 @@ JOBSET_JOB_INDEX: Final = "jobset.sigs.k8s.io/job-index"
 SIZE_MISMATCH: Final = "TpuSliceSizeMismatch"
 HOST_MISSING: Final = "TpuSliceHostMissing"
 NOT_PINNED: Final = "TpuSliceNotPinned"
-MIXED: Final = "TpuSliceMixed"
 
 SLICE_ID_ATTRIBUTE: Final = "sliceId"
 WORKER_ID_ATTRIBUTE: Final = "workerId"
@@ -129,18 +128,6 @@ def job_of_pod(pod: Mapping[str, Any]) -> JobRef | None:
     return JobRef(namespace=str(meta.get("namespace", "")), name=name, index=int(raw_index))
 
 
-def bound_workers(pods: Iterable[Mapping[str, Any]], *, job: str) -> dict[str, list[int]]:
-    """Node -> completion indexes of the Job's pods bound there (pods being deleted left out)."""
-    out: dict[str, list[int]] = {}
-    for pod in pods:
-        ref = job_of_pod(pod)
-        node = (pod.get("spec") or {}).get("nodeName")
-        if ref is None or ref.name != job or not node or _meta(pod).get("deletionTimestamp"):
-            continue
-        out.setdefault(str(node), []).append(ref.index)
-    return {node: sorted(indexes) for node, indexes in out.items()}
-
-
 def slice_workload(*, pod: Mapping[str, Any], job: Mapping[str, Any]) -> SliceWorkload:
     """The pod's place in its Indexed Job and the hostnames of all the Job's pods.
 
@@ -231,7 +218,6 @@ def slice_problems(
     published: Sequence[PublishedHost] | None,
     selectors: Sequence[str],
     driver: str,
-    peers: Mapping[str, Sequence[int]] | None = None,
 ) -> list[SliceProblem]:
     """What keeps the workload's pods from forming one slice, as the node preparing this pod sees it.
 
@@ -240,11 +226,9 @@ def slice_problems(
     - Fewer hosts publish this physical slice (``published``, from every node's ResourceSlices)
       than it has: one is gone, so the Job cannot have all its workers on this slice.
     - Another physical slice of the same generation and topology exists and the claim's selectors
-      do not name a slice: the pods can land on hosts of different slices (a warning before the
-      fact, from this pod's claim alone).
-    - ``peers`` (node -> indexes of the Job's pods bound there, this one included) are on hosts of
-      more than one physical slice: they did land apart. Pods are bound one by one, so the agent
-      preparing the last of them sees them all; an earlier one may see only some.
+      do not name a slice: the pods can land on hosts of different slices. An agent sees only its
+      own pod (it may GET, not list, pods), so this is what it can tell reliably: the placement is
+      not constrained, rather than that it went wrong.
     """
     shape = f"{host.generation}-{host.slice_chips * host.cores_per_chip}, topology {host.topology}"
     slice_name = (
@@ -291,27 +275,6 @@ def slice_problems(
             and p.topology == host.topology
         }
     )
-    if peers:
-        slice_of = {p.node: p.slice_id for p in published}
-        by_slice: dict[str, list[tuple[str, int]]] = {}
-        for node, indexes in peers.items():
-            name = slice_of.get(node) or f"none (node {node} publishes no host of a slice)"
-            by_slice.setdefault(name, []).extend((node, i) for i in indexes)
-        if len(by_slice) > 1:
-            parts = [
-                f"workers {', '.join(str(i) for i in sorted(i for _, i in members))} on slice {name} "
-                f"(nodes {', '.join(sorted({n for n, _ in members}))})"
-                for name, members in sorted(by_slice.items())
-            ]
-            problems.append(
-                SliceProblem(
-                    MIXED,
-                    f"the pods of {workload.describe()} are on hosts of {len(by_slice)} physical TPU "
-                    f"slices: {'; '.join(parts)}. Hosts of different slices never form one, so the "
-                    f"workers wait for each other forever; {this_host}. Delete the Job and select on "
-                    f'device.attributes["{driver}"].{SLICE_ID_ATTRIBUTE} in its claim template.',
-                )
-            )
     if others and not selects_slice(selectors):
         problems.append(
             SliceProblem(

@@ -47,9 +47,8 @@ AGENT_GRANTS = (
     _verbs(RES, "resourceslices", "get list watch create update delete")
     | _verbs(RES, "resourceclaims", "get")
     | _verbs("", "nodes", "get")
-    # Multi-host TPU worker identity: the claim's pod and its Indexed Job, read at prepare, and
-    # the Job's pods (listed by label) for the mixed-slice check.
-    | _verbs("", "pods", "get list")
+    # Multi-host TPU worker identity: the claim's pod and its Indexed Job, read at prepare.
+    | _verbs("", "pods", "get")
     | _verbs("batch", "jobs", "get")
     | _verbs("", "events", "create patch")
     | _verbs("events.k8s.io", "events", "create patch")

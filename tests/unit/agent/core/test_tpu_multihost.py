@@ -24,7 +24,6 @@ from dra_node_agent.prepare import PrepareHandler
 from dra_node_agent.tpu_multihost import TpuWorkerResolver
 from dra_node_agent.tpu_workers import (
     HOST_MISSING,
-    MIXED,
     NOT_PINNED,
     SIZE_MISMATCH,
     SliceWorkload,
@@ -71,14 +70,6 @@ class Api:
 
     async def resource_slices(self, driver: str) -> list[Mapping[str, Any]]:
         return [s for s in self.slices if s["spec"]["driver"] == driver]
-
-    async def job_pods(self, namespace: str, job: str) -> list[Mapping[str, Any]]:
-        self.reads.append(f"pods-of/{job}")
-        return [
-            p
-            for p in self.pods.values()
-            if p["metadata"]["labels"].get("batch.kubernetes.io/job-name") == job
-        ]
 
 
 class Events:
@@ -134,15 +125,10 @@ def indexed_job(name: str, *, completions: int) -> dict[str, Any]:
 
 
 def job_pod(
-    job: str,
-    index: int,
-    *,
-    subdomain: str = "headless",
-    labels: dict[str, str] | None = None,
-    node: str | None = None,
+    job: str, index: int, *, subdomain: str = "headless", labels: dict[str, str] | None = None
 ) -> dict[str, Any]:
     name = f"{job}-{index}-abcde"
-    pod: dict[str, Any] = {
+    return {
         "metadata": {
             "name": name,
             "namespace": NS,
@@ -153,9 +139,6 @@ def job_pod(
         },
         "spec": {"hostname": f"{job}-{index}", "subdomain": subdomain},
     }
-    if node:
-        pod["spec"]["nodeName"] = node
-    return pod
 
 
 def published(
@@ -264,8 +247,7 @@ async def test_an_indexed_job_pod_gets_its_index_and_every_workers_hostname(v5p:
     assert env["TPU_HOST_BOUNDS"] == "1,1,4"
     assert env["TPU_CHIPS_PER_HOST_BOUNDS"] == "2,2,1"
     assert env["TPU_SKIP_MDS_QUERY"] == "true"
-    # The pod and its Job at prepare; the Job's pods afterwards, in the background slice check.
-    assert v5p.api.reads == [f"pod/{pod['metadata']['name']}", "job/train", "pods-of/train"]
+    assert v5p.api.reads == [f"pod/{pod['metadata']['name']}", "job/train"]
     assert v5p.events.recorded == []
 
 
@@ -448,32 +430,3 @@ async def test_a_two_host_v6e_slice(tmp_path: Path) -> None:
     assert env["TPU_WORKER_ID"] == "1"
     assert env["TPU_WORKER_HOSTNAMES"] == "serve-0.serve-svc,serve-1.serve-svc"
     assert host.events.recorded == []
-
-
-async def test_pods_of_one_job_on_hosts_of_two_slices_get_a_warning_naming_both(v5p: Host) -> None:
-    v5p.api.slices += [published(f"tpu-b{w}", worker=w, slice_id="slice-b") for w in range(4)]
-    v5p.api.jobs["train"] = indexed_job("train", completions=4)
-    for index, node in ((0, "tpu-0"), (1, "tpu-1"), (2, "tpu-2"), (3, "tpu-b3")):
-        pod = job_pod("train", index, node=node)
-        v5p.api.pods[pod["metadata"]["name"]] = pod
-    # Another Job's pod on slice-b is none of this Job's business.
-    other = job_pod("eval", 0, node="tpu-b0")
-    v5p.api.pods[other["metadata"]["name"]] = other
-    assert await v5p.prepare(pod="train-2-abcde") == ""
-    [(on, kind, reason, message)] = v5p.events.recorded
-    assert (on, kind, reason) == ("train-2-abcde", "Warning", MIXED)
-    assert "the pods of Job ml/train are on hosts of 2 physical TPU slices" in message
-    assert "workers 0, 1, 2 on slice slice-a (nodes tpu-0, tpu-1, tpu-2);" in message
-    assert "workers 3 on slice slice-b (nodes tpu-b3)" in message
-    assert "pod train-2-abcde (worker 2) is on node tpu-2, host 2 of the slice" in message
-
-
-async def test_pods_of_one_job_all_on_one_slice_get_no_mixed_warning(v5p: Host) -> None:
-    v5p.api.slices += [published(f"tpu-b{w}", worker=w, slice_id="slice-b") for w in range(4)]
-    v5p.api.jobs["train"] = indexed_job("train", completions=4)
-    for index in range(4):
-        pod = job_pod("train", index, node=f"tpu-{index}")
-        v5p.api.pods[pod["metadata"]["name"]] = pod
-    assert await v5p.prepare(pod="train-2-abcde") == ""
-    assert v5p.events.recorded == []
-    assert "pods-of/train" in v5p.api.reads
