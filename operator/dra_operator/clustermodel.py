@@ -26,6 +26,9 @@ from dra_api.model import (
 
 logger = logging.getLogger(__name__)
 
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+
 DeviceID = tuple[str, str, str]
 """(driver, pool, device): how an allocation result names a device."""
 
@@ -56,6 +59,10 @@ class PodInfo:
     """(container, extended resource name) for each request that claim serves."""
     scheduled_at: str = ""
     """When the pod's PodScheduled condition last changed (RFC 3339), if it has one."""
+    job: str = ""
+    """The Job the pod belongs to (label ``batch.kubernetes.io/job-name``), if any."""
+    completion_index: int | None = None
+    """The pod's completion index in an Indexed Job, if it has one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,7 +212,11 @@ class ClusterModel:
             for c in status.get("conditions") or []
             if isinstance(c, dict) and c.get("type") == "PodScheduled"
         ]
+        labels = meta.get("labels") or {}
+        index = (meta.get("annotations") or {}).get(COMPLETION_INDEX, labels.get(COMPLETION_INDEX))
         self.pods[key] = PodInfo(
+            job=str(labels.get(JOB_NAME_LABEL) or ""),
+            completion_index=int(index) if isinstance(index, str) and index.isdigit() else None,
             uid=str(meta.get("uid", "")),
             phase=str(status.get("phase", "")),
             deleting=bool(meta.get("deletionTimestamp")),

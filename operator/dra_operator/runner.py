@@ -53,6 +53,7 @@ from dra_operator.reconcile.extended import ExtendedResourceReporter
 from dra_operator.reconcile.ownership import allocated_by_us
 from dra_operator.reconcile.pending import SchedulerClaimExplainer
 from dra_operator.reconcile.slices import OrphanSliceCollector
+from dra_operator.reconcile.tpuslices import MixedSliceReporter
 from dra_operator.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -208,6 +209,9 @@ async def run(
                 explainer=SchedulerClaimExplainer(claims=claims),
                 extended=ExtendedResourceReporter(
                     model=claims.model, classes=claims.classes, events=claims.events
+                ),
+                tpu_slices=MixedSliceReporter(
+                    model=claims.model, driver=settings.tpu_driver, events=claims.events
                 ),
                 health=health,
             ),
@@ -380,12 +384,17 @@ async def _sweeper(
 
 
 async def _explainer(
-    *, explainer: SchedulerClaimExplainer, extended: ExtendedResourceReporter, health: Health
+    *,
+    explainer: SchedulerClaimExplainer,
+    extended: ExtendedResourceReporter,
+    tpu_slices: MixedSliceReporter,
+    health: Health,
 ) -> None:
-    """Explain the claims kube-scheduler leaves pending, and say which claim serves each pod's
-    extended resources, on the active instance only (a standby's model may lag, and two instances
-    would post every Event twice). A pass every few seconds: a claim is looked at again only after
-    the explanation interval, so a pass costs a scan of the pending claims and of the pods."""
+    """Explain the claims kube-scheduler leaves pending, say which claim serves each pod's
+    extended resources and which TPU Jobs span two slices, on the active instance only (a
+    standby's model may lag, and two instances would post every Event twice). A pass every few
+    seconds: a claim is looked at again only after the explanation interval, so a pass costs a scan
+    of the pending claims and of the pods."""
     claims = explainer.claims
     tick = min(5.0, max(0.5, explainer.after / 2)) if explainer.enabled else 2.0
     while True:
@@ -397,6 +406,7 @@ async def _explainer(
             if explainer.enabled:
                 explainer.sweep(now=now)
             extended.sweep(now=now)
+            tpu_slices.sweep()
         except Exception:
             logger.exception("explaining pending claims failed")
             claims.metrics.reconcile_errors.labels("ResourceClaim").inc()
