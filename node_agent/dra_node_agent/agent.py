@@ -125,12 +125,20 @@ async def _start_driver(
         api_version=api_version,
         resync_delay=settings.slice_resync_delay,
         resync_interval=settings.resync_interval,
+        request_timeout=settings.api_request_timeout,
+        watch_inactivity_timeout=settings.watch_inactivity_timeout,
     )
     handler = PrepareHandler(
         driver=driver,
         node_name=settings.node_name,
         inventory=inventory,
-        claims=ClaimReader(api=api, driver=driver, api_version=api_version),
+        claims=ClaimReader(
+            api=api,
+            driver=driver,
+            api_version=api_version,
+            request_timeout=settings.claim_read_timeout,
+            attempts=settings.claim_read_attempts,
+        ),
         state_dir=settings.checkpoint_dir(driver=driver),
         cdi_dir=settings.cdi_dir,
         proc_root=settings.proc_root,

@@ -163,6 +163,37 @@ class Settings:
             metavar="SECONDS",
         ),
     )
+    claim_read_timeout: float = field(
+        default=10.0,
+        metadata=_opt(
+            "Seconds one GET of a claim at NodePrepareResources may take before it is given up and "
+            "retried; with --claim-read-attempts it must fit the kubelet's 45 s deadline for the call.",
+            metavar="SECONDS",
+        ),
+    )
+    claim_read_attempts: int = field(
+        default=3,
+        metadata=_opt(
+            "How many times a claim GET that timed out or met a connection error, 429 or 5xx is tried.",
+            metavar="N",
+        ),
+    )
+    api_request_timeout: float = field(
+        default=30.0,
+        metadata=_opt(
+            "Seconds any other API request of the slice publisher (list, create, update, delete) may "
+            "take; a stalled one fails and the pass is retried.",
+            metavar="SECONDS",
+        ),
+    )
+    watch_inactivity_timeout: float = field(
+        default=70.0,
+        metadata=_opt(
+            "Seconds the ResourceSlice watch may stay silent (no event, no bookmark: the API server "
+            "sends one about every minute) before it is dropped and the agent lists again.",
+            metavar="SECONDS",
+        ),
+    )
     health_enabled: bool = field(
         default=True,
         metadata=_opt(
@@ -270,6 +301,11 @@ def _convert(name: str, raw: str, *, default: Any) -> Any:
         if value <= 0:
             raise SettingsError(f"setting {name}: must be greater than 0, not {raw}")
         return value
+    if isinstance(default, int):
+        try:
+            return int(raw)
+        except ValueError:
+            raise SettingsError(f"setting {name}: {raw!r} is not an integer") from None
     if isinstance(default, tuple):
         return tuple(item.strip() for item in raw.split(",") if item.strip())
     return raw
@@ -320,6 +356,8 @@ def validate(settings: Settings) -> None:
         raise SettingsError(
             f"setting additional_xids_to_ignore: {bad_xids[0].strip()!r} is not a non-negative integer"
         )
+    if settings.claim_read_attempts < 1:
+        raise SettingsError(f"setting claim_read_attempts: {settings.claim_read_attempts} is less than 1")
     if settings.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise SettingsError(f"setting log_level: {settings.log_level!r} is not DEBUG, INFO, WARNING or ERROR")
 

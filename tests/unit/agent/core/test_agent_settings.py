@@ -58,6 +58,9 @@ def test_lists_and_paths() -> None:
         (["--resync-interval=0"], {"NODE_NAME": "n"}, "must be greater than 0"),
         (["--tpu-driver-name=gpu.nvidia.com"], {"NODE_NAME": "n"}, "are both"),
         (["--log-level=LOUD"], {"NODE_NAME": "n"}, "log_level"),
+        (["--claim-read-attempts=0"], {"NODE_NAME": "n"}, "claim_read_attempts: 0 is less than 1"),
+        (["--claim-read-attempts=two"], {"NODE_NAME": "n"}, "claim_read_attempts: 'two' is not an integer"),
+        (["--watch-inactivity-timeout=0"], {"NODE_NAME": "n"}, "must be greater than 0"),
     ],
 )
 def test_bad_values_name_the_field(argv: list[str], env: dict[str, str], message: str) -> None:
