@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
 from typing import Any, Final, Protocol
 
 import aiohttp
@@ -35,6 +34,7 @@ from dra_api.names import RESOURCE_GROUP
 
 from .claims import ClaimAllocation, describe
 from .discovery.base import TpuHostInfo, TpuWorkers
+from .health.events import event_body
 from .opaqueconfig import TpuConfig
 from .tpu_workers import (
     PublishedHost,
@@ -48,7 +48,6 @@ from .tpu_workers import (
 
 logger = logging.getLogger(__name__)
 
-MAX_MESSAGE: Final = 1024
 MAX_REMEMBERED: Final = 4096  # (pod uid, reason) pairs already reported; forgotten all at once
 CLOSE_GRACE: Final = 5.0
 
@@ -114,28 +113,22 @@ class PodEvents:
         self.written = 0
 
     async def record(self, *, workload: SliceWorkload, type: str, reason: str, message: str) -> None:
-        now = datetime.now(tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        body: Any = {
+        involved = {
             "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{workload.pod}.", "namespace": workload.namespace},
-            "involvedObject": {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "namespace": workload.namespace,
-                "name": workload.pod,
-                "uid": workload.pod_uid,
-            },
-            "type": type,
-            "reason": reason,
-            "message": message[:MAX_MESSAGE],
-            "source": {"component": self._component, "host": self._node_name},
-            "reportingComponent": self._component,
-            "reportingInstance": self._node_name,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
+            "kind": "Pod",
+            "namespace": workload.namespace,
+            "name": workload.pod,
+            "uid": workload.pod_uid,
         }
+        body = event_body(
+            involved=involved,
+            namespace=workload.namespace,
+            type=type,
+            reason=reason,
+            message=message,
+            component=self._component,
+            host=self._node_name,
+        )
         try:
             await self._core.create_namespaced_event(workload.namespace, body)
             self.written += 1

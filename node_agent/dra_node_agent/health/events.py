@@ -16,6 +16,36 @@ EVENT_NAMESPACE: Final = "default"
 MAX_MESSAGE: Final = 1024
 
 
+def event_body(
+    *,
+    involved: dict[str, str],
+    namespace: str,
+    type: str,
+    reason: str,
+    message: str,
+    component: str,
+    host: str,
+) -> Any:
+    """A core/v1 Event about ``involved``, reported by ``component`` on node ``host`` (typed ``Any``:
+    the client takes the plain dict where its signature names its model class)."""
+    now = datetime.now(tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{involved['name']}.", "namespace": namespace},
+        "involvedObject": involved,
+        "type": type,
+        "reason": reason,
+        "message": message[:MAX_MESSAGE],
+        "source": {"component": component, "host": host},
+        "reportingComponent": component,
+        "reportingInstance": host,
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }
+
+
 class NodeEvents:
     """Writes core/v1 Events about this node; failures are logged, never raised."""
 
@@ -38,27 +68,20 @@ class NodeEvents:
         return self._node_uid
 
     async def record(self, *, type: str, reason: str, message: str) -> None:
-        now = datetime.now(tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         try:
             involved: dict[str, str] = {"apiVersion": "v1", "kind": "Node", "name": self._node_name}
             uid = await self._uid()
             if uid is not None:
                 involved["uid"] = uid
-            body: Any = {
-                "apiVersion": "v1",
-                "kind": "Event",
-                "metadata": {"generateName": f"{self._node_name}.", "namespace": EVENT_NAMESPACE},
-                "involvedObject": involved,
-                "type": type,
-                "reason": reason,
-                "message": message[:MAX_MESSAGE],
-                "source": {"component": self._component, "host": self._node_name},
-                "reportingComponent": self._component,
-                "reportingInstance": self._node_name,
-                "firstTimestamp": now,
-                "lastTimestamp": now,
-                "count": 1,
-            }
+            body = event_body(
+                involved=involved,
+                namespace=EVENT_NAMESPACE,
+                type=type,
+                reason=reason,
+                message=message,
+                component=self._component,
+                host=self._node_name,
+            )
             await self._core.create_namespaced_event(EVENT_NAMESPACE, body)
             self.written += 1
         except Exception as exc:  # an Event is best effort; health handling must go on
