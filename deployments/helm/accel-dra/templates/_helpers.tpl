@@ -1,0 +1,51 @@
+{{/* Prefix of every object name. */}}
+{{- define "accel-dra.fullname" -}}
+{{- default "accel-dra" .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "accel-dra.operatorName" -}}{{ include "accel-dra.fullname" . }}-operator{{- end -}}
+{{- define "accel-dra.agentName" -}}{{ include "accel-dra.fullname" . }}-node-agent{{- end -}}
+{{- define "accel-dra.policyName" -}}{{ include "accel-dra.fullname" . }}-resourceslices-own-node{{- end -}}
+
+{{- define "accel-dra.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+
+{{/* Labels of every object but the DeviceClasses (whose managed-by label is the operator's). */}}
+{{- define "accel-dra.labels" -}}
+{{ include "accel-dra.baseLabels" . }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{- define "accel-dra.baseLabels" -}}
+app.kubernetes.io/part-of: accel-dra
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{- define "accel-dra.operatorLabels" -}}
+app.kubernetes.io/name: accel-dra-operator
+app.kubernetes.io/component: operator
+{{- end -}}
+
+{{- define "accel-dra.agentLabels" -}}
+app.kubernetes.io/name: accel-dra-node-agent
+app.kubernetes.io/component: node-agent
+{{- end -}}
+
+{{/* Refuse values the components would reject at run time. */}}
+{{- define "accel-dra.validate" -}}
+{{- if not (has .Values.backend (list "gpu" "tpu" "simulated")) -}}
+{{- fail (printf "backend must be gpu, tpu or simulated, not %q" .Values.backend) -}}
+{{- end -}}
+{{- if not (has .Values.controller.ownership (list "standalone" "all" "none")) -}}
+{{- fail (printf "controller.ownership must be standalone, all or none, not %q" .Values.controller.ownership) -}}
+{{- end -}}
+{{- if not (has .Values.kubeletPlugin.health.taintEffect (list "NoSchedule" "NoExecute")) -}}
+{{- fail (printf "kubeletPlugin.health.taintEffect must be NoSchedule or NoExecute, not %q" .Values.kubeletPlugin.health.taintEffect) -}}
+{{- end -}}
+{{- if and (eq .Values.backend "simulated") (not .Values.simulated.profiles) -}}
+{{- fail "backend simulated needs at least one profile in simulated.profiles" -}}
+{{- end -}}
+{{- end -}}
