@@ -1,5 +1,5 @@
 """Find or build the control-plane binaries (etcd, kube-apiserver, -controller-manager, -scheduler,
-kubectl) and the node binaries (kubelet, containerd, its runc shim, ctr).
+kubectl), the node binaries (kubelet, containerd, its runc shim, ctr) and helm (the chart tests).
 
 Order of preference, per binary:
 1. a directory named by ``DRA_CONTROL_PLANE_ASSETS``, then by ``KUBEBUILDER_ASSETS`` (envtest's
@@ -7,7 +7,8 @@ Order of preference, per binary:
 2. the per-user cache ``$XDG_CACHE_HOME/accel-dra/control-plane/<versions>/bin`` (node binaries:
    ``.../accel-dra/node/<versions>/bin``);
 3. a build from the pinned Go modules with the machine's Go toolchain, into that cache: ``gomod/``
-   (Kubernetes, etcd) and ``gomod/containerd/`` (containerd, whose dependencies differ).
+   (Kubernetes, etcd), ``gomod/containerd/`` (containerd, whose dependencies differ) and
+   ``gomod/helm/`` (helm; cache ``.../accel-dra/helm/<version>/bin``).
 
 runc and the CNI plugins come from Debian packages (``runc``, ``containernetworking-plugins``).
 """
@@ -32,6 +33,7 @@ log = logging.getLogger(__name__)
 KUBERNETES_VERSION = "v1.36.3"
 ETCD_VERSION = "v3.6.8"
 CONTAINERD_VERSION = "v2.2.9"
+HELM_VERSION = "v3.22.0"
 
 ASSETS_ENV = "DRA_CONTROL_PLANE_ASSETS"
 ENVTEST_ASSETS_ENV = "KUBEBUILDER_ASSETS"
@@ -61,6 +63,7 @@ NODE_BINARY_NAMES = tuple(_NODE_PACKAGES)
 _MODULE_FILES = {
     ".": ("go.mod", "go.sum", "tools.go", "etcd/main.go"),
     "containerd": ("go.mod", "go.sum", "tools.go"),
+    "helm": ("go.mod", "go.sum", "tools.go"),
 }
 # What a plain `go build` leaves as "v0.0.0-master+$Format:%H$"; Kubernetes' own build sets these.
 _VERSION_LDFLAGS = {
@@ -74,6 +77,8 @@ _VERSION_LDFLAGS = {
         )
     ),
     "containerd": f"-X github.com/containerd/containerd/v2/version.Version={CONTAINERD_VERSION}",
+    "helm": f"-X helm.sh/helm/v3/internal/version.version={HELM_VERSION} "
+    "-X helm.sh/helm/v3/internal/version.gitTreeState=clean",
 }
 # containerd's build tags for a static binary without the snapshotters that need cgo or kernel headers.
 _BUILD_TAGS = {"containerd": "no_btrfs no_devmapper no_zfs urfave_cli_no_docs"}
@@ -299,3 +304,38 @@ def ensure_node_binaries(*, allow_build: bool = True) -> NodeBinaries:
         runc=Path(runc),
         cni_dir=cni_dir,
     )
+
+
+HELM_PACKAGE = "helm.sh/helm/v3/cmd/helm"
+
+
+def helm_cache_dir() -> Path:
+    """The per-user, per-version directory that holds the built helm."""
+    return cache_dir().parent.parent / "helm" / f"helm-{HELM_VERSION}"
+
+
+def _helm_unavailable_message(missing: list[str], reason: str) -> str:
+    return (
+        f"cannot provide helm {HELM_VERSION}: {reason}. Install a Go toolchain (go 1.26+) that reaches "
+        f"the Go module proxy, so it is built once into {helm_cache_dir()} (`dra-local-cluster build` "
+        f"does it), or put a helm {HELM_VERSION} binary in {ASSETS_ENV}."
+    )
+
+
+def ensure_helm(*, allow_build: bool = True) -> Path:
+    """Path to helm at the pinned version: from ``DRA_CONTROL_PLANE_ASSETS``, the cache, or built from
+    ``gomod/helm/`` into the cache (about two minutes cold)."""
+    assets = os.environ.get(ASSETS_ENV)
+    bin_dir = helm_cache_dir() / "bin"
+    for candidate in ([Path(assets) / "helm"] if assets else []) + [bin_dir / "helm"]:
+        if _usable(candidate):
+            return candidate
+    if not allow_build:
+        raise BinariesUnavailable(_helm_unavailable_message(["helm"], "building was not allowed"))
+    with _build_lock(helm_cache_dir()):
+        if not _usable(bin_dir / "helm"):
+            log.info("building helm %s; a cold build takes about two minutes", HELM_VERSION)
+            _go_build(
+                {"helm": HELM_PACKAGE}, module="helm", into=bin_dir, unavailable=_helm_unavailable_message
+            )
+    return bin_dir / "helm"

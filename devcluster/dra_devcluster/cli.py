@@ -14,12 +14,14 @@ from dra_devcluster.binaries import (
     BINARY_NAMES,
     CONTAINERD_VERSION,
     ETCD_VERSION,
+    HELM_VERSION,
     KUBERNETES_VERSION,
     NODE_BINARY_NAMES,
     BinariesUnavailable,
     NodeUnavailable,
     cache_dir,
     ensure_binaries,
+    ensure_helm,
     ensure_node_binaries,
     node_cache_dir,
 )
@@ -38,7 +40,9 @@ def _parser() -> argparse.ArgumentParser:
         description=f"A real Kubernetes {KUBERNETES_VERSION} control plane (etcd {ETCD_VERSION}) on loopback",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("build", help="find or build the control-plane and node binaries and print where they are")
+    sub.add_parser(
+        "build", help="find or build the control-plane and node binaries and helm; print where they are"
+    )
     up = sub.add_parser("up", help="start a control plane and keep it running until Ctrl-C")
     up.add_argument(
         "--workdir", type=Path, help="directory for certs, data and logs (default: a new temp dir)"
@@ -94,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
             )
             for name in BINARY_NAMES:
                 print(f"  {name}: {getattr(binaries, name.replace('-', '_'))}")
+            started = time.monotonic()
+            helm = ensure_helm()
+            print(f"helm {HELM_VERSION} ready in {time.monotonic() - started:.0f} s: {helm}")
             started = time.monotonic()
             node = ensure_node_binaries()
             print(
