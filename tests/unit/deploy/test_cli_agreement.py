@@ -1,4 +1,5 @@
-"""The manifests and the programs agree: flags parse, profiles exist, classes are what the operator keeps.
+"""The manifests (kustomize and the Helm chart) and the programs agree: flags parse, profiles exist,
+classes are what the operator keeps.
 
 Drift here fails only at run time in a cluster (a CrashLoopBackOff on an unknown flag, or the operator
 and `kubectl apply` rewriting a DeviceClass back and forth), so it is checked on the rendered objects.
@@ -21,6 +22,15 @@ from dra_operator.deviceclasses import desired_classes
 from tests.unit.deploy.render import MANIFESTS_DIR, OVERLAYS, PEERING_NAME, Obj, of_kind, one, render
 
 CLAIM_POLICY = "accel-dra-claim-finalizer"
+# The kustomize overlays and the Helm chart rendered with the values that match each overlay.
+SOURCES = [(tool, overlay) for tool in ("kustomize", "helm") for overlay in OVERLAYS]
+
+
+def _objects(request: pytest.FixtureRequest, tool: str, overlay: str) -> list[Obj]:
+    renders: dict[str, list[Obj]] = request.getfixturevalue(
+        "rendered" if tool == "kustomize" else "helm_rendered"
+    )
+    return renders[overlay]
 
 
 def _container(objs: list[Obj], kind: str) -> Obj:
@@ -30,9 +40,9 @@ def _container(objs: list[Obj], kind: str) -> Obj:
     return containers[0]
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
-def test_agent_accepts_its_arguments(rendered: dict[str, list[Obj]], overlay: str) -> None:
-    container = _container(rendered[overlay], "DaemonSet")
+@pytest.mark.parametrize(("tool", "overlay"), SOURCES)
+def test_agent_accepts_its_arguments(request: pytest.FixtureRequest, tool: str, overlay: str) -> None:
+    container = _container(_objects(request, tool, overlay), "DaemonSet")
     args = agent_cli.build_parser().parse_args(container["args"])
     assert args.command == "run"
     # NODE_NAME comes from the downward API in the pod.
@@ -56,9 +66,9 @@ def test_agent_accepts_its_arguments(rendered: dict[str, list[Obj]], overlay: st
         assert str(settings.driver_root) in mounted
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
-def test_operator_accepts_its_arguments(rendered: dict[str, list[Obj]], overlay: str) -> None:
-    container = _container(rendered[overlay], "Deployment")
+@pytest.mark.parametrize(("tool", "overlay"), SOURCES)
+def test_operator_accepts_its_arguments(request: pytest.FixtureRequest, tool: str, overlay: str) -> None:
+    container = _container(_objects(request, tool, overlay), "Deployment")
     assert container["args"][0] == "run"
     settings = operator_settings.parse(container["args"][1:], env={})
     assert settings.peering_name == PEERING_NAME

@@ -15,6 +15,7 @@ import yaml
 from tests.unit.deploy.render import CRDS_DIR, MANIFESTS_DIR, REPO_ROOT
 
 CHART_DIR = REPO_ROOT / "deployments" / "helm" / "accel-dra"
+MONITORING_DIR = MANIFESTS_DIR / "monitoring"
 
 
 def _crd_files() -> list[str]:
@@ -24,7 +25,7 @@ def _crd_files() -> list[str]:
 
 def test_chart_ships_exactly_the_projects_crds() -> None:
     shipped = sorted(p.name for p in (CHART_DIR / "crds").iterdir())
-    assert shipped == sorted(_crd_files()), "the chart's crds/ must hold the files crds/kustomization.yaml lists"
+    assert shipped == sorted(_crd_files()), "the chart's crds/ must hold what crds/kustomization.yaml lists"
 
 
 @pytest.mark.parametrize("name", _crd_files())
@@ -37,8 +38,8 @@ def test_chart_crd_is_identical_to_the_projects(name: str) -> None:
 @pytest.mark.parametrize(
     ("copy", "source"),
     [
-        ("files/accel-dra.rules.yaml", MANIFESTS_DIR / "monitoring" / "rules" / "accel-dra.rules.yaml"),
-        ("files/accel-dra-devices.json", MANIFESTS_DIR / "monitoring" / "dashboards" / "accel-dra-devices.json"),
+        ("files/accel-dra.rules.yaml", MONITORING_DIR / "rules" / "accel-dra.rules.yaml"),
+        ("files/accel-dra-devices.json", MONITORING_DIR / "dashboards" / "accel-dra-devices.json"),
     ],
 )
 def test_chart_monitoring_files_are_identical_to_the_manifests(copy: str, source: Path) -> None:

@@ -1,0 +1,198 @@
+"""`helm install`, `helm upgrade` and `helm uninstall` of the chart on the real local control plane.
+
+helm is the pinned release built from its Go module (dra_devcluster.binaries.ensure_helm), so this
+never skips: without a Go toolchain it fails saying how to provide helm. The nodes are Node objects
+without a kubelet (the product image does not run yet): the DaemonSet controller still places agent
+pods on them, and the API server admits every object of the release.
+
+After `helm uninstall` nothing of the release is left but the CRDs: Helm never deletes what it
+installed from a chart's crds/ folder (its documented rule, so that custom resources survive an
+uninstall). The test then removes them itself, as it found the cluster without them.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dra_devcluster import LocalCluster
+from dra_devcluster.binaries import ensure_helm
+from tests.unit.deploy.helm_render import CHART_DIR
+
+pytestmark = pytest.mark.cluster
+
+NAMESPACE = "accel-dra-helm"
+RELEASE = "accel-dra"
+NODES = ("helm-node-a", "helm-node-b")
+CRDS = ("clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev")
+# Every kind the chart renders with backend simulated (the monitoring kinds need the Prometheus
+# Operator's CRDs, which this cluster does not have), and whether it is namespaced.
+RELEASE_KINDS = {
+    "serviceaccounts": True,
+    "deployments.apps": True,
+    "daemonsets.apps": True,
+    "poddisruptionbudgets.policy": True,
+    "clusterroles.rbac.authorization.k8s.io": False,
+    "clusterrolebindings.rbac.authorization.k8s.io": False,
+    "validatingadmissionpolicies.admissionregistration.k8s.io": False,
+    "validatingadmissionpolicybindings.admissionregistration.k8s.io": False,
+    "deviceclasses.resource.k8s.io": False,
+    "clusterkopfpeerings.kopf.dev": False,
+}
+
+
+class Helm:
+    def __init__(self, binary: Path, cluster: LocalCluster, home: Path) -> None:
+        self.binary = binary
+        # Helm's cache, config and data in the test's own folder, not the user's.
+        self.env = dict(os.environ, KUBECONFIG=str(cluster.kubeconfig), HELM_CACHE_HOME=str(home / "cache"),
+                        HELM_CONFIG_HOME=str(home / "config"), HELM_DATA_HOME=str(home / "data"))  # fmt: skip
+
+    def __call__(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run([str(self.binary), *args], env=self.env, capture_output=True, text=True,
+                                timeout=180, check=False)  # fmt: skip
+        if check and result.returncode != 0:
+            raise AssertionError(f"helm {' '.join(args)} failed ({result.returncode}):\n{result.stderr}")
+        return result
+
+
+def _release_objects(cluster: LocalCluster) -> list[str]:
+    """kind/name of every object labelled as the release's, in the namespace and cluster-wide."""
+    found = []
+    for kind, namespaced in RELEASE_KINDS.items():
+        scope = ["-n", NAMESPACE] if namespaced else []
+        result = cluster.kubectl("get", kind, *scope, "-l", f"app.kubernetes.io/instance={RELEASE}", "-o",
+                                 "name", check=False)  # fmt: skip
+        if result.returncode != 0 and "the server doesn't have a resource type" in result.stderr:
+            continue  # e.g. the peering CRD is gone
+        assert result.returncode == 0, result.stderr
+        found += result.stdout.split()
+    return found
+
+
+def _force_delete_pods(cluster: LocalCluster) -> None:
+    # Pods bound to nodes without a kubelet never finish terminating on their own.
+    cluster.kubectl("delete", "pods", "--all", "-n", NAMESPACE, "--force", "--grace-period=0",
+                    "--ignore-not-found", "--wait=false", check=False)  # fmt: skip
+
+
+def _container(cluster: LocalCluster, kind: str, name: str) -> Any:
+    obj = cluster.get_json(kind, name, "-n", NAMESPACE)
+    (container,) = obj["spec"]["template"]["spec"]["containers"]
+    return obj, container
+
+
+@pytest.fixture(scope="module")
+def helm(local_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Helm]:
+    cluster = local_cluster
+    crds_before = {c for c in CRDS if cluster.kubectl("get", "crd", c, check=False).returncode == 0}
+    for node in NODES:
+        cluster.add_node(node)
+        # As in test_install.py: no node-lifecycle controller lifts the not-ready taint.
+        cluster.kubectl("taint", "node", node, "node.kubernetes.io/not-ready:NoSchedule-", check=False)
+    # The namespace as the chart's README says: Pod Security "privileged" for the agent's hostPaths.
+    cluster.create_namespace(NAMESPACE, labels={"pod-security.kubernetes.io/enforce": "privileged"})
+    tool = Helm(ensure_helm(), cluster, tmp_path_factory.mktemp("helm-home"))
+    try:
+        yield tool
+    finally:
+        tool("uninstall", RELEASE, "-n", NAMESPACE, "--ignore-not-found", check=False)
+        _force_delete_pods(cluster)
+        cluster.kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=false", check=False)
+
+        def namespace_gone() -> bool:
+            _force_delete_pods(cluster)
+            return cluster.kubectl("get", "namespace", NAMESPACE, check=False).returncode != 0
+
+        cluster.wait_for(namespace_gone, timeout=120, interval=2, what=f"namespace {NAMESPACE} to be deleted")
+        for crd in set(CRDS) - crds_before:
+            cluster.kubectl("delete", "crd", crd, "--ignore-not-found", check=False)
+        for node in NODES:
+            cluster.kubectl("delete", "node", node, "--ignore-not-found", "--wait=false", check=False)
+
+
+def test_install_upgrade_uninstall(local_cluster: LocalCluster, helm: Helm) -> None:
+    cluster = local_cluster
+    assert not _release_objects(cluster), "a previous install was left behind"
+
+    # install
+    helm("install", RELEASE, str(CHART_DIR), "-n", NAMESPACE, "--set", "backend=simulated",
+         "--set", "simulated.profiles={h100-80gb-x8}")  # fmt: skip
+    status = helm("status", RELEASE, "-n", NAMESPACE, "-o", "json").stdout
+    assert '"status":"deployed"' in status.replace(" ", "")
+    for crd in CRDS:
+        cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{crd}")
+    installed = _release_objects(cluster)
+    for expected in (
+        "serviceaccount/accel-dra-operator",
+        "serviceaccount/accel-dra-node-agent",
+        "deployment.apps/accel-dra-operator",
+        "daemonset.apps/accel-dra-node-agent",
+        "poddisruptionbudget.policy/accel-dra-operator",
+        "clusterrole.rbac.authorization.k8s.io/accel-dra-operator",
+        "clusterrolebinding.rbac.authorization.k8s.io/accel-dra-node-agent",
+        "validatingadmissionpolicy.admissionregistration.k8s.io/accel-dra-resourceslices-own-node",
+        "validatingadmissionpolicybinding.admissionregistration.k8s.io/accel-dra-resourceslices-own-node",
+        "deviceclass.resource.k8s.io/gpu.nvidia.com",
+        "deviceclass.resource.k8s.io/mig.nvidia.com",
+        "deviceclass.resource.k8s.io/tpu.google.com",
+        "clusterkopfpeering.kopf.dev/accel-dra-operator",
+    ):
+        assert expected in installed, f"{expected} not installed; found {installed}"
+    deployment, operator = _container(cluster, "deployment", "accel-dra-operator")
+    assert deployment["spec"]["replicas"] == 2
+    assert "--ownership=standalone" in operator["args"]
+    daemonset, agent = _container(cluster, "daemonset", "accel-dra-node-agent")
+    assert "--simulate-profile=h100-80gb-x8" in agent["args"]
+    assert "--health-poll-interval=10" in agent["args"]
+    assert not agent["securityContext"]["privileged"]
+    policy = cluster.get_json("validatingadmissionpolicy", "accel-dra-resourceslices-own-node")
+    (condition,) = policy["spec"]["matchConditions"]
+    assert f"system:serviceaccount:{NAMESPACE}:accel-dra-node-agent" in condition["expression"]
+    binding = cluster.get_json("clusterrolebinding", "accel-dra-operator")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "accel-dra-operator", "namespace": NAMESPACE}
+    ]
+    # The DaemonSet controller places an agent pod on each of the test's nodes.
+    cluster.wait_for(
+        lambda: {p["spec"].get("nodeName") or p["spec"]["affinity"]["nodeAffinity"]
+                 ["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]["matchFields"][0]
+                 ["values"][0]
+                 for p in cluster.get_json("pods", "-n", NAMESPACE, "-l",
+                                           "app.kubernetes.io/name=accel-dra-node-agent")["items"]}
+        >= set(NODES),
+        timeout=60, what="agent pods on the test's nodes",
+    )  # fmt: skip
+
+    # upgrade: a value of each workload changes, the rest is kept
+    helm("upgrade", RELEASE, str(CHART_DIR), "-n", NAMESPACE, "--reuse-values", "--set",
+         "kubeletPlugin.health.pollIntervalSeconds=3", "--set", "controller.ownership=all")  # fmt: skip
+    upgraded, operator = _container(cluster, "deployment", "accel-dra-operator")
+    assert "--ownership=all" in operator["args"]
+    assert "--ownership=standalone" not in operator["args"]
+    assert upgraded["metadata"]["generation"] > deployment["metadata"]["generation"]
+    upgraded_ds, agent = _container(cluster, "daemonset", "accel-dra-node-agent")
+    assert "--health-poll-interval=3" in agent["args"]
+    assert "--simulate-profile=h100-80gb-x8" in agent["args"]  # --reuse-values kept it
+    assert upgraded_ds["metadata"]["generation"] > daemonset["metadata"]["generation"]
+    history = helm("history", RELEASE, "-n", NAMESPACE, "-o", "json").stdout
+    assert history.count('"revision"') == 2
+
+    # uninstall: nothing of the release is left but the CRDs, which Helm keeps
+    helm("uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout=120s")
+    assert helm("status", RELEASE, "-n", NAMESPACE, check=False).returncode != 0
+    assert _release_objects(cluster) == []
+    secrets = cluster.get_json("secrets", "-n", NAMESPACE, "-l", f"owner=helm,name={RELEASE}")["items"]
+    assert secrets == [], "Helm's release records were left"
+    # The agent and operator pods go with their workloads (garbage collector); forced here
+    # because these nodes have no kubelet to confirm.
+    _force_delete_pods(cluster)
+    cluster.wait_for(lambda: not cluster.get_json("pods", "-n", NAMESPACE)["items"], timeout=60,
+                     what="the release's pods to be gone")  # fmt: skip
+    for crd in CRDS:
+        assert cluster.kubectl("get", "crd", crd, check=False).returncode == 0, f"Helm deleted CRD {crd}"

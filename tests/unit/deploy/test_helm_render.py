@@ -1,0 +1,223 @@
+"""The Helm chart renders the same objects as the kustomize overlays, and `helm lint` passes.
+
+For each overlay (gpu, tpu, simulated), `helm template` with the matching values is compared with
+`kubectl kustomize manifests/overlays/<overlay>`, whole objects after normalisation:
+
+- Helm's own labels (helm.sh/chart, app.kubernetes.io/instance, -version, managed-by: Helm) are
+  removed; the kustomize Namespace object is compared with the release namespace instead (Helm
+  installs into the release namespace and does not own it).
+- Container args: the chart passes its values as explicit flags where the manifests leave the
+  components' defaults, so args are compared as what the programs make of them (the parsed
+  Settings), and every flag the manifest passes must appear unchanged in the chart's args.
+
+Anything else that differs fails with a unified diff of the two objects.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from dra_node_agent import cli as agent_cli
+from dra_node_agent import settings as agent_settings
+from dra_operator import settings as operator_settings
+from tests.unit.deploy.helm_render import CHART_DIR, helm_template, overlay_values
+from tests.unit.deploy.render import CRDS_DIR, MANIFESTS_DIR, NAMESPACE, OVERLAYS, Obj, render
+
+HELM_LABELS = ("helm.sh/chart", "app.kubernetes.io/instance", "app.kubernetes.io/version")
+
+Key = tuple[str, str, str]
+
+
+def _key(obj: Obj) -> Key:
+    return (obj["kind"], obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
+
+
+def _settings(container: Obj) -> dict[str, str]:
+    """What the container's program makes of its args (and an empty environment)."""
+    args = container.get("args", [])
+    if container["command"] == ["dra-node-agent"]:
+        parsed = agent_cli.build_parser().parse_args(args)
+        fields = dataclasses.asdict(agent_settings.load_settings(args=parsed, environ={"NODE_NAME": "node"}))
+    else:
+        assert container["command"] == ["dra-operator"], container["command"]
+        assert args[0] == "run"
+        fields = dataclasses.asdict(operator_settings.parse(args[1:], env={}))
+        fields.pop("priority")  # random per start, unless given
+    return {name: repr(value) for name, value in fields.items()}
+
+
+def _cel_lines(value: Any) -> Any:
+    """kustomize re-emits a folded (>-) CEL expression with a more-indented line as two line breaks
+    where YAML (and Helm, which does not re-emit) gives one; both are whitespace to CEL."""
+    if isinstance(value, dict):
+        return {
+            k: v.replace("\n\n", "\n") if k.endswith("xpression") and isinstance(v, str) else _cel_lines(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [_cel_lines(v) for v in value]
+    return value
+
+
+def _normalise(obj: Obj) -> Obj:
+    obj = _cel_lines(copy.deepcopy(obj))
+    labels = obj["metadata"].get("labels", {})
+    for label in HELM_LABELS:
+        labels.pop(label, None)
+    if labels.get("app.kubernetes.io/managed-by") == "Helm":
+        del labels["app.kubernetes.io/managed-by"]
+    template = obj.get("spec", {}).get("template", {}).get("spec")
+    if obj["kind"] in {"Deployment", "DaemonSet"} and template:
+        for container in template["containers"]:
+            container["args"] = {"parsed": _settings(container)}
+    return obj
+
+
+def _dump(obj: Obj) -> list[str]:
+    return yaml.safe_dump(obj, sort_keys=True, width=200).splitlines(keepends=True)
+
+
+def _compare(kustomized: list[Obj], charted: list[Obj], *, what: str) -> None:
+    ours = {_key(o): o for o in kustomized}
+    theirs = {_key(o): o for o in charted}
+    assert sorted(ours) == sorted(theirs), (
+        f"{what}: objects only in kustomize: {sorted(set(ours) - set(theirs))}; "
+        f"only in the chart: {sorted(set(theirs) - set(ours))}"
+    )
+    problems = []
+    for key in sorted(ours):
+        left, right = _normalise(ours[key]), _normalise(theirs[key])
+        if left != right:
+            diff = "".join(difflib.unified_diff(_dump(left), _dump(right), "kustomize", "helm"))
+            problems.append(f"{what}: {'/'.join(key)} differs:\n{diff}")
+    assert not problems, "\n".join(problems)
+    # The manifests' flags are given to the chart's containers unchanged.
+    for key, obj in ours.items():
+        if obj["kind"] in {"Deployment", "DaemonSet"}:
+            for mine, chart in zip(
+                obj["spec"]["template"]["spec"]["containers"],
+                theirs[key]["spec"]["template"]["spec"]["containers"],
+                strict=True,
+            ):
+                missing = [a for a in mine.get("args", []) if a not in chart.get("args", [])]
+                assert not missing, (
+                    f"{what}: {'/'.join(key)} container {mine['name']}: chart lacks args {missing}"
+                )
+
+
+def _without_namespace(objs: list[Obj]) -> list[Obj]:
+    namespaces = [o for o in objs if o["kind"] == "Namespace"]
+    assert [o["metadata"]["name"] for o in namespaces] == [NAMESPACE]
+    return [o for o in objs if o["kind"] != "Namespace"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_chart_renders_the_overlays_objects(
+    rendered: dict[str, list[Obj]],
+    helm_rendered: dict[str, list[Obj]],
+    rendered_crds: list[Obj],
+    overlay: str,
+) -> None:
+    kustomized = copy.deepcopy(_without_namespace(rendered[overlay]) + rendered_crds)
+    # The CRDs come from the chart's crds/ (helm template --include-crds); kustomize labels them.
+    charted = list(helm_rendered[overlay])
+    for crd in kustomized:
+        if crd["kind"] == "CustomResourceDefinition":
+            crd["metadata"]["labels"].pop("app.kubernetes.io/part-of")
+            if not crd["metadata"]["labels"]:
+                del crd["metadata"]["labels"]
+    _compare(kustomized, charted, what=f"overlay {overlay}")
+
+
+def test_chart_monitoring_objects_are_the_manifests(
+    kubectl: Path, helm: Path, rendered: dict[str, list[Obj]]
+) -> None:
+    monitoring = render(MANIFESTS_DIR / "monitoring", kubectl=kubectl)
+    with_monitoring = helm_template(
+        helm, values={**overlay_values("simulated"), "monitoring": {"enabled": True}}
+    )
+    without = {_key(o) for o in helm_template(helm, values=overlay_values("simulated"))}
+    added = [o for o in with_monitoring if _key(o) not in without]
+    _compare(monitoring, added, what="monitoring")
+
+
+def test_chart_follows_the_release_namespace(helm: Path) -> None:
+    """Namespaced objects, ServiceAccount subjects, the policy's username and the alerts' job label
+    all name the release namespace."""
+    objs = helm_template(helm, values={**overlay_values("simulated"), "monitoring": {"enabled": True}},
+                         namespace="gpu-system")  # fmt: skip
+    text = yaml.safe_dump_all(objs)
+    assert f"system:serviceaccount:{NAMESPACE}:" not in text
+    assert f'"{NAMESPACE}/' not in text
+    for obj in objs:
+        if obj["kind"] in {"ServiceAccount", "Deployment", "DaemonSet", "PodDisruptionBudget", "PodMonitor",
+                           "PrometheusRule", "ConfigMap"}:  # fmt: skip
+            assert obj["metadata"]["namespace"] == "gpu-system", obj["metadata"]
+        for subject in obj.get("subjects", []):
+            assert subject["namespace"] == "gpu-system"
+    assert "system:serviceaccount:gpu-system:accel-dra-node-agent" in text
+    assert 'up{job="gpu-system/accel-dra-node-agent"}' in text
+
+
+def test_chart_values_reach_the_programs(helm: Path) -> None:
+    """A few values, checked as the components read them."""
+    values: dict[str, Any] = {
+        "backend": "simulated",
+        "simulated": {"profiles": ["h100-80gb-x8"]},
+        "controller": {"ownership": "all", "replicas": 3},
+        "kubeletPlugin": {"health": {"pollIntervalSeconds": 3, "taintEffect": "NoExecute"}},
+        "logLevel": "DEBUG",
+    }
+    objs = helm_template(helm, values=values)
+    (deployment,) = [o for o in objs if o["kind"] == "Deployment"]
+    (daemonset,) = [o for o in objs if o["kind"] == "DaemonSet"]
+    assert deployment["spec"]["replicas"] == 3
+    operator = _settings(deployment["spec"]["template"]["spec"]["containers"][0])
+    assert operator["ownership"] == "<Ownership.ALL: 'all'>"
+    assert operator["log_level"] == "'DEBUG'"
+    agent = _settings(daemonset["spec"]["template"]["spec"]["containers"][0])
+    assert agent["health_poll_interval"] == "3.0"
+    assert agent["health_taint_effect"] == "'NoExecute'"
+    assert agent["simulate_profile"] == "('h100-80gb-x8',)"
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"backend": "cpu"}, 'backend must be gpu, tpu or simulated, not "cpu"'),
+        ({"controller": {"ownership": "some"}}, "controller.ownership must be standalone, all or none"),
+        ({"backend": "simulated", "simulated": {"profiles": []}}, "needs at least one profile"),
+    ],
+)
+def test_chart_refuses_values_the_programs_would_reject(
+    helm: Path, values: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(AssertionError, match=message):
+        helm_template(helm, values=values)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_helm_lint(helm: Path, overlay: str) -> None:
+    result = subprocess.run(
+        [str(helm), "lint", "--strict", str(CHART_DIR), f"--set=backend={overlay}"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_chart_crds_match_crds_dir_after_render(
+    rendered_crds: list[Obj], helm_rendered: dict[str, list[Obj]]
+) -> None:
+    crd_names = sorted(o["metadata"]["name"] for o in rendered_crds)
+    charted = sorted(
+        o["metadata"]["name"] for o in helm_rendered["simulated"] if o["kind"] == "CustomResourceDefinition"
+    )
+    assert charted == crd_names, CRDS_DIR
