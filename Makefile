@@ -1,8 +1,8 @@
-# The two commands of the README. Everything else is plain tox or the console scripts.
+# The README's commands (demo, test, image). Everything else is plain tox or the console scripts.
 PYTHON ?= python3
 VENV := .venv
 
-.PHONY: demo test venv clean
+.PHONY: demo test image venv clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,6 +14,10 @@ venv: $(VENV)/.installed
 
 demo: venv
 	$(VENV)/bin/dra-local-cluster demo $(DEMO_ARGS)
+
+# The product image as an OCI archive in dist/ (mmdebstrap, no Docker daemon, no registry).
+image: venv
+	$(VENV)/bin/dra-local-cluster image --out dist
 
 test: venv
 	$(VENV)/bin/tox run -e lint,types,tests,e2e

@@ -1,9 +1,10 @@
-"""``dra-local-cluster``: build the control-plane binaries, or run a local control plane."""
+"""``dra-local-cluster``: build the control-plane binaries or the product image, or run a local cluster."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import shutil
 import signal
 import sys
 import tempfile
@@ -43,6 +44,12 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "build", help="find or build the control-plane and node binaries and helm; print where they are"
     )
+    image = sub.add_parser(
+        "image",
+        help="build the product image accel-dra:<version> as an OCI archive (mmdebstrap, no Docker)",
+    )
+    image.add_argument("--out", type=Path, help="copy the archive into this directory (e.g. dist)")
+    image.add_argument("--rebuild", action="store_true", help="build even when the cache has it")
     up = sub.add_parser("up", help="start a control plane and keep it running until Ctrl-C")
     up.add_argument(
         "--workdir", type=Path, help="directory for certs, data and logs (default: a new temp dir)"
@@ -85,6 +92,29 @@ def _stop_on_signals() -> None:
     signal.signal(signal.SIGTERM, interrupt)
 
 
+def _image(*, out: Path | None, rebuild: bool) -> int:
+    from dra_devcluster.productimage import ImageBuildError, ensure_product_image
+
+    started = time.monotonic()
+    try:
+        image = ensure_product_image(rebuild=rebuild)
+    except ImageBuildError as err:
+        print(f"error: building the image: {err}", file=sys.stderr)
+        return 2
+    path = image.path
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / image.path.name
+        shutil.copyfile(image.path, path)
+    how = "from the cache" if image.cached else f"built in {time.monotonic() - started:.0f} s"
+    print(f"{image.name} ({how}): {path}")
+    print(f"  manifest {image.manifest_digest}; {path.stat().st_size / 2**20:.0f} MiB")
+    for digest in image.layer_digests:
+        print(f"  layer {digest}")
+    print(f"load it into containerd: ctr -n k8s.io images import {path}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
@@ -111,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {name}: {getattr(node, name.replace('-', '_'))}")
             print(f"  CNI plugins: {node.cni_dir}")
             return 0
+        if args.command == "image":
+            return _image(out=args.out, rebuild=args.rebuild)
         workdir = args.workdir or Path(tempfile.mkdtemp(prefix="accel-dra-cluster-"))
         _stop_on_signals()
         if args.command == "demo":

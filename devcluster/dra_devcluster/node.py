@@ -265,6 +265,10 @@ class RealNode:
             raise self.start_error("containerd", f"`ctr {' '.join(args)}` failed: {result.stderr.strip()}")
         return result
 
+    def import_images(self, images: list[ImageArchive]) -> None:
+        """Import more OCI archives into this running node's containerd (the product image)."""
+        self._import_images(images)
+
     def _import_images(self, images: list[ImageArchive]) -> None:
         for image in images:
             self._ctr(
