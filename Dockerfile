@@ -4,6 +4,8 @@
 #
 #   docker build -t accel-dra:0.1.0 .
 #
+# Without Docker, `make image` builds the same image from Debian packages (see the README).
+#
 # Reproducible inputs: the base image is pinned by digest, the runtime dependencies are installed
 # from requirements.lock (exact versions, no resolution), the build tools are pinned below, and the
 # project itself goes in as a wheel built from this tree.
@@ -29,18 +31,33 @@ COPY devcluster ./devcluster
 RUN pip wheel --no-deps --no-build-isolation --wheel-dir /wheels .
 
 FROM ${PYTHON_IMAGE}
+# The same layout as `make image` (dra_devcluster/productimage.py, built without Docker): a venv
+# at /opt/accel-dra first on PATH, user 65532, the OCI labels, CMD. VERSION follows pyproject.toml
+# (a unit test checks); pass the others, e.g.
+#   --build-arg REVISION=$(git rev-parse HEAD) --build-arg CREATED=$(date -u +%FT%TZ)
+ARG VERSION=0.1.0
+ARG REVISION=unknown
+ARG CREATED=unknown
+ARG SOURCE="local checkout (no git remote)"
+LABEL org.opencontainers.image.title=accel-dra \
+      org.opencontainers.image.version=${VERSION} \
+      org.opencontainers.image.revision=${REVISION} \
+      org.opencontainers.image.source=${SOURCE} \
+      org.opencontainers.image.created=${CREATED}
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PATH=/opt/accel-dra/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 COPY requirements.lock /tmp/requirements.lock
 # --no-deps: the lock is the complete closure; nothing may be resolved at build time.
-RUN pip install --no-deps -r /tmp/requirements.lock \
+RUN python -m venv /opt/accel-dra \
+    && /opt/accel-dra/bin/pip install --no-deps -r /tmp/requirements.lock \
     && rm /tmp/requirements.lock
 COPY --from=build /wheels /tmp/wheels
-RUN pip install --no-deps /tmp/wheels/*.whl \
+RUN /opt/accel-dra/bin/pip install --no-deps /tmp/wheels/*.whl \
     && rm -rf /tmp/wheels \
-    && pip check \
+    && /opt/accel-dra/bin/pip check \
     && groupadd --gid 65532 nonroot \
     && useradd --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent \
        --shell /usr/sbin/nologin nonroot

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import tomllib
@@ -15,6 +16,8 @@ from tests.unit.deploy.render import REPO_ROOT
 DOCKERFILE = REPO_ROOT / "Dockerfile"
 PINNED_BASE = re.compile(r"^python:3\.11\.\d+-slim-bookworm@sha256:[0-9a-f]{64}$")
 Instruction = tuple[str, str]
+# The layout `make image` (dra_devcluster/productimage.py) builds too.
+VENV = "/opt/accel-dra"
 
 
 def instructions() -> list[Instruction]:
@@ -93,7 +96,7 @@ def test_runtime_dependencies_come_from_the_lock_file_only() -> None:
             continue
         for command in re.split(r"&&|;", rest):
             words = shlex.split(command)
-            if words[:2] == ["pip", "install"]:
+            if words[:2] in (["pip", "install"], [f"{VENV}/bin/pip", "install"]):
                 installs.append(words[2:])
     assert installs, "the runtime stage installs nothing"
     for args in installs:
@@ -160,3 +163,25 @@ def test_lock_file_is_closed_under_dependencies() -> None:
                 assert requirement.specifier.contains(pins[dep], prereleases=True), (
                     f"{name}=={version} needs {requirement}; requirements.lock has {dep}=={pins[dep]}"
                 )
+
+
+def test_runtime_stage_matches_the_image_built_without_docker() -> None:
+    from dra_devcluster import productimage
+
+    final = stages()[-1]
+    assert productimage.VENV == VENV
+    envs = " ".join(rest for keyword, rest in final if keyword == "ENV")
+    path = re.search(r"PATH=(\S+)", envs)
+    assert path, "the runtime stage sets no PATH"
+    assert path.group(1).split(":")[0] == f"{VENV}/bin"
+    assert "PYTHONDONTWRITEBYTECODE=1" in envs
+    assert [rest for keyword, rest in final if keyword == "CMD"] == [
+        json.dumps(list(productimage.DEFAULT_CMD))
+    ]
+    assert f"{productimage.USER_ID}:{productimage.USER_ID}" in [r for k, r in final if k == "USER"]
+    args = dict(rest.partition("=")[::2] for keyword, rest in final if keyword == "ARG")
+    version = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert args["VERSION"] == version, "the Dockerfile's VERSION default lags pyproject.toml"
+    labels = " ".join(rest for keyword, rest in final if keyword == "LABEL")
+    for label in ("version", "revision", "source", "created"):
+        assert f"org.opencontainers.image.{label}=" in labels
