@@ -8,10 +8,16 @@ pods on them, and the API server admits every object of the release.
 After `helm uninstall` nothing of the release is left but the CRDs: Helm never deletes what it
 installed from a chart's crds/ folder (its documented rule, so that custom resources survive an
 uninstall). The test then removes them itself, as it found the cluster without them.
+
+Helm refuses to take over objects it did not create (as it would for a user who installed with
+kubectl apply -k first). Other tests of the session apply some of the same cluster-wide objects (the
+agent's ClusterRole, for one), so the fixture sets those aside before the install and puts them
+back afterwards, leaving the cluster as it found it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from collections.abc import Iterator
@@ -22,7 +28,7 @@ import pytest
 
 from dra_devcluster import LocalCluster
 from dra_devcluster.binaries import ensure_helm
-from tests.unit.deploy.helm_render import CHART_DIR
+from tests.unit.deploy.helm_render import CHART_DIR, helm_template
 
 pytestmark = pytest.mark.cluster
 
@@ -81,6 +87,32 @@ def _force_delete_pods(cluster: LocalCluster) -> None:
                     "--ignore-not-found", "--wait=false", check=False)  # fmt: skip
 
 
+# metadata the API server owns; a saved object is re-created without it.
+_SERVER_FIELDS = ("uid", "resourceVersion", "creationTimestamp", "generation", "managedFields")
+
+
+def _set_aside(cluster: LocalCluster, helm_binary: Path) -> list[dict[str, Any]]:
+    """Delete and return the cluster-wide objects of other tests that the chart would create."""
+    values = {"backend": "simulated", "simulated": {"profiles": ["h100-80gb-x8"]}}
+    saved = []
+    for obj in helm_template(helm_binary, values=values, namespace=NAMESPACE, release=RELEASE):
+        if obj["kind"] == "CustomResourceDefinition" or obj["metadata"].get("namespace"):
+            continue
+        ref = f"{obj['kind'].lower()}.{obj['apiVersion'].split('/')[0]}/{obj['metadata']['name']}"
+        if "/" not in obj["apiVersion"]:
+            ref = f"{obj['kind'].lower()}/{obj['metadata']['name']}"
+        found = cluster.kubectl("get", ref, "-o", "json", "--ignore-not-found", check=False)
+        if found.returncode != 0 or not found.stdout.strip():
+            continue
+        existing = json.loads(found.stdout)
+        for key in _SERVER_FIELDS:
+            existing["metadata"].pop(key, None)
+        existing.pop("status", None)
+        saved.append(existing)
+        cluster.kubectl("delete", ref, "--wait=true")
+    return saved
+
+
 def _container(cluster: LocalCluster, kind: str, name: str) -> Any:
     obj = cluster.get_json(kind, name, "-n", NAMESPACE)
     (container,) = obj["spec"]["template"]["spec"]["containers"]
@@ -98,6 +130,7 @@ def helm(local_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) 
     # The namespace as the chart's README says: Pod Security "privileged" for the agent's hostPaths.
     cluster.create_namespace(NAMESPACE, labels={"pod-security.kubernetes.io/enforce": "privileged"})
     tool = Helm(ensure_helm(), cluster, tmp_path_factory.mktemp("helm-home"))
+    saved = _set_aside(cluster, tool.binary)
     try:
         yield tool
     finally:
@@ -114,6 +147,8 @@ def helm(local_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) 
             cluster.kubectl("delete", "crd", crd, "--ignore-not-found", check=False)
         for node in NODES:
             cluster.kubectl("delete", "node", node, "--ignore-not-found", "--wait=false", check=False)
+        if saved:
+            cluster.apply(saved)
 
 
 def test_install_upgrade_uninstall(local_cluster: LocalCluster, helm: Helm) -> None:
