@@ -24,6 +24,8 @@ from dra_node_agent.checkpoint_report import CorruptionReporter
 from dra_node_agent.claims import ClaimReader
 from dra_node_agent.discovery.base import DiscoveredInventory, DiscoveryBackend
 from dra_node_agent.discovery.detect import DiscoveryConfig, select_backends
+from dra_node_agent.discovery.nvml import NvmlBackend
+from dra_node_agent.discovery.simulated import SimulatedBackend
 from dra_node_agent.discovery.tpu import DEFAULT_TPU_ENV_FILE
 from dra_node_agent.health import DEFAULT_IGNORED_XIDS, HealthSettings, TaintEffect, parse_xid_list
 from dra_node_agent.health.attach import DriverHealth, attach_health
@@ -149,6 +151,9 @@ async def _start_driver(
             node_name=settings.node_name,
         )
         if driver == settings.tpu_driver_name
+        else None,
+        gpu_sharing=await asyncio.to_thread(backend.gpu_sharing)
+        if isinstance(backend, NvmlBackend | SimulatedBackend)
         else None,
     )
     # Listening before the first load, so a checkpoint found corrupt at start is reported too.

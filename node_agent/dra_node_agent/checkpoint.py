@@ -122,6 +122,9 @@ class PreparedDevice:
     # hold at once (allowMultipleAllocations); ``share_id`` is that share's ID, when it has one.
     shared: bool = False
     share_id: str | None = None
+    # The time slice (timeSlicingConfig.interval) this claim set on the GPU, reset when the last claim
+    # holding the GPU with one is unprepared (``gpu_sharing``).
+    time_slice: str | None = None
 
     @property
     def exclusive(self) -> bool:
@@ -141,6 +144,8 @@ class PreparedDevice:
             out["shared"] = True
         if self.share_id is not None:
             out["shareID"] = self.share_id
+        if self.time_slice is not None:
+            out["timeSlice"] = self.time_slice
         return out
 
     @staticmethod
@@ -153,6 +158,7 @@ class PreparedDevice:
             admin_access=bool(raw.get("adminAccess", False)),
             shared=bool(raw.get("shared", False)),
             share_id=None if raw.get("shareID") is None else str(raw["shareID"]),
+            time_slice=None if raw.get("timeSlice") is None else str(raw["timeSlice"]),
         )
 
 

@@ -513,13 +513,29 @@ def not_implemented(config: DriverConfig) -> str | None:
 
     Prepare refuses such a config with this text rather than run the workload without it.
     """
+    if (
+        isinstance(config, MigDeviceConfig)
+        and config.sharing is not None
+        and config.sharing.strategy == "TimeSlicing"
+    ):
+        return (
+            "MigDeviceConfig sharing.strategy TimeSlicing: time-slicing does not apply to MIG devices "
+            "(the GPU's time slice is shared by all its MIG devices, so one claim cannot set it); leave "
+            "sharing out for a MIG device"
+        )
+    if (
+        isinstance(config, GpuConfig)
+        and config.sharing is not None
+        and config.sharing.strategy == "TimeSlicing"
+    ):
+        return None  # applied at prepare (gpu_sharing)
     if isinstance(config, GpuConfig | MigDeviceConfig) and config.sharing is not None:
         detail = f"sharing.strategy {config.sharing.strategy}"
         if config.sharing.mps is not None and config.sharing.mps.multi_user:
             detail += " with mpsConfig.multiUser"
         return (
-            f"{config.KIND} {detail}: GPU sharing (time-slicing and MPS) is not implemented by this "
-            "driver yet, so the device would not be shared as configured"
+            f"{config.KIND} {detail}: MPS is not implemented by this driver yet, so the device would "
+            "not be shared as configured"
         )
     if isinstance(config, VfioDeviceConfig):
         return (

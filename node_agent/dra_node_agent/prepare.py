@@ -54,8 +54,10 @@ from dra_node_agent.discovery.base import (
     TpuHostInfo,
     TpuWorkers,
 )
+from dra_node_agent.gpu_sharing import GpuSharing, SharingError
 from dra_node_agent.opaqueconfig import (
     GoogleTpuConfig,
+    GpuConfig,
     OpaqueConfigError,
     OpaqueConfigParser,
     RequestConfig,
@@ -124,8 +126,11 @@ class PrepareHandler:
         proc_root: Path = Path("/proc"),
         config_parser: OpaqueConfigParser | None = None,
         tpu_workers: TpuWorkerSource | None = None,
+        gpu_sharing: GpuSharing | None = None,
     ) -> None:
         self.driver = driver
+        # Applies GpuConfig time-slicing (GPU drivers); None: a config asking for it is refused.
+        self.gpu_sharing = gpu_sharing
         # Derives the worker identity of a pod on a multi-host TPU slice from its Job (TPU drivers).
         self.tpu_workers = tpu_workers
         self.node_name = node_name
@@ -239,6 +244,14 @@ class PrepareHandler:
                     errors[claim.uid] = self._failed(
                         "unprepare", claim, f"{describe(claim)}: removing state failed: {exc}", reason="io"
                     ).error
+                except SharingError as exc:
+                    # The entry stays: the kubelet retries, and the reset with it.
+                    errors[claim.uid] = self._failed(
+                        "unprepare",
+                        claim,
+                        f"{describe(claim)}: resetting the GPU failed: {exc}",
+                        reason="device",
+                    ).error
                 PREPARE_SECONDS.labels(self.driver, "unprepare").observe(time.perf_counter() - began)
         return errors
 
@@ -292,9 +305,15 @@ class PrepareHandler:
         await self._pause("prepare-started")
 
         try:
-            if self._touches_devices(devices):
+            if self._touches_devices(planned):
                 entry = await asyncio.to_thread(self.store.begin, claim, planned)
-            await self._set_up(entry, devices)
+            try:
+                await self._set_up(entry, devices)
+            except PrepareError:
+                # Nothing of a failed set-up stays behind: undo what it did, forget the attempt.
+                await self._roll_back(entry)
+                await asyncio.to_thread(self.store.remove, claim.uid)
+                raise
             await self._pause("devices-set-up")
 
             ids = await asyncio.to_thread(
@@ -308,18 +327,7 @@ class PrepareHandler:
             await self._pause("cdi-written")
 
             by_device = {d.name: cdi_id for d, cdi_id in zip(devices, ids, strict=True)}
-            prepared = [
-                cp.PreparedDevice(
-                    request=p.request,
-                    pool=p.pool,
-                    device=p.device,
-                    cdi_device_ids=(by_device[p.device],),
-                    admin_access=p.admin_access,
-                    shared=p.shared,
-                    share_id=p.share_id,
-                )
-                for p in planned
-            ]
+            prepared = [dataclasses.replace(p, cdi_device_ids=(by_device[p.device],)) for p in planned]
             done = await asyncio.to_thread(self.store.complete, claim.uid, prepared)
         except cp.DeviceAlreadyPrepared:
             # Another claim holds a device: leave no trace of this attempt.
@@ -367,7 +375,7 @@ class PrepareHandler:
                     f"{where}: allocated device {result.pool}/{result.device} of driver {self.driver} "
                     f"is not published by node {self.node_name}"
                 )
-            device = self._apply_config(
+            device, time_slice = self._apply_config(
                 configs,
                 request=result.request,
                 device=device,
@@ -383,6 +391,7 @@ class PrepareHandler:
                     admin_access=result.admin_access,
                     shared=result.shared,
                     share_id=result.share_id,
+                    time_slice=time_slice,
                 )
             )
             devices.setdefault(device.name, device)
@@ -417,13 +426,15 @@ class PrepareHandler:
         where: str,
         claim_env: dict[str, str],
         tpu_configs: dict[TpuConfig, str],
-    ) -> DiscoveredDevice:
-        """Carry out the config that applies to one device: the device, with the edits it adds.
+    ) -> tuple[DiscoveredDevice, str | None]:
+        """Carry out the config that applies to one device: the device, with the edits it adds, and
+        the time slice a GpuConfig asks for on it (set up later, by ``_set_up``).
 
         Each API group's entries are resolved on their own (the two TPU groups set different
         things). A config this driver cannot carry out fails the prepare with the reason.
         """
         env: list[str] = []
+        time_slice: str | None = None
         for group in sorted({rc.config.GROUP for rc in configs}):
             try:
                 entry = effective_entry(
@@ -441,6 +452,13 @@ class PrepareHandler:
                 env.extend(config.env())
             elif isinstance(config, TpuConfig):
                 tpu_configs.setdefault(config, entry.where)
+            elif isinstance(config, GpuConfig) and config.sharing is not None:
+                time_slice = config.sharing.time_slice_interval
+                if time_slice is not None and self.gpu_sharing is None:
+                    raise PrepareError(
+                        f"{entry.where}: GpuConfig sharing.strategy TimeSlicing: this driver's GPUs cannot "
+                        f"be time-sliced here (no NVML) (request {request}, device {device.name})"
+                    )
             # GpuConfig and MigDeviceConfig without sharing ask for nothing beyond the default.
             logger.debug("request %s device %s: %s applies", request, device.name, entry.where)
         for item in env:
@@ -453,26 +471,86 @@ class PrepareHandler:
                     f"and {value!r}, but it applies to the whole container"
                 )
         if not env:
-            return device
-        return dataclasses.replace(device, edits=device.edits.merged(ContainerEdits(env=tuple(env))))
+            return device, time_slice
+        edited = dataclasses.replace(device, edits=device.edits.merged(ContainerEdits(env=tuple(env))))
+        return edited, time_slice
 
-    def _touches_devices(self, devices: Sequence[DiscoveredDevice]) -> bool:
-        """Whether ``_set_up`` changes device state (then the devices are recorded before it runs)."""
-        del devices
-        return False  # whole GPUs and TPUs: nothing beyond the CDI spec yet
+    def _touches_devices(self, planned: Sequence[cp.PreparedDevice]) -> bool:
+        """Whether ``_set_up`` changes device state (then the devices are recorded before it runs, so
+        a crash in between leaves an entry that says what to undo)."""
+        return any(p.time_slice is not None for p in planned)
 
     async def _set_up(self, entry: cp.ClaimEntry, devices: Sequence[DiscoveredDevice]) -> None:
-        """Device-side preparation (MIG, sharing daemons) goes here; whole GPUs and TPUs need none."""
-        del entry, devices
+        """Device-side preparation: the time slices the claim's GpuConfig asks for."""
         self.device_setups += 1
         DEVICE_SETUPS.labels(self.driver).inc()
+        wanted = {p.device: p for p in entry.devices if p.time_slice is not None}
+        if not wanted:
+            return
+        assert self.gpu_sharing is not None  # plan() refused time-slicing without it
+        others = await asyncio.to_thread(self.store.entries)
+        for other in others:
+            if other.uid == entry.uid:
+                continue
+            for held in other.devices:
+                mine = wanted.get(held.device)
+                if mine is None or held.time_slice is None or held.time_slice == mine.time_slice:
+                    continue
+                raise PrepareError(
+                    f"{describe(entry_ref(entry))}: request {mine.request}: GpuConfig "
+                    f"sharing.timeSlicingConfig.interval {mine.time_slice} conflicts with interval "
+                    f"{held.time_slice} that claim {other.namespace}/{other.name} (request {held.request}) "
+                    f"set on GPU {held.device}; a GPU has one time slice, so claims sharing it must ask for "
+                    "the same interval"
+                )
+        by_name = {d.name: d for d in devices}
+        by_interval: dict[str, list[str]] = {}
+        for name, prepared in sorted(wanted.items()):
+            assert prepared.time_slice is not None
+            by_interval.setdefault(prepared.time_slice, []).append(by_name[name].uuid)
+        for interval, uuids in by_interval.items():
+            try:
+                await self.gpu_sharing.set_time_slice(uuids, interval)
+            except SharingError as exc:
+                requests = sorted({p.request for p in wanted.values() if p.time_slice == interval})
+                raise PrepareError(
+                    f"{describe(entry_ref(entry))}: request {', '.join(requests)}: GpuConfig "
+                    f"sharing.timeSlicingConfig.interval {interval} could not be applied: {exc}"
+                ) from exc
 
     async def _tear_down(self, entry: cp.ClaimEntry) -> None:
-        """Undo ``_set_up``; must be safe on devices that were never set up."""
-        del entry
+        """Undo ``_set_up``; must be safe on devices that were never set up (a reset to Default is).
 
-    async def _roll_back(self, entry: cp.ClaimEntry) -> None:
-        await self._tear_down(entry)
+        A GPU's time slice goes back to Default when no other recorded claim holds it with one.
+        """
+        sliced = {p.device for p in entry.devices if p.time_slice is not None}
+        if not sliced or self.gpu_sharing is None:
+            return
+        others = await asyncio.to_thread(self.store.entries)
+        still_used = {
+            held.device
+            for other in others
+            if other.uid != entry.uid
+            for held in other.devices
+            if held.time_slice is not None
+        }
+        uuids = [
+            device.uuid
+            for name in sorted(sliced - still_used)
+            if (device := self._devices.get(name)) is not None
+        ]
+        if uuids:
+            await self.gpu_sharing.reset_time_slice(uuids)
+
+    async def _roll_back(self, entry: cp.ClaimEntry, *, strict: bool = False) -> None:
+        """Tear down and remove the CDI spec. A device that cannot be reset raises ``SharingError``
+        when ``strict`` (unprepare, which the kubelet retries); otherwise it is logged and left."""
+        try:
+            await self._tear_down(entry)
+        except SharingError as exc:
+            if strict:
+                raise
+            logger.warning("%s: undoing its device set-up failed: %s", describe(entry_ref(entry)), exc)
         await asyncio.to_thread(self.cdi.remove_claim_spec, entry.uid)
 
     async def _pause(self, point: str) -> None:
@@ -507,7 +585,7 @@ class PrepareHandler:
             except cp.CheckpointCorrupt:
                 return removed
             for entry in stale:
-                ref = ClaimRef(namespace=entry.namespace, name=entry.name, uid=entry.uid)
+                ref = entry_ref(entry)
                 try:
                     await self._claims.read(ref)
                     continue
@@ -515,7 +593,11 @@ class PrepareHandler:
                     pass
                 except ClaimError:
                     continue  # exists but unusable, or the API is unreachable: decide later
-                await self._roll_back(entry)
+                try:
+                    await self._roll_back(entry, strict=True)
+                except SharingError as exc:
+                    logger.warning("stale claim %s: %s; trying again later", describe(ref), exc)
+                    continue
                 await asyncio.to_thread(self.store.remove, entry.uid)
                 removed.append(entry.uid)
                 logger.info("unprepared stale claim %s: it no longer exists", describe(ref))
@@ -529,9 +611,13 @@ class PrepareHandler:
             logger.debug("%s is not prepared here; unprepare is a no-op", describe(claim))
             return
         await self._pause("unprepare-started")
-        await self._roll_back(entry)
+        await self._roll_back(entry, strict=True)
         await asyncio.to_thread(self.store.remove, claim.uid)
         logger.info("unprepared %s", describe(claim))
+
+
+def entry_ref(entry: cp.ClaimEntry) -> ClaimRef:
+    return ClaimRef(namespace=entry.namespace, name=entry.name, uid=entry.uid)
 
 
 def answer(entry: cp.ClaimEntry) -> tuple[PreparedDevice, ...]:

@@ -46,7 +46,17 @@ NVML_FUNCTIONS = (
     "nvmlDeviceGetAttributes",
     "nvmlDeviceGetGpuInstanceById",
     "nvmlGpuInstanceGetInfo",
+    # Time-slicing at prepare (``gpu_sharing``).
+    "nvmlDeviceGetHandleByUUID",
+    "nvmlDeviceGetComputeMode",
+    "nvmlDeviceSetComputeMode",
 )
+
+# Where a FakeNvml with a ``state_dir`` keeps what a real GPU would keep across agent restarts, one
+# folder per GPU UUID: ``compute-mode`` (NVML's number) and ``timeslice`` (the simulated host
+# ``nvidia-smi compute-policy`` writes it; 0 Default .. 3 Long). Tests read them back.
+COMPUTE_MODE_FILE = "compute-mode"
+TIME_SLICE_FILE = "timeslice"
 
 
 @dataclass(frozen=True)
@@ -89,6 +99,15 @@ class FakeGpu:
     migs: tuple[FakeMig, ...] = ()
     # pynvml function name -> NVML error code to raise for this GPU (fault injection).
     failures: dict[str, int] = field(default_factory=dict)
+    compute_mode: int = pynvml.NVML_COMPUTEMODE_DEFAULT
+
+
+_COMPUTE_MODES = (
+    pynvml.NVML_COMPUTEMODE_DEFAULT,
+    pynvml.NVML_COMPUTEMODE_EXCLUSIVE_THREAD,
+    pynvml.NVML_COMPUTEMODE_PROHIBITED,
+    pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS,
+)
 
 
 @dataclass(frozen=True)
@@ -107,8 +126,13 @@ class FakeNvml:
         driver_version: str = "580.95.05",
         cuda_driver_version: int = 13000,
         init_error: int | None = None,
+        state_dir: Path | None = None,
     ) -> None:
         self.gpus = list(gpus)
+        # Device state that outlives the process, as on hardware (None: in memory only).
+        self.state_dir = state_dir
+        if state_dir is not None:
+            self._load_state(state_dir)
         self.driver_version = driver_version
         self.cuda_driver_version = cuda_driver_version
         self.init_error = init_error
@@ -134,6 +158,19 @@ class FakeNvml:
         if code is not None:
             raise pynvml.NVMLError(code)
         return handle.gpu
+
+    def _load_state(self, state_dir: Path) -> None:
+        """Read back (or first write) each GPU's persisted settings (blocking file I/O)."""
+        for gpu in self.gpus:
+            folder = state_dir / gpu.uuid
+            folder.mkdir(parents=True, exist_ok=True)
+            for name, default in ((COMPUTE_MODE_FILE, gpu.compute_mode), (TIME_SLICE_FILE, 0)):
+                path = folder / name
+                if path.exists():
+                    if name == COMPUTE_MODE_FILE:
+                        gpu.compute_mode = int(path.read_text().strip() or default)
+                else:
+                    path.write_text(f"{default}\n")
 
     # --- library -------------------------------------------------------------------------------
     def nvmlInitWithFlags(self, flags: int) -> None:
@@ -168,6 +205,32 @@ class FakeNvml:
         handle = _Handle(self.gpus[index])
         self._gpu(handle, "nvmlDeviceGetHandleByIndex")
         return handle
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str | bytes) -> _Handle:
+        self._ready()
+        wanted = uuid.decode() if isinstance(uuid, bytes) else uuid
+        for gpu in self.gpus:
+            if gpu.uuid == wanted:
+                handle = _Handle(gpu)
+                self._gpu(handle, "nvmlDeviceGetHandleByUUID")
+                return handle
+            for mig in gpu.migs:
+                if mig.uuid == wanted:
+                    return _Handle(gpu, mig)
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+
+    def nvmlDeviceGetComputeMode(self, handle: _Handle) -> int:
+        return self._gpu(handle, "nvmlDeviceGetComputeMode").compute_mode
+
+    def nvmlDeviceSetComputeMode(self, handle: _Handle, mode: int) -> None:
+        gpu = self._gpu(handle, "nvmlDeviceSetComputeMode")
+        if handle.mig is not None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)  # a GPU-wide setting
+        if mode not in _COMPUTE_MODES:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        gpu.compute_mode = mode
+        if self.state_dir is not None:
+            (self.state_dir / gpu.uuid / COMPUTE_MODE_FILE).write_text(f"{mode}\n")
 
     def nvmlDeviceGetUUID(self, handle: _Handle) -> str:
         gpu = self._gpu(handle, "nvmlDeviceGetUUID")

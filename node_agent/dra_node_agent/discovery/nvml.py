@@ -12,6 +12,8 @@ import asyncio
 import ctypes
 import logging
 import math
+import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ import pynvml
 
 from dra_api.names import GPU_DRIVER, STANDARD_ATTRIBUTE_DOMAIN
 
+from ..gpu_sharing import GpuSharing
 from .base import (
     Attribute,
     ContainerEdits,
@@ -67,6 +70,8 @@ _LIBRARY_DIRS = (
     "lib/aarch64-linux-gnu",
 )
 NVML_LIBRARY = "libnvidia-ml.so.1"
+# Where a driver root holds nvidia-smi (host install, GPU Operator's /run/nvidia/driver).
+NVIDIA_SMI_PATHS = ("usr/bin/nvidia-smi", "bin/nvidia-smi", "usr/local/bin/nvidia-smi")
 
 # Errors that mean "no usable NVIDIA driver here" rather than a fault worth shouting about.
 _ABSENT_ERRORS = (
@@ -169,6 +174,37 @@ class NvmlBackend:
         self._reported_absent = False
         try:
             return self._enumerate(nvml)
+        finally:
+            try:
+                nvml.nvmlShutdown()
+            except pynvml.NVMLError as err:
+                log.warning("NVML shutdown failed: %s", err)
+
+    def gpu_sharing(self) -> GpuSharing:
+        """Time-slicing on these GPUs (blocking: looks for nvidia-smi under the driver root)."""
+        return GpuSharing(compute_modes=self, nvidia_smi=self.nvidia_smi(), driver_root=self._driver_root)
+
+    def nvidia_smi(self) -> Path | None:
+        """The driver's nvidia-smi under the driver root (for the settings NVML has no setter for)."""
+        for relative in NVIDIA_SMI_PATHS:
+            candidate = self._driver_root / relative
+            if candidate.is_file() and os.access(candidate, os.X_OK):
+                return candidate
+        return None
+
+    def set_compute_mode(self, uuids: Sequence[str], mode: int) -> None:
+        """Set the compute mode of each GPU (blocking: NVML init, set, shutdown).
+
+        Raises ``pynvml.NVMLError`` (or OSError for a broken library) naming nothing; the caller
+        says which GPU and why.
+        """
+        nvml = self.nvml_module()
+        if nvml is pynvml:
+            self._preload_library()
+        nvml.nvmlInitWithFlags(0)  # setting needs the GPUs attached, unlike discovery
+        try:
+            for uuid in uuids:
+                nvml.nvmlDeviceSetComputeMode(nvml.nvmlDeviceGetHandleByUUID(uuid), mode)
         finally:
             try:
                 nvml.nvmlShutdown()

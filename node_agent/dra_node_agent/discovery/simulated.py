@@ -25,6 +25,7 @@ import yaml
 
 from dra_api.names import GPU_DRIVER, TPU_DRIVER
 
+from ..gpu_sharing import GpuSharing, install_simulated_nvidia_smi
 from . import simtools
 from .base import DiscoveredInventory
 from .fakehw import (
@@ -36,12 +37,16 @@ from .fakehw import (
     write_nvidia_nodes,
     write_pci_tree,
 )
-from .nvml import ARCHITECTURE_NAMES, BRAND_NAMES, NvmlBackend
+from .nvml import ARCHITECTURE_NAMES, BRAND_NAMES, NVIDIA_SMI_PATHS, NvmlBackend
 from .simnic import NIC_DRIVER, NicProfile, SimNic, SimulatedNicBackend, nic_pci_functions, valid_if_name
 from .tpu import GENERATIONS, GOOGLE_VENDOR, TpuBackend, validate_topology
 
 PROFILE_PACKAGE = "dra_node_agent.profiles"
 NVIDIA_VENDOR = 0x10DE
+# Under a simulated node's hardware root: each GPU's persisted settings (fakehw), and the driver root
+# whose usr/bin/nvidia-smi is the host stand-in that sets time slices.
+GPU_STATE_DIR = "gpu-state"
+SIMULATED_DRIVER_ROOT = "driver"
 _TPU_DEVICE_IDS = {"v4": 0x005E, "v5p": 0x0062, "v5litepod": 0x0063, "v6e": 0x006F, "tpu7x": 0x0076}
 
 
@@ -458,6 +463,11 @@ class SimulatedBackend:
             inventory = dataclasses.replace(inventory, common_edits=inventory.common_edits.merged(tools))
         return inventory
 
+    def gpu_sharing(self) -> GpuSharing | None:
+        """Time-slicing over the fake NVML and the host stand-in (None for TPU and NIC profiles)."""
+        backend = self.hardware().backend
+        return backend.gpu_sharing() if isinstance(backend, NvmlBackend) else None
+
     def hardware(self) -> SimulatedHardware:
         """Build the fake hardware on first use (blocking file writes)."""
         with self._lock:
@@ -475,14 +485,21 @@ class SimulatedBackend:
             write_pci_tree(root, _gpu_pci_functions(profile.nvidia))
             write_nvidia_nodes(root, gpus, char_devices=True)
             char_devices = _char_device(root / "dev" / "nvidiactl")
+            # The GPUs' settings outlive the agent, as on hardware; the host's nvidia-smi sets the
+            # time slice there (gpu_sharing).
             nvml = FakeNvml(
                 gpus=gpus,
                 driver_version=profile.nvidia.driver_version,
                 cuda_driver_version=profile.nvidia.cuda_driver_version,
+                state_dir=root / GPU_STATE_DIR,
+            )
+            install_simulated_nvidia_smi(
+                root / SIMULATED_DRIVER_ROOT / NVIDIA_SMI_PATHS[0], root / GPU_STATE_DIR
             )
             backend: NvmlBackend | TpuBackend = NvmlBackend(
                 driver=driver,
                 nvml=nvml,
+                driver_root=root / SIMULATED_DRIVER_ROOT,
                 sysfs_root=root / "sys",
                 proc_root=root / "proc",
                 host_dev_dir=str(root / "dev") if char_devices else "/dev",

@@ -418,11 +418,13 @@ def test_vendor_kinds_refuse_wrong_values_in_the_vendors_words(
 
 
 def test_what_this_driver_does_not_implement_says_so() -> None:
-    for sharing in ({"strategy": "TimeSlicing"}, {"strategy": "MPS"}):
-        reason = not_implemented(parse_gpu("GpuConfig", sharing=sharing))
-        assert reason is not None
-        assert f"GpuConfig sharing.strategy {sharing['strategy']}" in reason
-        assert "not implemented by this driver yet" in reason
+    reason = not_implemented(parse_gpu("GpuConfig", sharing={"strategy": "MPS"}))
+    assert reason is not None
+    assert "GpuConfig sharing.strategy MPS: MPS is not implemented by this driver yet" in reason
+    # Time-slicing is carried out on GPUs; on a MIG device it does not apply.
+    assert not_implemented(parse_gpu("GpuConfig", sharing={"strategy": "TimeSlicing"})) is None
+    mig_ts = not_implemented(parse_gpu("MigDeviceConfig", sharing={"strategy": "TimeSlicing"}))
+    assert "time-slicing does not apply to MIG devices" in (mig_ts or "")
     multi = parse_gpu("MigDeviceConfig", sharing={"strategy": "MPS", "mpsConfig": {"multiUser": True}})
     assert "MigDeviceConfig sharing.strategy MPS with mpsConfig.multiUser" in (not_implemented(multi) or "")
     assert "VFIO passthrough is not implemented by this driver yet" in (

@@ -84,6 +84,7 @@ async def make(tmp_path: Path, *, driver: str, profile: str) -> tuple[PrepareHan
         state_dir=tmp_path / "state",
         cdi_dir=tmp_path / "cdi",
         proc_root=tmp_path / "proc",
+        gpu_sharing=backend.gpu_sharing(),
     )
     await handler.start()
     return handler, claims
@@ -124,11 +125,6 @@ def first_gpu(handler: PrepareHandler, kind: str) -> str:
     [
         (
             "GpuConfig",
-            {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}},
-            "sharing.strategy TimeSlicing",
-        ),
-        (
-            "GpuConfig",
             {"strategy": "MPS", "mpsConfig": {"multiUser": True}},
             "sharing.strategy MPS with mpsConfig.multiUser",
         ),
@@ -147,6 +143,24 @@ async def test_gpu_sharing_is_refused_as_not_implemented(
     assert f"status.allocation.devices.config[0]: {kind} {words}" in error
     assert "not implemented by this driver yet" in error
     assert f"device {device}" in error
+
+
+async def test_time_slicing_on_a_mig_device_is_refused_as_not_applying(
+    gpu: tuple[PrepareHandler, Claims],
+) -> None:
+    handler, claims = gpu
+    device = first_gpu(handler, "mig")
+    sharing = {"strategy": "TimeSlicing"}
+    claims.objects["c"] = claim(
+        GPU,
+        [("r", device)],
+        [entry(GPU, {"apiVersion": NVIDIA, "kind": "MigDeviceConfig", "sharing": sharing})],
+    )
+    error = await refused(handler)
+    assert (
+        "config[0]: MigDeviceConfig sharing.strategy TimeSlicing: time-slicing does not apply to MIG" in error
+    )
+    assert f"request r, device {device}" in error
 
 
 async def test_vfio_passthrough_is_refused_even_for_every_request(gpu: tuple[PrepareHandler, Claims]) -> None:

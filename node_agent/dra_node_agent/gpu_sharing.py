@@ -1,0 +1,143 @@
+"""GPU time-slicing, applied at prepare and reset at unprepare, as NVIDIA's driver does it.
+
+A ``GpuConfig`` with ``sharing.strategy: TimeSlicing`` sets each of the claim's GPUs to compute mode
+DEFAULT (through NVML, which has a setter for it) and its time slice to the interval asked for
+(``nvidia-smi compute-policy --set-timeslice``: NVML has no public setter for it, so the driver's
+tool under the driver root does it, as NVIDIA's plugin does). When the last claim holding a GPU with
+a time slice is unprepared, the slice goes back to Default, as NVIDIA's driver does since it stopped
+leaving the setting behind (it crashed some GPUs). The compute mode stays DEFAULT: that is what the
+GPU had unless an administrator changed it, and shared use needs it.
+
+On a simulated node the same code runs against the fake NVML and ``SIMULATED_NVIDIA_SMI``, a host
+stand-in that keeps each GPU's time slice in the simulated hardware's state folder, where the fake
+NVML keeps its compute mode (``fakehw.COMPUTE_MODE_FILE``, ``fakehw.TIME_SLICE_FILE``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Final, Protocol
+
+import pynvml
+
+logger = logging.getLogger(__name__)
+
+# timeSlicingConfig.interval -> the value of nvidia-smi compute-policy --set-timeslice.
+TIME_SLICE_VALUES: Final = {"Default": 0, "Short": 1, "Medium": 2, "Long": 3}
+NVIDIA_SMI_TIMEOUT_SECONDS: Final = 30.0
+
+
+class SharingError(Exception):
+    """A sharing setting the GPU did not take; the message says which GPU and why."""
+
+
+class ComputeModes(Protocol):
+    """Sets GPUs' compute mode (``NvmlBackend.set_compute_mode``); blocking."""
+
+    def set_compute_mode(self, uuids: Sequence[str], mode: int) -> None: ...
+
+
+class GpuSharing:
+    """Applies and resets time-slicing on whole GPUs. ``nvidia_smi`` None: the driver root has no
+    nvidia-smi, so a time slice cannot be set (the prepare that asks for one fails and says so)."""
+
+    def __init__(self, *, compute_modes: ComputeModes, nvidia_smi: Path | None, driver_root: Path) -> None:
+        self._compute_modes = compute_modes
+        self._nvidia_smi = nvidia_smi
+        self._driver_root = driver_root
+
+    async def set_time_slice(self, uuids: Sequence[str], interval: str) -> None:
+        value = TIME_SLICE_VALUES[interval]
+        try:
+            await asyncio.to_thread(
+                self._compute_modes.set_compute_mode, uuids, pynvml.NVML_COMPUTEMODE_DEFAULT
+            )
+        except (pynvml.NVMLError, OSError) as exc:
+            raise SharingError(
+                f"setting compute mode DEFAULT on {', '.join(uuids)} through NVML failed: {exc}"
+            ) from exc
+        await self._nvidia_smi_run("compute-policy", "-i", ",".join(uuids), "--set-timeslice", str(value))
+        logger.info("time slice %s (%d) set on %s", interval, value, ", ".join(uuids))
+
+    async def reset_time_slice(self, uuids: Sequence[str]) -> None:
+        await self._nvidia_smi_run("compute-policy", "-i", ",".join(uuids), "--set-timeslice", "0")
+        logger.info("time slice reset to Default on %s", ", ".join(uuids))
+
+    async def _nvidia_smi_run(self, *args: str) -> None:
+        if self._nvidia_smi is None:
+            raise SharingError(
+                f"time-slicing needs nvidia-smi, and the driver root {self._driver_root} has none "
+                "(set --driver-root to where the NVIDIA driver is installed)"
+            )
+        process = await asyncio.create_subprocess_exec(
+            str(self._nvidia_smi),
+            *args,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        try:
+            output, _ = await asyncio.wait_for(process.communicate(), NVIDIA_SMI_TIMEOUT_SECONDS)
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+            raise SharingError(
+                f"{self._nvidia_smi} {' '.join(args)} did not finish in {NVIDIA_SMI_TIMEOUT_SECONDS:.0f} s"
+            ) from None
+        if process.returncode != 0:
+            text = output.decode(errors="replace").strip().splitlines()
+            raise SharingError(
+                f"{self._nvidia_smi} {' '.join(args)} failed (exit {process.returncode}): "
+                + (" / ".join(text[-3:]) or "no output")
+            )
+
+
+# The simulated host's nvidia-smi: the two compute settings the agent changes, kept per GPU in the
+# fake NVML's state folder (STATE is substituted). Anything else exits 2, as for the container's
+# stand-in (``discovery.simtools``).
+SIMULATED_NVIDIA_SMI: Final = """#!/bin/sh
+# nvidia-smi on a simulated node's host (accel-dra): compute-policy --set-timeslice only.
+state=@STATE@
+if [ "$1" != compute-policy ]; then
+  echo "nvidia-smi (simulated by accel-dra): only compute-policy -i IDS --set-timeslice N" >&2
+  exit 2
+fi
+shift
+ids=""; value=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -i|--id) ids="$2"; shift 2 ;;
+    --set-timeslice) value="$2"; shift 2 ;;
+    --set-timeslice=*) value="${1#--set-timeslice=}"; shift ;;
+    *) echo "Invalid combination of input arguments: $1" >&2; exit 2 ;;
+  esac
+done
+case "$value" in
+  0|1|2|3) ;;
+  *) echo "Invalid timeslice value: '$value' (0 Default, 1 Short, 2 Medium, 3 Long)" >&2; exit 2 ;;
+esac
+[ -n "$ids" ] || { echo "compute-policy needs -i" >&2; exit 2; }
+for id in $(echo "$ids" | tr ',' ' '); do
+  [ -d "$state/$id" ] || { echo "No GPU with UUID $id was found" >&2; exit 6; }
+done
+for id in $(echo "$ids" | tr ',' ' '); do
+  echo "$value" > "$state/$id/timeslice"
+  echo "Set timeslice to $value for GPU $id"
+done
+"""
+
+
+def install_simulated_nvidia_smi(path: Path, state_dir: Path) -> None:
+    """Write the simulated host's nvidia-smi at ``path`` (blocking)."""
+    content = SIMULATED_NVIDIA_SMI.replace("@STATE@", _shell_quote(str(state_dir)))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists() or path.read_text() != content:
+        path.write_text(content)
+    path.chmod(0o755)
+
+
+def _shell_quote(text: str) -> str:
+    return "'" + text.replace("'", "'\\''") + "'"

@@ -1,0 +1,170 @@
+"""GPU time-slicing on a real node: one claim with NVIDIA's GpuConfig TimeSlicing, shared by two
+containers of one pod and by a second pod; the GPU holds the interval while any pod runs on it and
+is reset once the kubelet unprepares the claim. Two claims asking one GPU for different intervals:
+the second pod's prepare fails, and the kubelet puts the agent's words in its Events.
+
+The GPU's state is read where the simulated hardware keeps it (the fake NVML's compute mode, the
+time slice the host's nvidia-smi stand-in set), as a test on hardware would ask nvidia-smi.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from dra_devcluster.images import WORKLOAD_IMAGE
+from dra_node_agent.discovery.fakehw import COMPUTE_MODE_FILE, TIME_SLICE_FILE
+from dra_node_agent.discovery.simulated import GPU_STATE_DIR
+from tests.integration.agent.agentproc import GPU
+from tests.integration.node.conftest import CLASS, NAMESPACE, NODE, NodeWithAgent
+from tests.integration.node.test_real_node_configs import warning_with
+
+NVIDIA = "resource.nvidia.com/v1beta1"
+_UUID = re.compile(r"\(UUID: (GPU-[0-9a-f-]+)\)")
+
+
+def gpu_state(setup: NodeWithAgent, uuid: str) -> tuple[int, int]:
+    """(compute mode, time slice) of the simulated GPU."""
+    (hardware,) = (setup.agent.dirs.state / "simulated").iterdir()
+    folder: Path = hardware / GPU_STATE_DIR / uuid
+    return int((folder / COMPUTE_MODE_FILE).read_text()), int((folder / TIME_SLICE_FILE).read_text())
+
+
+def uuids_in(log: str) -> set[str]:
+    return set(_UUID.findall(log))
+
+
+def shared_claim(
+    name: str, config: dict[str, Any], *, admin: bool = False, selector: str | None = None
+) -> dict[str, Any]:
+    """A ResourceClaim for one GPU with ``config`` as its opaque config; pods name it directly."""
+    exactly: dict[str, Any] = {"deviceClassName": CLASS, "count": 1}
+    if admin:
+        exactly["adminAccess"] = True
+    if selector is not None:
+        exactly["selectors"] = [{"cel": {"expression": selector}}]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {
+            "devices": {
+                "requests": [{"name": "gpu", "exactly": exactly}],
+                "config": [{"requests": ["gpu"], "opaque": {"driver": GPU, "parameters": config}}],
+            }
+        },
+    }
+
+
+def shared_pod(name: str, claim: str, *, containers: tuple[str, ...], command: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": NODE},
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {
+                    "name": container,
+                    "image": WORKLOAD_IMAGE,
+                    "command": ["sh", "-c", command],
+                    "resources": {"claims": [{"name": "gpu"}]},
+                }
+                for container in containers
+            ],
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
+        },
+    }
+
+
+def first_gpu_uuid(setup: NodeWithAgent) -> str:
+    slices = setup.cluster.get_json("resourceslices", f"--field-selector=spec.nodeName={NODE}")["items"]
+    devices = [d for s in slices if s["spec"]["driver"] == GPU for d in s["spec"].get("devices") or []]
+    first = min(devices, key=lambda d: int(d["name"].rsplit("-", 1)[1]))
+    return str(first["attributes"]["uuid"]["string"])
+
+
+def time_slicing(interval: str) -> dict[str, Any]:
+    return {
+        "apiVersion": NVIDIA,
+        "kind": "GpuConfig",
+        "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": interval}},
+    }
+
+
+def test_one_claim_shared_by_two_containers_and_two_pods_holds_the_slice_until_unprepared(
+    node_with_agent: NodeWithAgent,
+) -> None:
+    setup = node_with_agent
+    cluster = setup.cluster
+    listing = "nvidia-smi -L; echo listed; sleep 3600"
+    cluster.apply([shared_claim("ts-shared", time_slicing("Long"))])
+    cluster.apply([shared_pod("ts-a", "ts-shared", containers=("main", "second"), command=listing)])
+    cluster.apply([shared_pod("ts-b", "ts-shared", containers=("main",), command=listing)])
+
+    logs = [setup.wait_log("ts-a", "listed"), setup.wait_log("ts-b", "listed")]
+
+    def second_listed() -> str | None:
+        text = setup.pod_log("ts-a", "second")
+        return text if "listed" in text else None
+
+    second = cluster.wait_for(second_listed, timeout=60, what="the second container's listing")
+    seen = [uuids_in(log) for log in [*logs, second]]
+    assert all(len(s) == 1 for s in seen), seen
+    assert seen[0] == seen[1] == seen[2], f"the containers got different GPUs: {seen}"
+    (uuid,) = seen[0]
+    assert gpu_state(setup, uuid) == (0, 3), "compute mode DEFAULT and time slice Long (3)"
+    claim = cluster.get_json("resourceclaim", "ts-shared", "-n", NAMESPACE)
+    recorded = setup.agent.dirs.checkpoint_claims()[claim["metadata"]["uid"]]
+    assert [d.get("timeSlice") for d in recorded["devices"]] == ["Long"]
+
+    # One pod goes: the other still runs on the claim, so nothing is unprepared or reset.
+    cluster.kubectl("delete", "pod", "ts-a", "-n", NAMESPACE, "--wait=true", "--timeout=60s")
+    assert gpu_state(setup, uuid) == (0, 3)
+    # The last one goes: the kubelet unprepares the claim, and the GPU's slice is back to Default.
+    cluster.kubectl("delete", "pod", "ts-b", "-n", NAMESPACE, "--wait=true", "--timeout=60s")
+    cluster.wait_for(
+        lambda: claim["metadata"]["uid"] not in setup.agent.dirs.checkpoint_claims(),
+        timeout=60,
+        what="the claim unprepared",
+    )
+    assert gpu_state(setup, uuid) == (0, 0)
+    cluster.kubectl("delete", "resourceclaim", "ts-shared", "-n", NAMESPACE, "--wait=true", "--timeout=60s")
+
+
+def test_a_second_claim_asking_the_same_gpu_for_another_interval_fails_in_the_pods_events(
+    node_with_agent: NodeWithAgent,
+) -> None:
+    setup = node_with_agent
+    cluster = setup.cluster
+    # Admin access lets two claims hold one GPU (monitoring beside a workload); the namespace must
+    # allow it. Both ask for the same GPU.
+    cluster.kubectl(
+        "label", "namespace", NAMESPACE, "resource.kubernetes.io/admin-access=true", "--overwrite"
+    )
+    selector = f'device.attributes["{GPU}"].uuid == "{first_gpu_uuid(setup)}"'
+    cluster.apply([shared_claim("ts-short", time_slicing("Short"), admin=True, selector=selector)])
+    cluster.apply([shared_claim("ts-long", time_slicing("Long"), admin=True, selector=selector)])
+    up = "echo up; sleep 3600"
+    cluster.apply([shared_pod("ts-first", "ts-short", containers=("main",), command=up)])
+    setup.wait_log("ts-first", "up")
+    cluster.apply([shared_pod("ts-other", "ts-long", containers=("main",), command=up)])
+    message = cluster.wait_for(
+        lambda: warning_with(setup, "ts-other", "conflicts with interval Short"),
+        timeout=90,
+        what="a Warning Event with the agent's refusal",
+    )
+    assert f"ResourceClaim {NAMESPACE}/ts-long" in message, message
+    assert "sharing.timeSlicingConfig.interval Long" in message, message
+    assert f"claim {NAMESPACE}/ts-short" in message, message
+    assert setup.pod_log("ts-other") == ""
+    long_uid = cluster.get_json("resourceclaim", "ts-long", "-n", NAMESPACE)["metadata"]["uid"]
+    assert long_uid not in setup.agent.dirs.checkpoint_claims()
+    assert not setup.agent.dirs.cdi_spec(long_uid).exists()
+    for pod in ("ts-other", "ts-first"):
+        cluster.kubectl("delete", "pod", pod, "-n", NAMESPACE, "--wait=true", "--timeout=60s")
+    for name in ("ts-short", "ts-long"):
+        cluster.kubectl("delete", "resourceclaim", name, "-n", NAMESPACE, "--wait=true", "--timeout=60s")
+    cluster.kubectl("label", "namespace", NAMESPACE, "resource.kubernetes.io/admin-access-")

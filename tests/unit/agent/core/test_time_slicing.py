@@ -1,0 +1,248 @@
+"""GpuConfig time-slicing at prepare: set on the GPU, kept while a claim uses it, reset after the last.
+
+The simulated node runs the real code path: compute mode through the (fake) NVML, the time slice
+through the host's nvidia-smi stand-in under the simulated driver root; both keep the GPU's state
+in files of the simulated hardware, read back here as a test would read the hardware.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pynvml
+import pytest
+
+from dra_api.kubeletapi.model import ClaimRef
+from dra_node_agent import checkpoint as cp
+from dra_node_agent.discovery.fakehw import COMPUTE_MODE_FILE, TIME_SLICE_FILE
+from dra_node_agent.discovery.simulated import GPU_STATE_DIR, SIMULATED_DRIVER_ROOT, SimulatedBackend
+from dra_node_agent.prepare import PrepareHandler
+from tests.unit.agent.core.test_prepare_configs import GPU, NODE, NVIDIA, Claims, entry
+
+PROFILE = "h100-80gb-x8"
+
+
+class Node:
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.backend = SimulatedBackend(
+            profile=PROFILE, node_name=NODE, state_dir=tmp_path / "hw", driver=GPU
+        )
+        self.claims = Claims(GPU)
+        (tmp_path / "proc/sys/kernel/random").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "proc/sys/kernel/random/boot_id").write_text("boot-1\n")
+
+    async def handler(self) -> PrepareHandler:
+        """A fresh handler over the same hardware and state (an agent (re)start)."""
+        handler = PrepareHandler(
+            driver=GPU,
+            node_name=NODE,
+            inventory=await self.backend.discover(),
+            claims=self.claims,
+            state_dir=self.tmp_path / "state",
+            cdi_dir=self.tmp_path / "cdi",
+            proc_root=self.tmp_path / "proc",
+            gpu_sharing=self.backend.gpu_sharing(),
+        )
+        await handler.start()
+        return handler
+
+    def gpu(self, index: int) -> tuple[str, str]:
+        """(device name, UUID) of GPU ``index``."""
+        devices = sorted(
+            (d for d in self.backend.discover_sync().devices if d.kind == "gpu"), key=lambda d: d.name
+        )
+        return devices[index].name, devices[index].uuid
+
+    def state(self, uuid: str) -> tuple[int, int]:
+        """(compute mode, time slice) as the GPU holds them."""
+        folder = self.tmp_path / "hw" / GPU_STATE_DIR / uuid
+        return int((folder / COMPUTE_MODE_FILE).read_text()), int((folder / TIME_SLICE_FILE).read_text())
+
+    def add_claim(
+        self, name: str, devices: list[str], *, interval: str | None, admin: bool = False
+    ) -> ClaimRef:
+        config: list[dict[str, Any]] = []
+        if interval is not None:
+            sharing = {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": interval}}
+            config.append(entry(GPU, {"apiVersion": NVIDIA, "kind": "GpuConfig", "sharing": sharing}))
+        results: list[dict[str, Any]] = [
+            {"request": "gpus", "driver": GPU, "pool": NODE, "device": d} for d in devices
+        ]
+        if admin:
+            for result in results:
+                result["adminAccess"] = True
+        uid = f"uid-{name}"
+        self.claims.objects[name] = {
+            "metadata": {"name": name, "namespace": "ns", "uid": uid},
+            "spec": {"devices": {"requests": []}},
+            "status": {"allocation": {"devices": {"results": results, "config": config}}},
+        }
+        return ClaimRef(namespace="ns", name=name, uid=uid)
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Node:
+    return Node(tmp_path)
+
+
+async def prepared(handler: PrepareHandler, ref: ClaimRef) -> None:
+    result = (await handler.prepare([ref]))[ref.uid]
+    assert result.error == "", result.error
+
+
+async def test_the_interval_is_set_at_prepare_and_reset_at_unprepare(node: Node) -> None:
+    handler = await node.handler()
+    (name0, uuid0), (name1, uuid1) = node.gpu(0), node.gpu(1)
+    # An administrator had set the GPU exclusive; sharing needs the default compute mode.
+    hardware = node.backend.hardware()
+    assert hardware.nvml is not None
+    hardware.nvml.gpus[0].compute_mode = pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
+    ref = node.add_claim("c", [name0, name1], interval="Long")
+
+    await prepared(handler, ref)
+    assert node.state(uuid0) == (pynvml.NVML_COMPUTEMODE_DEFAULT, 3)
+    assert node.state(uuid1) == (pynvml.NVML_COMPUTEMODE_DEFAULT, 3)
+    (recorded,) = handler.store.load()
+    assert [d.time_slice for d in recorded.devices] == ["Long", "Long"]
+    # Another GPU is untouched.
+    assert node.state(node.gpu(2)[1]) == (pynvml.NVML_COMPUTEMODE_DEFAULT, 0)
+
+    assert (await handler.unprepare([ref]))[ref.uid] == ""
+    assert node.state(uuid0) == (pynvml.NVML_COMPUTEMODE_DEFAULT, 0)
+    assert node.state(uuid1) == (pynvml.NVML_COMPUTEMODE_DEFAULT, 0)
+
+
+async def test_time_slicing_without_an_interval_is_default_and_no_config_touches_nothing(node: Node) -> None:
+    handler = await node.handler()
+    name, uuid = node.gpu(0)
+    plain = node.add_claim("plain", [name], interval=None)
+    await prepared(handler, plain)
+    assert handler.device_setups == 1
+    assert node.state(uuid) == (pynvml.NVML_COMPUTEMODE_DEFAULT, 0)
+    (recorded,) = handler.store.load()
+    assert recorded.devices[0].time_slice is None
+    await handler.unprepare([plain])
+
+    sharing = {"strategy": "TimeSlicing"}
+    ref = node.add_claim("ts", [name], interval=None)
+    node.claims.objects["ts"]["status"]["allocation"]["devices"]["config"] = [
+        entry(GPU, {"apiVersion": NVIDIA, "kind": "GpuConfig", "sharing": sharing})
+    ]
+    await prepared(handler, ref)
+    (recorded,) = handler.store.load()
+    assert recorded.devices[0].time_slice == "Default"
+
+
+async def test_the_slice_stays_while_another_claim_holds_the_gpu_with_it(node: Node) -> None:
+    handler = await node.handler()
+    name, uuid = node.gpu(0)
+    # Admin-access claims may hold one GPU together (monitoring beside a workload).
+    first = node.add_claim("first", [name], interval="Medium", admin=True)
+    second = node.add_claim("second", [name], interval="Medium", admin=True)
+    await prepared(handler, first)
+    await prepared(handler, second)
+    assert node.state(uuid)[1] == 2
+
+    await handler.unprepare([first])
+    assert node.state(uuid)[1] == 2, "reset while the second claim still uses the slice"
+    await handler.unprepare([second])
+    assert node.state(uuid)[1] == 0
+
+
+async def test_two_claims_asking_one_gpu_for_different_slices_fail_the_second(node: Node) -> None:
+    handler = await node.handler()
+    name, uuid = node.gpu(0)
+    first = node.add_claim("first", [name], interval="Short", admin=True)
+    second = node.add_claim("second", [name], interval="Long", admin=True)
+    await prepared(handler, first)
+
+    error = (await handler.prepare([second]))[second.uid].error
+    assert "ResourceClaim ns/second" in error
+    assert (
+        "request gpus: GpuConfig sharing.timeSlicingConfig.interval Long conflicts with interval Short"
+        in error
+    )
+    assert "claim ns/first (request gpus)" in error
+    # Nothing of the refused claim is left, and the first claim's slice is as it set it.
+    assert [e.uid for e in handler.store.load()] == [first.uid]
+    assert not handler.cdi.spec_path(second.uid).exists()
+    assert node.state(uuid)[1] == 1
+
+
+async def test_a_failing_nvidia_smi_fails_the_prepare_with_its_message_and_leaves_nothing(node: Node) -> None:
+    handler = await node.handler()
+    name, uuid = node.gpu(0)
+    tool = node.tmp_path / "hw" / SIMULATED_DRIVER_ROOT / "usr/bin/nvidia-smi"
+    original = tool.read_text()
+    tool.write_text("#!/bin/sh\necho 'Unable to set the timeslice: Not Supported' >&2\nexit 3\n")
+    ref = node.add_claim("c", [name], interval="Long")
+
+    error = (await handler.prepare([ref]))[ref.uid].error
+    assert "request gpus: GpuConfig sharing.timeSlicingConfig.interval Long could not be applied" in error
+    assert "failed (exit 3): Unable to set the timeslice: Not Supported" in error
+    assert handler.store.load() == []
+    assert not handler.cdi.spec_path(ref.uid).exists()
+
+    # Once the tool works, the kubelet's retry prepares the claim.
+    tool.write_text(original)
+    await prepared(handler, ref)
+    assert node.state(uuid)[1] == 3
+
+
+async def test_no_nvidia_smi_under_the_driver_root_says_where_it_looked(node: Node) -> None:
+    handler = await node.handler()
+    name, _ = node.gpu(0)
+    (node.tmp_path / "hw" / SIMULATED_DRIVER_ROOT / "usr/bin/nvidia-smi").unlink()
+    handler.gpu_sharing = node.backend.gpu_sharing()
+    ref = node.add_claim("c", [name], interval="Short")
+    error = (await handler.prepare([ref]))[ref.uid].error
+    assert "time-slicing needs nvidia-smi, and the driver root" in error
+    assert "--driver-root" in error
+    assert handler.store.load() == []
+
+
+async def test_a_crash_after_the_set_up_is_undone_for_a_deleted_claim_and_redone_for_a_live_one(
+    node: Node,
+) -> None:
+    name0, uuid0 = node.gpu(0)
+    name1, uuid1 = node.gpu(1)
+    handler = await node.handler()
+    gone = node.add_claim("gone", [name0], interval="Long")
+    live = node.add_claim("live", [name1], interval="Medium")
+    # What a crash between set-up and PrepareCompleted leaves: PrepareStarted with the devices
+    # recorded (they are, before the GPU is touched) and the slices set.
+    for ref, device, interval, uuid in ((gone, name0, "Long", uuid0), (live, name1, "Medium", uuid1)):
+        planned = [cp.PreparedDevice(request="gpus", pool=NODE, device=device, time_slice=interval)]
+        handler.store.begin(ref, planned)
+        assert handler.gpu_sharing is not None
+        await handler.gpu_sharing.set_time_slice([uuid], interval)
+    assert (node.state(uuid0)[1], node.state(uuid1)[1]) == (3, 2)
+    del node.claims.objects["gone"]
+
+    restarted = await node.handler()
+    assert await restarted.clean_up_stale(older_than=0) == [gone.uid]
+    assert node.state(uuid0)[1] == 0, "the deleted claim's slice was not reset"
+    assert node.state(uuid1)[1] == 2, "the live claim's slice was reset before its retry"
+    await prepared(restarted, live)
+    assert node.state(uuid1)[1] == 2
+    (entry_,) = restarted.store.load()
+    assert entry_.state == cp.ClaimState.PREPARE_COMPLETED
+
+
+async def test_the_gpu_settings_outlive_the_agent_as_on_hardware(node: Node) -> None:
+    handler = await node.handler()
+    name, uuid = node.gpu(0)
+    ref = node.add_claim("c", [name], interval="Short")
+    await prepared(handler, ref)
+    # A new simulated backend over the same folder (an agent restart) sees the GPU as it was left.
+    again = SimulatedBackend(profile=PROFILE, node_name=NODE, state_dir=node.tmp_path / "hw", driver=GPU)
+    hardware = again.hardware()
+    assert hardware.nvml is not None
+    by_uuid = {g.uuid: g for g in hardware.nvml.gpus}
+    assert by_uuid[uuid].compute_mode == pynvml.NVML_COMPUTEMODE_DEFAULT
+    assert node.state(uuid)[1] == 1
+    restarted = await node.handler()
+    assert (await restarted.unprepare([ref]))[ref.uid] == ""
+    assert node.state(uuid)[1] == 0
