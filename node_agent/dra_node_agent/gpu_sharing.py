@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Final, Protocol
 
@@ -44,10 +45,19 @@ class GpuSharing:
     """Applies and resets time-slicing on whole GPUs. ``nvidia_smi`` None: the driver root has no
     nvidia-smi, so a time slice cannot be set (the prepare that asks for one fails and says so)."""
 
-    def __init__(self, *, compute_modes: ComputeModes, nvidia_smi: Path | None, driver_root: Path) -> None:
+    def __init__(
+        self,
+        *,
+        compute_modes: ComputeModes,
+        nvidia_smi: Path | None,
+        driver_root: Path,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self._compute_modes = compute_modes
         self._nvidia_smi = nvidia_smi
         self._driver_root = driver_root
+        # Added to the agent's environment for nvidia-smi (the driver root's library path).
+        self._env = dict(env or {})
 
     async def set_time_slice(self, uuids: Sequence[str], interval: str) -> None:
         value = TIME_SLICE_VALUES[interval]
@@ -78,6 +88,7 @@ class GpuSharing:
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
+            env={**os.environ, **self._env} if self._env else None,
         )
         try:
             output, _ = await asyncio.wait_for(process.communicate(), NVIDIA_SMI_TIMEOUT_SECONDS)

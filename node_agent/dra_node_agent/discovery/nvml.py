@@ -182,7 +182,14 @@ class NvmlBackend:
 
     def gpu_sharing(self) -> GpuSharing:
         """Time-slicing on these GPUs (blocking: looks for nvidia-smi under the driver root)."""
-        return GpuSharing(compute_modes=self, nvidia_smi=self.nvidia_smi(), driver_root=self._driver_root)
+        env: dict[str, str] = {}
+        library = find_nvml_library(self._driver_root) if str(self._driver_root) != "/" else None
+        if library is not None:
+            # nvidia-smi from a mounted driver root loads NVML from there, not from the image.
+            env["LD_LIBRARY_PATH"] = str(library.parent)
+        return GpuSharing(
+            compute_modes=self, nvidia_smi=self.nvidia_smi(), driver_root=self._driver_root, env=env
+        )
 
     def nvidia_smi(self) -> Path | None:
         """The driver's nvidia-smi under the driver root (for the settings NVML has no setter for)."""
