@@ -146,6 +146,9 @@ class RequestFunnel:
     binding_excluded: int = 0  # devices with binding conditions while the feature is off
     unavailable_pools: tuple[str, ...] = ()  # "driver/pool (reason)" for incomplete or invalid pools
     match_values: tuple[MatchValues, ...] = ()  # per matchAttribute constraint covering the request
+    # The counters that turned devices away at ``within_counters``: ("<pool> <counter set>/<counter>",
+    # devices short of it), most first.
+    short_counters: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,12 +167,21 @@ class MatchValues:
 
 
 def _counters_fit(available: Mapping[tuple[str, str], Quantity], entry: DeviceEntry) -> bool:
+    return not _short_counters(available, entry)
+
+
+def _short_counters(
+    available: Mapping[tuple[str, str], Quantity], entry: DeviceEntry
+) -> list[tuple[str, str]]:
+    """The (counter set, counter) pairs the device needs more of than is left."""
     need: dict[tuple[str, str], Quantity] = {}
     for consumption in entry.device.consumes_counters:
         for name, value in consumption.counters.items():
             key = (consumption.counter_set, name)
             need[key] = need[key] + value if key in need else value
-    return all((value - need[key] if key in need else value).sign() >= 0 for key, value in available.items())
+    return [
+        key for key, value in available.items() if (value - need[key] if key in need else value).sign() < 0
+    ]
 
 
 def evaluate_selector(*, prefix: str, index: int, expression: str | None, entry: DeviceEntry) -> bool:
@@ -649,6 +661,7 @@ class _Run:
         missing: dict[int, int] = dict.fromkeys(seen, 0)
         binding_excluded = 0
         unavailable: list[str] = []
+        short_counters: dict[str, int] = {}
         taints = self.gates.device_taints
         for pool in self.pools:
             if pool.unusable:
@@ -682,10 +695,13 @@ class _Run:
                     if device.consumes_counters:
                         if not self.gates.partitionable_devices:
                             continue
-                        if not (multi and entry.id in self.alloc._in_use) and not _counters_fit(
-                            available, entry
-                        ):
-                            continue
+                        if not (multi and entry.id in self.alloc._in_use):
+                            short = _short_counters(available, entry)
+                            for set_name, counter in short:
+                                key = f"{pool.text} {set_name}/{counter}"
+                                short_counters[key] = short_counters.get(key, 0) + 1
+                            if short:
+                                continue
                     counts[5] += 1
                     if self.cc and not self._capacity_fits(spec, entry):
                         continue
@@ -711,6 +727,7 @@ class _Run:
             within_capacity=counts[6],
             binding_excluded=binding_excluded,
             unavailable_pools=tuple(unavailable),
+            short_counters=tuple(sorted(short_counters.items(), key=lambda item: (-item[1], item[0]))),
             match_values=tuple(
                 MatchValues(
                     constraint=k.index,

@@ -230,7 +230,18 @@ def _funnel_text(row: RequestFunnel, *, prefix: str) -> str:
         text += f" ({row.binding_excluded} with binding conditions left out)"
     if row.unavailable_pools:
         text += f" (unusable pools: {', '.join(row.unavailable_pools)})"
+    if stop == "within_counters" and row.short_counters:
+        text += f" (counters used up: {_counter_list(row)})"
     return text
+
+
+def _counter_list(row: RequestFunnel) -> str:
+    """E.g. "node-1 gpu-0-counter-set/memory-slice-2 for 3 devices, ..." (the most common first)."""
+    shown = [
+        f"{name} for {n} device{'s' if n != 1 else ''}" for name, n in row.short_counters[:_SHOWN_VALUES]
+    ]
+    more = len(row.short_counters) - _SHOWN_VALUES
+    return ", ".join(shown) + (f" and {more} more" if more > 0 else "")
 
 
 def _progress(row: RequestFunnel) -> tuple[int, ...]:
@@ -288,7 +299,10 @@ def _advice(
         elif stage == "untainted":
             out.append(f"add a toleration to {request} for the devices' taints, or fix the devices")
         elif stage == "within_counters":
-            out.append(f"release other partitions of the same devices, or lower the count of {request}")
+            used_up = f" (counters used up: {_counter_list(row)})" if row.short_counters else ""
+            out.append(
+                f"release other partitions of the same devices{used_up}, or lower the count of {request}"
+            )
         else:
             out.append(f"lower the capacity {request} asks for")
     if out:

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from dra_operator.planner import EVENT_MESSAGE_LIMIT, truncate
 from tests.unit.planner.builders import (
     DRIVER,
     allocation,
+    devices_of,
     gpu,
     gpus,
     make_planner,
     node_slice,
     not_placed,
+    placed,
     rc,
     request,
 )
@@ -127,3 +131,58 @@ def test_requests_that_fit_only_on_different_nodes_are_named() -> None:
         "claim default/y request gpu on n2 at best): free devices or split them"
     ) in why.full
     assert "cluster: (claim default/x request gpu) wants 1 of class gpu.nvidia.com" in why.full
+
+
+def _mig_pool(node: str) -> list[dict[str, Any]]:
+    """An A100's dynamic MIG as NVIDIA publishes it: a counter set of eight memory slices and the
+    multiprocessors, in a slice of its own, and one device per placement consuming them."""
+    counters = {f"memory-slice-{i}": {"value": "1"} for i in range(8)} | {"multiprocessors": {"value": "98"}}
+
+    def placement(profile: str, start: int, size: int, sms: int) -> dict[str, Any]:
+        used = {f"memory-slice-{i}": {"value": "1"} for i in range(start, start + size)}
+        return {
+            "name": f"gpu-0-mig-{profile}-{start}",
+            "attributes": {"profile": {"string": profile}},
+            "consumesCounters": [
+                {
+                    "counterSet": "gpu-0-counter-set",
+                    "counters": used | {"multiprocessors": {"value": str(sms)}},
+                }
+            ],
+        }
+
+    placements = [
+        placement("3g.20gb", 0, 4, 42),
+        placement("3g.20gb", 4, 4, 42),
+        placement("4g.20gb", 0, 4, 56),
+    ]
+    counter_slice = node_slice(node, [])
+    counter_slice["metadata"]["name"] = f"{node}-counters"
+    del counter_slice["spec"]["devices"]
+    counter_slice["spec"]["sharedCounters"] = [{"name": "gpu-0-counter-set", "counters": counters}]
+    device_slice = node_slice(node, placements)
+    for piece in (counter_slice, device_slice):
+        piece["spec"]["pool"]["resourceSliceCount"] = 2
+    return [counter_slice, device_slice]
+
+
+def test_partitions_that_fit_the_counters_are_placed_and_an_overlapping_one_names_the_counters() -> None:
+    three_g = 'device.attributes["gpu.nvidia.com"].profile == "3g.20gb"'
+    planner = make_planner(_mig_pool("n1"))
+    # Two 3g placements side by side fit the GPU's eight memory slices.
+    pair = placed(planner.plan([rc("pair", request(count=2, selectors=(three_g,)))]))
+    assert sorted(devices_of(pair)) == ["n1/gpu-0-mig-3g.20gb-0", "n1/gpu-0-mig-3g.20gb-4"]
+
+    allocated = [allocation("n1", "gpu-0-mig-3g.20gb-0", "gpu-0-mig-3g.20gb-4")]
+    planner = make_planner(_mig_pool("n1"), allocated=allocated)
+    four_g = 'device.attributes["gpu.nvidia.com"].profile == "4g.20gb"'
+    why = not_placed(planner.plan([rc("third", request(selectors=(four_g,)))])).explanation
+    # The 4g placement is free itself, but the slices it needs are taken by the 3g partitions.
+    assert "1 match the selectors, 1 free, 1 untainted, 0 within counters; needs 1" in why.full
+    used_up = why.full.split("(counters used up: ", 1)[1].split(")", 1)[0]
+    pool = f"{DRIVER}/n1 gpu-0-counter-set"
+    # Memory slices 0-3 (the 3g partition at 0 holds them) and the multiprocessors (84 of 98 taken).
+    assert used_up == ", ".join(
+        f"{pool}/{c} for 1 device" for c in [*(f"memory-slice-{i}" for i in range(4)), "multiprocessors"]
+    )
+    assert "release other partitions of the same devices (counters used up:" in why.full
