@@ -155,6 +155,9 @@ async def _start_driver(
         gpu_sharing=await asyncio.to_thread(backend.gpu_sharing)
         if isinstance(backend, NvmlBackend | SimulatedBackend)
         else None,
+        mps=await asyncio.to_thread(backend.mps_daemons, settings.checkpoint_dir(driver=driver) / "mps")
+        if settings.mps_support and isinstance(backend, NvmlBackend | SimulatedBackend)
+        else None,
     )
     # Listening before the first load, so a checkpoint found corrupt at start is reported too.
     reporter = CorruptionReporter(

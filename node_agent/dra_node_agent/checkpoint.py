@@ -125,6 +125,8 @@ class PreparedDevice:
     # The time slice (timeSlicingConfig.interval) this claim set on the GPU, reset when the last claim
     # holding the GPU with one is unprepared (``gpu_sharing``).
     time_slice: str | None = None
+    # The claim's MPS control daemon serves this GPU (``mps``); stopped when the claim is unprepared.
+    mps: bool = False
 
     @property
     def exclusive(self) -> bool:
@@ -146,6 +148,8 @@ class PreparedDevice:
             out["shareID"] = self.share_id
         if self.time_slice is not None:
             out["timeSlice"] = self.time_slice
+        if self.mps:
+            out["mps"] = True
         return out
 
     @staticmethod
@@ -159,6 +163,7 @@ class PreparedDevice:
             shared=bool(raw.get("shared", False)),
             share_id=None if raw.get("shareID") is None else str(raw["shareID"]),
             time_slice=None if raw.get("timeSlice") is None else str(raw["timeSlice"]),
+            mps=bool(raw.get("mps", False)),
         )
 
 

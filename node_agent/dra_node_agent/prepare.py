@@ -55,12 +55,15 @@ from dra_node_agent.discovery.base import (
     TpuWorkers,
 )
 from dra_node_agent.gpu_sharing import GpuSharing, SharingError
+from dra_node_agent.mps import MpsDaemons, MpsError, MpsLimits, resolve_limits
 from dra_node_agent.opaqueconfig import (
     GoogleTpuConfig,
     GpuConfig,
+    MpsConfig,
     OpaqueConfigError,
     OpaqueConfigParser,
     RequestConfig,
+    Sharing,
     TpuConfig,
     VfioDeviceConfig,
     effective_entry,
@@ -127,8 +130,11 @@ class PrepareHandler:
         config_parser: OpaqueConfigParser | None = None,
         tpu_workers: TpuWorkerSource | None = None,
         gpu_sharing: GpuSharing | None = None,
+        mps: MpsDaemons | None = None,
     ) -> None:
         self.driver = driver
+        # Runs a claim's MPS control daemon (GPU drivers); None: a config asking for MPS is refused.
+        self.mps = mps
         # Applies GpuConfig time-slicing (GPU drivers); None: a config asking for it is refused.
         self.gpu_sharing = gpu_sharing
         # Derives the worker identity of a pod on a multi-host TPU slice from its Job (TPU drivers).
@@ -161,6 +167,41 @@ class PrepareHandler:
     async def start(self) -> None:
         """Load the checkpoint and clean up what a crash or a reboot left behind."""
         await asyncio.to_thread(self._start_sync)
+        if self.mps is not None:
+            await self._reconcile_mps(self.mps)
+
+    async def _reconcile_mps(self, mps: MpsDaemons) -> None:
+        """Keep the daemons of prepared MPS claims (start again those that are gone, as after a
+        restart of the agent's container), stop those of claims no longer recorded."""
+        try:
+            entries = await asyncio.to_thread(self.store.entries)
+        except cp.CheckpointCorrupt:
+            return  # fail closed, as for everything else: nothing is touched
+        wanted = {e.uid: e for e in entries if any(d.mps for d in e.devices)}
+        for uid in await asyncio.to_thread(mps.claims):
+            if uid not in wanted:
+                logger.info(
+                    "driver %s: stopping the MPS daemon of claim %s, not in the checkpoint", self.driver, uid
+                )
+                await mps.stop(uid)
+        for uid, entry in wanted.items():
+            if entry.state != cp.ClaimState.PREPARE_COMPLETED or await asyncio.to_thread(mps.running, uid):
+                continue  # an interrupted prepare is rolled back and redone by the kubelet's retry
+            limits = await asyncio.to_thread(mps.recorded_limits, uid)
+            if limits is None:
+                logger.error(
+                    "%s: its MPS daemon is gone and its settings with it", describe(entry_ref(entry))
+                )
+                continue
+            logger.warning(
+                "%s: its MPS control daemon is gone (the agent's container restarted?); starting it again, "
+                "CUDA processes that were connected to it must be restarted",
+                describe(entry_ref(entry)),
+            )
+            try:
+                await mps.start(uid, limits)
+            except MpsError as exc:
+                logger.error("%s: starting its MPS daemon again failed: %s", describe(entry_ref(entry)), exc)
 
     def _start_sync(self) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -293,7 +334,7 @@ class PrepareHandler:
             return answer(entry)
         try:
             allocation = await reading
-            planned, devices, tpu_config = self.plan(allocation)
+            planned, devices, tpu_config, mps_limits = self.plan(allocation)
             workers = await self._tpu_workers(allocation, devices, tpu_config) if planned else None
         except (ClaimError, PrepareError):
             await asyncio.to_thread(self.store.remove, claim.uid)  # nothing was done: forget it
@@ -308,7 +349,7 @@ class PrepareHandler:
             if self._touches_devices(planned):
                 entry = await asyncio.to_thread(self.store.begin, claim, planned)
             try:
-                await self._set_up(entry, devices)
+                await self._set_up(entry, devices, mps_limits)
             except PrepareError:
                 # Nothing of a failed set-up stays behind: undo what it did, forget the attempt.
                 await self._roll_back(entry)
@@ -343,9 +384,10 @@ class PrepareHandler:
 
     def plan(
         self, allocation: ClaimAllocation
-    ) -> tuple[list[cp.PreparedDevice], list[DiscoveredDevice], TpuConfig | None]:
+    ) -> tuple[list[cp.PreparedDevice], list[DiscoveredDevice], TpuConfig | None, MpsLimits | None]:
         """The checkpoint records for this driver's results, the distinct devices they use (with the
-        container edits their configs add) and the claim-wide `tpu.google.com` TpuConfig, if any.
+        container edits their configs add), the claim-wide `tpu.google.com` TpuConfig and the
+        claim's MPS daemon settings, if any.
 
         Raises ``PrepareError`` for a device this node does not publish, an invalid config, or a
         valid config whose effect this driver does not implement yet.
@@ -368,6 +410,8 @@ class PrepareHandler:
         devices: dict[str, DiscoveredDevice] = {}
         claim_env: dict[str, str] = {}
         tpu_configs: dict[TpuConfig, str] = {}
+        mps_configs: list[tuple[MpsConfig, list[str]]] = []
+        mps_devices: dict[str, DiscoveredDevice] = {}
         for result in allocation.devices:
             device = self._devices.get(result.device)
             if result.pool != self.node_name or device is None:
@@ -375,7 +419,7 @@ class PrepareHandler:
                     f"{where}: allocated device {result.pool}/{result.device} of driver {self.driver} "
                     f"is not published by node {self.node_name}"
                 )
-            device, time_slice = self._apply_config(
+            device, sharing = self._apply_config(
                 configs,
                 request=result.request,
                 device=device,
@@ -383,6 +427,14 @@ class PrepareHandler:
                 claim_env=claim_env,
                 tpu_configs=tpu_configs,
             )
+            time_slice = sharing.time_slice_interval if sharing is not None else None
+            if sharing is not None and sharing.mps is not None:
+                same = next((pair for pair in mps_configs if pair[0] == sharing.mps), None)
+                if same is None:
+                    mps_configs.append((sharing.mps, [result.request]))
+                else:
+                    same[1].append(result.request)
+                mps_devices.setdefault(device.name, device)
             planned.append(
                 cp.PreparedDevice(
                     request=result.request,
@@ -392,6 +444,7 @@ class PrepareHandler:
                     shared=result.shared,
                     share_id=result.share_id,
                     time_slice=time_slice,
+                    mps=sharing is not None and sharing.mps is not None,
                 )
             )
             devices.setdefault(device.name, device)
@@ -403,7 +456,41 @@ class PrepareHandler:
                 f"entries {', '.join(sorted(tpu_configs.values()))} differ, but they apply to the whole "
                 "container"
             )
-        return planned, list(devices.values()), next(iter(tpu_configs), None)
+        mps_limits = self._mps_limits(allocation, mps_configs, list(mps_devices.values()), devices)
+        return planned, list(devices.values()), next(iter(tpu_configs), None), mps_limits
+
+    def _mps_limits(
+        self,
+        allocation: ClaimAllocation,
+        configs: Sequence[tuple[MpsConfig, list[str]]],
+        gpus: Sequence[DiscoveredDevice],
+        devices: dict[str, DiscoveredDevice],
+    ) -> MpsLimits | None:
+        """One daemon serves the claim: its settings, and its folders and limits added to the
+        container edits of the claim's first MPS GPU (``devices`` is updated)."""
+        if not configs:
+            return None
+        where = describe(allocation.ref)
+        requests = sorted({r for _, rs in configs for r in rs})
+        if len(configs) > 1:
+            raise PrepareError(
+                f"{where}: requests {', '.join(requests)}: their GpuConfig sharing.mpsConfig entries differ, "
+                "but one MPS control daemon serves the whole claim; give them the same mpsConfig"
+            )
+        assert self.mps is not None  # _apply_config refused MPS without it
+        ((config, _),) = configs
+        try:
+            limits = resolve_limits(
+                config, gpus, where=f"request {', '.join(requests)}: GpuConfig sharing.mpsConfig"
+            )
+        except MpsError as exc:
+            raise PrepareError(f"{where}: {exc}") from exc
+        first = min(gpus, key=lambda d: d.pci_bus_id or d.name).name
+        device = devices[first]
+        devices[first] = dataclasses.replace(
+            device, edits=device.edits.merged(self.mps.edits(allocation.ref.uid, limits))
+        )
+        return limits
 
     async def _tpu_workers(
         self, allocation: ClaimAllocation, devices: Sequence[DiscoveredDevice], config: TpuConfig | None
@@ -426,15 +513,15 @@ class PrepareHandler:
         where: str,
         claim_env: dict[str, str],
         tpu_configs: dict[TpuConfig, str],
-    ) -> tuple[DiscoveredDevice, str | None]:
+    ) -> tuple[DiscoveredDevice, Sharing | None]:
         """Carry out the config that applies to one device: the device, with the edits it adds, and
-        the time slice a GpuConfig asks for on it (set up later, by ``_set_up``).
+        the sharing a GpuConfig asks for on it (set up later, by ``_set_up``).
 
         Each API group's entries are resolved on their own (the two TPU groups set different
         things). A config this driver cannot carry out fails the prepare with the reason.
         """
         env: list[str] = []
-        time_slice: str | None = None
+        sharing: Sharing | None = None
         for group in sorted({rc.config.GROUP for rc in configs}):
             try:
                 entry = effective_entry(
@@ -453,11 +540,16 @@ class PrepareHandler:
             elif isinstance(config, TpuConfig):
                 tpu_configs.setdefault(config, entry.where)
             elif isinstance(config, GpuConfig) and config.sharing is not None:
-                time_slice = config.sharing.time_slice_interval
-                if time_slice is not None and self.gpu_sharing is None:
+                sharing = config.sharing
+                if sharing.time_slice_interval is not None and self.gpu_sharing is None:
                     raise PrepareError(
                         f"{entry.where}: GpuConfig sharing.strategy TimeSlicing: this driver's GPUs cannot "
                         f"be time-sliced here (no NVML) (request {request}, device {device.name})"
+                    )
+                if sharing.mps is not None and self.mps is None:
+                    raise PrepareError(
+                        f"{entry.where}: GpuConfig sharing.strategy MPS: MPS is off on this node "
+                        f"(--mps-support=false) (request {request}, device {device.name})"
                     )
             # GpuConfig and MigDeviceConfig without sharing ask for nothing beyond the default.
             logger.debug("request %s device %s: %s applies", request, device.name, entry.where)
@@ -471,19 +563,34 @@ class PrepareHandler:
                     f"and {value!r}, but it applies to the whole container"
                 )
         if not env:
-            return device, time_slice
+            return device, sharing
         edited = dataclasses.replace(device, edits=device.edits.merged(ContainerEdits(env=tuple(env))))
-        return edited, time_slice
+        return edited, sharing
 
     def _touches_devices(self, planned: Sequence[cp.PreparedDevice]) -> bool:
         """Whether ``_set_up`` changes device state (then the devices are recorded before it runs, so
         a crash in between leaves an entry that says what to undo)."""
-        return any(p.time_slice is not None for p in planned)
+        return any(p.time_slice is not None or p.mps for p in planned)
 
-    async def _set_up(self, entry: cp.ClaimEntry, devices: Sequence[DiscoveredDevice]) -> None:
-        """Device-side preparation: the time slices the claim's GpuConfig asks for."""
+    async def _set_up(
+        self, entry: cp.ClaimEntry, devices: Sequence[DiscoveredDevice], mps_limits: MpsLimits | None = None
+    ) -> None:
+        """Device-side preparation: the time slices and the MPS daemon the claim's GpuConfig asks for."""
         self.device_setups += 1
         DEVICE_SETUPS.labels(self.driver).inc()
+        await self._set_up_time_slices(entry, devices)
+        if mps_limits is not None:
+            assert self.mps is not None
+            try:
+                await self.mps.start(entry.uid, mps_limits)
+            except MpsError as exc:
+                requests = sorted({p.request for p in entry.devices if p.mps})
+                raise PrepareError(
+                    f"{describe(entry_ref(entry))}: request {', '.join(requests)}: GpuConfig "
+                    f"sharing.strategy MPS: {exc}"
+                ) from exc
+
+    async def _set_up_time_slices(self, entry: cp.ClaimEntry, devices: Sequence[DiscoveredDevice]) -> None:
         wanted = {p.device: p for p in entry.devices if p.time_slice is not None}
         if not wanted:
             return
@@ -523,6 +630,8 @@ class PrepareHandler:
 
         A GPU's time slice goes back to Default when no other recorded claim holds it with one.
         """
+        if self.mps is not None:
+            await self.mps.stop(entry.uid)  # nothing to do for a claim without a daemon
         sliced = {p.device for p in entry.devices if p.time_slice is not None}
         if not sliced or self.gpu_sharing is None:
             return

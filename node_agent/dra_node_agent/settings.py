@@ -194,6 +194,14 @@ class Settings:
             metavar="SECONDS",
         ),
     )
+    mps_support: bool = field(
+        default=True,
+        metadata=_opt(
+            "Carry out GpuConfig sharing.strategy MPS: a control daemon per claim, started at prepare "
+            "(false: such claims fail at prepare, saying MPS is off).",
+            metavar="BOOL",
+        ),
+    )
     health_enabled: bool = field(
         default=True,
         metadata=_opt(

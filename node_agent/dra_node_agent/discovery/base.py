@@ -104,16 +104,18 @@ class DeviceNode:
 
 @dataclass(frozen=True)
 class Mount:
-    """A read-only bind mount for a CDI spec: `host_path` on the node at `container_path`."""
+    """A bind mount for a CDI spec: `host_path` on the node at `container_path`, read-only unless
+    the container must write there (an MPS daemon's pipe and shm folders)."""
 
     host_path: str
     container_path: str
+    read_only: bool = True
 
     def to_cdi(self) -> dict[str, Any]:
         return {
             "hostPath": self.host_path,
             "containerPath": self.container_path,
-            "options": ["ro", "nosuid", "nodev", "bind"],
+            "options": ["ro" if self.read_only else "rw", "nosuid", "nodev", "bind"],
         }
 
 

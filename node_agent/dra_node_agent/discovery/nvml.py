@@ -23,6 +23,7 @@ import pynvml
 from dra_api.names import GPU_DRIVER, STANDARD_ATTRIBUTE_DOMAIN
 
 from ..gpu_sharing import GpuSharing
+from ..mps import MpsDaemons, find_control_tool
 from .base import (
     Attribute,
     ContainerEdits,
@@ -182,14 +183,27 @@ class NvmlBackend:
 
     def gpu_sharing(self) -> GpuSharing:
         """Time-slicing on these GPUs (blocking: looks for nvidia-smi under the driver root)."""
-        env: dict[str, str] = {}
-        library = find_nvml_library(self._driver_root) if str(self._driver_root) != "/" else None
-        if library is not None:
-            # nvidia-smi from a mounted driver root loads NVML from there, not from the image.
-            env["LD_LIBRARY_PATH"] = str(library.parent)
         return GpuSharing(
-            compute_modes=self, nvidia_smi=self.nvidia_smi(), driver_root=self._driver_root, env=env
+            compute_modes=self,
+            nvidia_smi=self.nvidia_smi(),
+            driver_root=self._driver_root,
+            env=self.tool_env(),
         )
+
+    def mps_daemons(self, root: Path) -> MpsDaemons:
+        """Per-claim MPS daemons from the driver root's tools, kept under ``root`` (blocking)."""
+        return MpsDaemons(
+            root=root,
+            control=find_control_tool(self._driver_root),
+            driver_root=self._driver_root,
+            env=self.tool_env(),
+        )
+
+    def tool_env(self) -> dict[str, str]:
+        """Environment for the driver's tools (nvidia-smi, MPS) run from a mounted driver root: they
+        load NVML and CUDA from there, not from the agent's image."""
+        library = find_nvml_library(self._driver_root) if str(self._driver_root) != "/" else None
+        return {"LD_LIBRARY_PATH": str(library.parent)} if library is not None else {}
 
     def nvidia_smi(self) -> Path | None:
         """The driver's nvidia-smi under the driver root (for the settings NVML has no setter for)."""

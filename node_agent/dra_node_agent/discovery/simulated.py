@@ -26,6 +26,7 @@ import yaml
 from dra_api.names import GPU_DRIVER, TPU_DRIVER
 
 from ..gpu_sharing import GpuSharing, install_simulated_nvidia_smi
+from ..mps import CONTROL_TOOL_PATHS, MpsDaemons, install_simulated_mps_control
 from . import simtools
 from .base import DiscoveredInventory
 from .fakehw import (
@@ -468,6 +469,11 @@ class SimulatedBackend:
         backend = self.hardware().backend
         return backend.gpu_sharing() if isinstance(backend, NvmlBackend) else None
 
+    def mps_daemons(self, root: Path) -> MpsDaemons | None:
+        """MPS daemons from the simulated driver root's stand-in (None for TPU and NIC profiles)."""
+        backend = self.hardware().backend
+        return backend.mps_daemons(root) if isinstance(backend, NvmlBackend) else None
+
     def hardware(self) -> SimulatedHardware:
         """Build the fake hardware on first use (blocking file writes)."""
         with self._lock:
@@ -496,6 +502,7 @@ class SimulatedBackend:
             install_simulated_nvidia_smi(
                 root / SIMULATED_DRIVER_ROOT / NVIDIA_SMI_PATHS[0], root / GPU_STATE_DIR
             )
+            install_simulated_mps_control(root / SIMULATED_DRIVER_ROOT / CONTROL_TOOL_PATHS[0])
             backend: NvmlBackend | TpuBackend = NvmlBackend(
                 driver=driver,
                 nvml=nvml,

@@ -418,11 +418,17 @@ def test_vendor_kinds_refuse_wrong_values_in_the_vendors_words(
 
 
 def test_what_this_driver_does_not_implement_says_so() -> None:
-    reason = not_implemented(parse_gpu("GpuConfig", sharing={"strategy": "MPS"}))
-    assert reason is not None
-    assert "GpuConfig sharing.strategy MPS: MPS is not implemented by this driver yet" in reason
-    # Time-slicing is carried out on GPUs; on a MIG device it does not apply.
+    multi = {"strategy": "MPS", "mpsConfig": {"multiUser": True}}
+    reason = not_implemented(parse_gpu("GpuConfig", sharing=multi))
+    assert "GpuConfig sharing.strategy MPS with mpsConfig.multiUser: MPS for several users is not " in (
+        reason or ""
+    )
+    assert "MPS on MIG devices is not implemented" in (
+        not_implemented(parse_gpu("MigDeviceConfig", sharing={"strategy": "MPS"})) or ""
+    )
+    # Time-slicing and MPS are carried out on GPUs; time-slicing on a MIG device does not apply.
     assert not_implemented(parse_gpu("GpuConfig", sharing={"strategy": "TimeSlicing"})) is None
+    assert not_implemented(parse_gpu("GpuConfig", sharing={"strategy": "MPS"})) is None
     mig_ts = not_implemented(parse_gpu("MigDeviceConfig", sharing={"strategy": "TimeSlicing"}))
     assert "time-slicing does not apply to MIG devices" in (mig_ts or "")
     multi = parse_gpu("MigDeviceConfig", sharing={"strategy": "MPS", "mpsConfig": {"multiUser": True}})

@@ -1,0 +1,265 @@
+"""GpuConfig MPS at prepare: a control daemon per claim, its limits, its folders in the CDI spec, and
+its life cycle across unprepare, failures and agent restarts.
+
+The daemon is the simulated node's nvidia-cuda-mps-control (a shell stand-in under the simulated
+driver root), started by the same code as on hardware: its own session and mount namespace, whose
+/dev/shm is the claim's shm folder (the stand-in marks it, so the test sees the bind mount).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dra_api.kubeletapi.model import ClaimRef
+from dra_node_agent.discovery.simulated import SIMULATED_DRIVER_ROOT, SimulatedBackend
+from dra_node_agent.prepare import PrepareHandler
+from tests.unit.agent.core.test_prepare_configs import GPU, NODE, NVIDIA, Claims, entry
+
+PROFILE = "h100-80gb-x8"
+
+
+class Node:
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.backend = SimulatedBackend(
+            profile=PROFILE, node_name=NODE, state_dir=tmp_path / "hw", driver=GPU
+        )
+        self.claims = Claims(GPU)
+        (tmp_path / "proc/sys/kernel/random").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "proc/sys/kernel/random/boot_id").write_text("boot-1\n")
+        self.handlers: list[PrepareHandler] = []
+
+    async def handler(self, *, mps: bool = True) -> PrepareHandler:
+        handler = PrepareHandler(
+            driver=GPU,
+            node_name=NODE,
+            inventory=await self.backend.discover(),
+            claims=self.claims,
+            state_dir=self.tmp_path / "state",
+            cdi_dir=self.tmp_path / "cdi",
+            proc_root=self.tmp_path / "proc",
+            gpu_sharing=self.backend.gpu_sharing(),
+            mps=self.backend.mps_daemons(self.tmp_path / "state" / "mps") if mps else None,
+        )
+        await handler.start()
+        self.handlers.append(handler)
+        return handler
+
+    def gpus(self, *indices: int) -> list[tuple[str, str]]:
+        devices = sorted(
+            (d for d in self.backend.discover_sync().devices if d.kind == "gpu"),
+            key=lambda d: int(d.local_id),
+        )
+        return [(devices[i].name, devices[i].uuid) for i in indices]
+
+    def add_claim(self, name: str, devices: list[str], mps_config: dict[str, Any] | None) -> ClaimRef:
+        sharing: dict[str, Any] = {"strategy": "MPS"}
+        if mps_config is not None:
+            sharing["mpsConfig"] = mps_config
+        uid = f"uid-{name}"
+        self.claims.objects[name] = {
+            "metadata": {"name": name, "namespace": "ns", "uid": uid},
+            "spec": {"devices": {"requests": []}},
+            "status": {
+                "allocation": {
+                    "devices": {
+                        "results": [
+                            {"request": "gpus", "driver": GPU, "pool": NODE, "device": d} for d in devices
+                        ],
+                        "config": [
+                            entry(GPU, {"apiVersion": NVIDIA, "kind": "GpuConfig", "sharing": sharing})
+                        ],
+                    }
+                }
+            },
+        }
+        return ClaimRef(namespace="ns", name=name, uid=uid)
+
+    def folder(self, ref: ClaimRef) -> Path:
+        return self.tmp_path / "state" / "mps" / ref.uid
+
+    def pid(self, ref: ClaimRef) -> int:
+        return int(json.loads((self.folder(ref) / "daemon.json").read_text())["pid"])
+
+    def settings(self, ref: ClaimRef) -> list[str]:
+        return (self.folder(ref) / "pipe" / "settings").read_text().splitlines()
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def wait_dead(pid: int) -> None:
+    deadline = time.monotonic() + 5
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+@pytest.fixture
+async def node(tmp_path: Path) -> Any:
+    created = Node(tmp_path)
+    yield created
+    # Never leave a daemon behind, whatever a test did.
+    for folder in (tmp_path / "state" / "mps").glob("*/daemon.json"):
+        pid = int(json.loads(folder.read_text())["pid"])
+        if alive(pid):
+            os.killpg(pid, signal.SIGKILL)
+
+
+def spec(handler: PrepareHandler, uid: str) -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads(handler.cdi.spec_path(uid).read_text())
+    return loaded
+
+
+def edits_of(document: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]]]:
+    env: list[str] = []
+    mounts: list[dict[str, Any]] = []
+    for device in document["devices"]:
+        env += device["containerEdits"].get("env", [])
+        mounts += device["containerEdits"].get("mounts", [])
+    return env, mounts
+
+
+async def test_a_claims_daemon_runs_with_its_limits_while_prepared_and_stops_at_unprepare(node: Node) -> None:
+    handler = await node.handler()
+    (name0, uuid0), (name1, uuid1) = node.gpus(0, 1)
+    config = {
+        "defaultActiveThreadPercentage": 50,
+        "defaultPinnedDeviceMemoryLimit": "10Gi",
+        "defaultPerDevicePinnedMemoryLimit": {"1": "4Gi"},  # by the GPU's index on the node
+    }
+    ref = node.add_claim("c", [name0, name1], config)
+
+    result = (await handler.prepare([ref]))[ref.uid]
+    assert result.error == "", result.error
+    pid = node.pid(ref)
+    assert alive(pid)
+    assert (node.folder(ref) / "pipe" / "control").exists()
+    assert node.settings(ref) == [
+        f"devices {uuid0},{uuid1}",
+        "set_default_active_thread_percentage 50",
+        f"set_default_device_pinned_mem_limit {uuid0} 10240M",
+        f"set_default_device_pinned_mem_limit {uuid1} 4096M",
+    ]
+    # The daemon's /dev/shm is the claim's shm folder, which its containers get.
+    assert (node.folder(ref) / "shm" / "accel-dra-mps-daemon").read_text().strip() == f"{uuid0},{uuid1}"
+    env, mounts = edits_of(spec(handler, ref.uid))
+    assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" in env
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50" in env
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M,1=4096M" in env
+    by_path = {m["containerPath"]: m for m in mounts}
+    assert by_path["/tmp/nvidia-mps"]["hostPath"] == str(node.folder(ref) / "pipe")
+    assert by_path["/dev/shm"]["hostPath"] == str(node.folder(ref) / "shm")
+    assert by_path["/dev/shm"]["options"][0] == "rw"
+    (recorded,) = handler.store.load()
+    assert [d.mps for d in recorded.devices] == [True, True]
+
+    assert (await handler.unprepare([ref]))[ref.uid] == ""
+    assert not alive(pid)
+    assert not node.folder(ref).exists()
+
+
+async def test_a_limit_for_a_gpu_the_claim_does_not_have_names_the_field_and_its_gpus(node: Node) -> None:
+    handler = await node.handler()
+    ((name, uuid),) = node.gpus(2)
+    ref = node.add_claim("c", [name], {"defaultPerDevicePinnedMemoryLimit": {"5": "1Gi"}})
+    error = (await handler.prepare([ref]))[ref.uid].error
+    assert (
+        "request gpus: GpuConfig sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit.5: names no GPU" in error
+    )
+    assert f"its GPUs are 2 ({uuid})" in error
+    assert handler.store.load() == []
+    assert not node.folder(ref).exists()
+
+
+async def test_a_daemon_that_fails_to_start_fails_the_prepare_with_its_words_and_leaves_nothing(
+    node: Node,
+) -> None:
+    handler = await node.handler()
+    ((name, _),) = node.gpus(0)
+    tool = node.tmp_path / "hw" / SIMULATED_DRIVER_ROOT / "usr/bin/nvidia-cuda-mps-control"
+    original = tool.read_text()
+    tool.write_text("#!/bin/sh\necho 'An MPS control daemon is already running for this user' >&2\nexit 1\n")
+    ref = node.add_claim("c", [name], None)
+
+    error = (await handler.prepare([ref]))[ref.uid].error
+    assert "ResourceClaim ns/c" in error
+    assert "request gpus: GpuConfig sharing.strategy MPS: MPS control daemon exited with status 1" in error
+    assert "An MPS control daemon is already running for this user" in error
+    assert handler.store.load() == []
+    assert not handler.cdi.spec_path(ref.uid).exists()
+    assert not node.folder(ref).exists()
+
+    tool.write_text(original)
+    assert (await handler.prepare([ref]))[ref.uid].error == ""
+
+
+async def test_an_agent_restart_keeps_a_running_daemon_and_starts_a_dead_one_again(node: Node) -> None:
+    handler = await node.handler()
+    ((name0, _), (name1, uuid1)) = node.gpus(0, 1)
+    kept = node.add_claim("kept", [name0], {"defaultActiveThreadPercentage": 30})
+    lost = node.add_claim("lost", [name1], {"defaultActiveThreadPercentage": 70})
+    for ref in (kept, lost):
+        assert (await handler.prepare([ref]))[ref.uid].error == ""
+    kept_pid, lost_pid = node.pid(kept), node.pid(lost)
+    # The agent's container restarted: its daemons went with it. Here one is killed, one stays.
+    os.killpg(lost_pid, signal.SIGKILL)
+    await asyncio.to_thread(wait_dead, lost_pid)
+
+    restarted = await node.handler()
+    assert node.pid(kept) == kept_pid
+    assert alive(kept_pid)
+    assert node.pid(lost) != lost_pid
+    assert alive(node.pid(lost))
+    assert node.settings(lost)[-1] == "set_default_active_thread_percentage 70"
+    assert node.settings(lost)[0] == f"devices {uuid1}"
+    # The restarted agent stops what it found, as it would have stopped its own.
+    for ref in (kept, lost):
+        assert (await restarted.unprepare([ref]))[ref.uid] == ""
+    assert not alive(kept_pid)
+    assert not any((node.tmp_path / "state" / "mps").iterdir())
+
+
+async def test_a_daemon_of_a_claim_no_longer_recorded_is_stopped_at_start(node: Node) -> None:
+    handler = await node.handler()
+    ((name, _),) = node.gpus(0)
+    ref = node.add_claim("c", [name], None)
+    assert (await handler.prepare([ref]))[ref.uid].error == ""
+    pid = node.pid(ref)
+    handler.store.remove(ref.uid)  # as if the checkpoint had been reset by hand
+
+    await node.handler()
+    assert not alive(pid)
+    assert not node.folder(ref).exists()
+
+
+async def test_mps_switched_off_or_asked_two_ways_in_one_claim_is_refused(node: Node) -> None:
+    off = await node.handler(mps=False)
+    ((name0, _), (name1, _)) = node.gpus(0, 1)
+    ref = node.add_claim("c", [name0], None)
+    error = (await off.prepare([ref]))[ref.uid].error
+    assert "GpuConfig sharing.strategy MPS: MPS is off on this node (--mps-support=false)" in error
+
+    handler = await node.handler()
+    two = node.add_claim("two", [name0, name1], None)
+    allocation = node.claims.objects["two"]["status"]["allocation"]["devices"]
+    allocation["results"][1]["request"] = "more"
+    other = {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 10}}
+    allocation["config"].append(
+        entry(GPU, {"apiVersion": NVIDIA, "kind": "GpuConfig", "sharing": other}, requests=["more"])
+    )
+    error = (await handler.prepare([two]))[two.uid].error
+    assert "requests gpus, more: their GpuConfig sharing.mpsConfig entries differ" in error
+    assert handler.store.load() == []
