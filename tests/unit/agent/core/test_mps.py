@@ -19,7 +19,9 @@ from typing import Any
 import pytest
 
 from dra_api.kubeletapi.model import ClaimRef
+from dra_node_agent import checkpoint as cp
 from dra_node_agent.discovery.simulated import SIMULATED_DRIVER_ROOT, SimulatedBackend
+from dra_node_agent.mps import MpsLimits
 from dra_node_agent.prepare import PrepareHandler
 from tests.unit.agent.core.test_prepare_configs import GPU, NODE, NVIDIA, Claims, entry
 
@@ -263,3 +265,30 @@ async def test_mps_switched_off_or_asked_two_ways_in_one_claim_is_refused(node: 
     error = (await handler.prepare([two]))[two.uid].error
     assert "requests gpus, more: their GpuConfig sharing.mpsConfig entries differ" in error
     assert handler.store.load() == []
+
+
+async def test_a_crash_between_the_daemon_and_prepare_completed_is_redone_or_undone(node: Node) -> None:
+    handler = await node.handler()
+    ((name0, uuid0), (name1, uuid1)) = node.gpus(0, 1)
+    live = node.add_claim("live", [name0], None)
+    gone = node.add_claim("gone", [name1], None)
+    # What a crash right after the daemon started leaves: PrepareStarted with the devices recorded
+    # (they are, before the daemon starts) and the daemon running.
+    assert handler.mps is not None
+    for ref, device, uuid in ((live, name0, uuid0), (gone, name1, uuid1)):
+        handler.store.begin(ref, [cp.PreparedDevice(request="gpus", pool=NODE, device=device, mps=True)])
+        await handler.mps.start(ref.uid, MpsLimits(uuids=(uuid,)))
+    live_pid, gone_pid = node.pid(live), node.pid(gone)
+    del node.claims.objects["gone"]
+
+    restarted = await node.handler()
+    # The deleted claim's interrupted prepare is undone by the stale clean-up: its daemon stops.
+    assert await restarted.clean_up_stale(older_than=0) == [gone.uid]
+    assert not alive(gone_pid)
+    assert not node.folder(gone).exists()
+    # The live claim's is redone by the kubelet's retry: a fresh daemon, the old one stopped.
+    assert (await restarted.prepare([live]))[live.uid].error == ""
+    assert not alive(live_pid)
+    assert alive(node.pid(live))
+    (entry_,) = restarted.store.load()
+    assert entry_.state == cp.ClaimState.PREPARE_COMPLETED
