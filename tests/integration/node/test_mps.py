@@ -8,8 +8,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from dra_node_agent.prepare import PAUSE_ENV
 from tests.integration.agent.agentproc import GPU
 from tests.integration.node.conftest import NAMESPACE, NodeWithAgent, gpu_pod
+from tests.integration.node.test_real_node import _registrations, _wait_registered
 from tests.integration.node.test_real_node_configs import with_config
 
 NVIDIA = "resource.nvidia.com/v1beta1"
@@ -67,3 +69,41 @@ def test_an_mps_claims_container_talks_to_its_daemon_with_the_limits_it_asked_fo
     cluster.wait_for(lambda: not folder.exists(), timeout=60, what="the claim's MPS folder removed")
     assert not alive(int(record["pid"]))
     assert uid not in setup.agent.dirs.checkpoint_claims()
+
+
+def test_the_agent_killed_between_the_daemon_and_the_cdi_spec_the_kubelets_retry_starts_a_new_one(
+    node_with_agent: NodeWithAgent,
+) -> None:
+    setup = node_with_agent
+    cluster = setup.cluster
+    marker = setup.agent.dirs.state / GPU / "paused-at-devices-set-up"
+    before = _registrations(setup)
+    setup.agent.stop()
+    setup.agent.start(env={PAUSE_ENV: "devices-set-up"})
+    _wait_registered(setup, more_than=before)
+    mps = {"apiVersion": NVIDIA, "kind": "GpuConfig", "sharing": {"strategy": "MPS"}}
+    cluster.apply(with_config(gpu_pod("gpu-mps-crash", command=SHOW), GPU, mps))
+    cluster.wait_for(marker.exists, timeout=90, what="the prepare paused after the daemon started")
+    uid = setup.claim_of("gpu-mps-crash")["metadata"]["uid"]
+    folder = setup.agent.dirs.checkpoint().parent / "mps" / uid
+    first = int(json.loads((folder / "daemon.json").read_text())["pid"])
+    assert alive(first)
+
+    # Killed there: the daemon runs, no CDI spec, the claim recorded as PrepareStarted.
+    before = _registrations(setup)
+    setup.agent.kill()
+    marker.unlink()
+    setup.agent.start()
+    _wait_registered(setup, more_than=before)
+    # The kubelet retries the failed prepare with its pod-sync back-off (10 s, 20 s, 40 s, ...): the
+    # call the kill broke and those made before the new agent registered fail first.
+    log = setup.wait_log("gpu-mps-crash", "shown", timeout=300)
+    second = int(json.loads((folder / "daemon.json").read_text())["pid"])
+    assert second != first
+    assert not alive(first), "the interrupted attempt's daemon was left running"
+    assert alive(second)
+    assert "control" in log.splitlines(), log
+
+    cluster.kubectl("delete", "pod", "gpu-mps-crash", "-n", NAMESPACE, "--wait=true", "--timeout=60s")
+    cluster.wait_for(lambda: not folder.exists(), timeout=60, what="the claim's MPS folder removed")
+    assert not alive(second)
