@@ -8,7 +8,8 @@ Prepare, per claim:
      a multi-host slice, derive the pod's worker identity from its Job (``tpu_multihost``);
   4. a ``PrepareStarted`` entry left by a crash -> roll its partial work back first;
   5. record ``PrepareStarted`` (written while the claim is read, the two slow steps overlapping),
-     set the devices up, write the claim's CDI spec, record ``PrepareCompleted``; the checkpoint
+     set the devices up (a GpuConfig's time slice, ``gpu_sharing``; its MPS daemon, ``mps``; the
+     devices are recorded first), write the claim's CDI spec, record ``PrepareCompleted``; the checkpoint
      refuses a device held by another claim (unless both use admin access) before a device is
      touched, and at the latest at ``PrepareCompleted``, and a refused attempt leaves no trace;
   6. answer with the CDI device IDs per result.
@@ -290,7 +291,7 @@ class PrepareHandler:
                     errors[claim.uid] = self._failed(
                         "unprepare",
                         claim,
-                        f"{describe(claim)}: resetting the GPU failed: {exc}",
+                        f"{describe(claim)}: undoing its device set-up failed: {exc}",
                         reason="device",
                     ).error
                 PREPARE_SECONDS.labels(self.driver, "unprepare").observe(time.perf_counter() - began)
