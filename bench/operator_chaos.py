@@ -384,6 +384,7 @@ class Chaos:
         capacity = len(self.config.nodes) * self.config.gpus
         await self._delete_pending_pods()
         claims = await self._claims()
+        freed = 0
         if not any(_label(c) == "standalone" and device_ids(c) for c in claims):
             bound = [p for p in await self._pods() if p.spec.node_name]
             for pod in bound[:2]:
@@ -394,8 +395,13 @@ class Chaos:
                 )
                 if pod.metadata.name in self.pods:
                     self.pods.remove(pod.metadata.name)
+                freed += 1
+        # Enough standalone claims waiting for the operator to fill every free device (the churn may
+        # have ended with the cluster less than full) and still have one left over.
+        allocated = sum(len(device_ids(c)) for c in claims if not _deleting(c))
         waiting = [c for c in claims if _label(c) == "standalone" and not device_ids(c) and not _deleting(c)]
-        for _ in range(max(0, 3 - len(waiting))):
+        wanted = max(3, capacity - allocated + freed + 1)
+        for _ in range(max(0, wanted - len(waiting))):
             await self._new_claim()
 
         def full_with_ours(items: list[dict[str, Any]]) -> bool:
