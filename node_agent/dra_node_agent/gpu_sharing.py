@@ -82,28 +82,33 @@ class GpuSharing:
                 f"time-slicing needs nvidia-smi, and the driver root {self._driver_root} has none "
                 "(set --driver-root to where the NVIDIA driver is installed)"
             )
-        process = await asyncio.create_subprocess_exec(
-            str(self._nvidia_smi),
-            *args,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-            env={**os.environ, **self._env} if self._env else None,
-        )
-        try:
-            output, _ = await asyncio.wait_for(process.communicate(), NVIDIA_SMI_TIMEOUT_SECONDS)
-        except TimeoutError:
-            process.kill()
-            await process.wait()
-            raise SharingError(
-                f"{self._nvidia_smi} {' '.join(args)} did not finish in {NVIDIA_SMI_TIMEOUT_SECONDS:.0f} s"
-            ) from None
-        if process.returncode != 0:
-            text = output.decode(errors="replace").strip().splitlines()
-            raise SharingError(
-                f"{self._nvidia_smi} {' '.join(args)} failed (exit {process.returncode}): "
-                + (" / ".join(text[-3:]) or "no output")
-            )
+        command = [str(self._nvidia_smi), *args]
+        status, said = await run_tool(command, env=self._env, deadline=NVIDIA_SMI_TIMEOUT_SECONDS)
+        if status != 0:
+            raise SharingError(f"{' '.join(command)} failed (exit {status}): {said}")
+
+
+async def run_tool(
+    command: Sequence[str], *, env: Mapping[str, str], deadline: float, stdin: bytes | None = None
+) -> tuple[int, str]:
+    """Run one of the driver's tools: its exit status and the last lines it printed ("no output").
+    ``env`` is added to the agent's environment; ``SharingError`` if it outlives ``deadline`` s."""
+    process = await asyncio.create_subprocess_exec(
+        *command,
+        stdin=asyncio.subprocess.DEVNULL if stdin is None else asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env={**os.environ, **env} if env else None,
+    )
+    try:
+        output, _ = await asyncio.wait_for(process.communicate(stdin), deadline)
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+        raise SharingError(f"{' '.join(command)} did not finish in {deadline:.0f} s") from None
+    lines = output.decode(errors="replace").strip().splitlines()
+    assert process.returncode is not None
+    return process.returncode, " / ".join(lines[-3:]) or "no output"
 
 
 # The simulated host's nvidia-smi: the two compute settings the agent changes, kept per GPU in the

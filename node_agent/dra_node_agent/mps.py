@@ -35,7 +35,7 @@ from typing import Any, Final
 
 from dra_api.quantity import Quantity
 from dra_node_agent.discovery.base import ContainerEdits, DiscoveredDevice, Mount
-from dra_node_agent.gpu_sharing import SharingError
+from dra_node_agent.gpu_sharing import SharingError, run_tool
 from dra_node_agent.opaqueconfig import MpsConfig
 
 logger = logging.getLogger(__name__)
@@ -230,26 +230,16 @@ class MpsDaemons:
         if not commands:
             return
         assert self._control is not None
-        env = {**os.environ, **self._env, "CUDA_MPS_PIPE_DIRECTORY": str(self.claim_dir(uid) / "pipe")}
-        process = await asyncio.create_subprocess_exec(
-            str(self._control),
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-            env=env,
-        )
+        env = {**self._env, "CUDA_MPS_PIPE_DIRECTORY": str(self.claim_dir(uid) / "pipe")}
         text = "".join(f"{c}\n" for c in commands).encode()
         try:
-            output, _ = await asyncio.wait_for(process.communicate(text), COMMAND_TIMEOUT_SECONDS)
-        except TimeoutError:
-            process.kill()
-            await process.wait()
-            raise MpsError(
-                f"the MPS control client did not finish within {COMMAND_TIMEOUT_SECONDS:.0f} s"
-            ) from None
-        if process.returncode != 0:
-            said = output.decode(errors="replace").strip().replace("\n", " / ")
-            raise MpsError(f"the MPS control daemon refused {'; '.join(commands)}: {said or 'no output'}")
+            status, said = await run_tool(
+                [str(self._control)], env=env, deadline=COMMAND_TIMEOUT_SECONDS, stdin=text
+            )
+        except SharingError as exc:
+            raise MpsError(f"the MPS control client: {exc}") from None
+        if status != 0:
+            raise MpsError(f"the MPS control daemon refused {'; '.join(commands)}: {said}")
 
     # --- find and stop -----------------------------------------------------------------------
 
