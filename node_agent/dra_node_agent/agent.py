@@ -27,6 +27,7 @@ from dra_node_agent.discovery.detect import DiscoveryConfig, select_backends
 from dra_node_agent.discovery.nvml import NvmlBackend
 from dra_node_agent.discovery.simulated import SimulatedBackend
 from dra_node_agent.discovery.tpu import DEFAULT_TPU_ENV_FILE
+from dra_node_agent.dynamic_mig import DynamicMig
 from dra_node_agent.health import DEFAULT_IGNORED_XIDS, HealthSettings, TaintEffect, parse_xid_list
 from dra_node_agent.health.attach import DriverHealth, attach_health
 from dra_node_agent.health.events import NodeEvents
@@ -64,6 +65,14 @@ class DriverRuntime:
         return self.health.decorate(devices) if self.health is not None else list(devices)
 
 
+def _dynamic_mig(backend: DiscoveryBackend) -> DynamicMig | None:
+    if isinstance(backend, NvmlBackend) and backend.dynamic_mig:
+        return DynamicMig(backend)
+    if isinstance(backend, SimulatedBackend):
+        return backend.dynamic_mig()
+    return None
+
+
 def discovery_config(settings: Settings) -> DiscoveryConfig:
     return DiscoveryConfig(
         node_name=settings.node_name,
@@ -78,6 +87,7 @@ def discovery_config(settings: Settings) -> DiscoveryConfig:
         # Only a file named explicitly applies to simulated hosts: the machine's own is not theirs.
         tpu_env_path=settings.tpu_env_file or (None if settings.simulate_profile else DEFAULT_TPU_ENV_FILE),
         simulation_dir=str(settings.state_dir / "simulated"),
+        dynamic_mig=settings.dynamic_mig,
     )
 
 
@@ -92,13 +102,16 @@ async def _rediscover(runtime: DriverRuntime, *, interval: float) -> None:
             continue
         if not inventory.available:
             continue
-        if inventory.slice_devices() != runtime.inventory.slice_devices():
+        if (inventory.slice_devices(), inventory.counter_sets) != (
+            runtime.inventory.slice_devices(),
+            runtime.inventory.counter_sets,
+        ):
             logger.info("devices of driver %s changed; republishing", inventory.driver)
             runtime.inventory = inventory
             runtime.handler.set_inventory(inventory)
             if runtime.health is not None:
                 runtime.health.set_devices(inventory.devices)
-            await runtime.publisher.publish(runtime.slice_devices())
+            await runtime.publisher.publish(runtime.slice_devices(), inventory.slice_counter_sets())
 
 
 async def _clean_up_stale_claims(handler: PrepareHandler, *, interval: float) -> None:
@@ -158,6 +171,7 @@ async def _start_driver(
         mps=await asyncio.to_thread(backend.mps_daemons, settings.checkpoint_dir(driver=driver) / "mps")
         if settings.mps_support and isinstance(backend, NvmlBackend | SimulatedBackend)
         else None,
+        dynamic_mig=await asyncio.to_thread(_dynamic_mig, backend),
     )
     # Listening before the first load, so a checkpoint found corrupt at start is reported too.
     reporter = CorruptionReporter(
@@ -192,7 +206,7 @@ async def _start_driver(
             ignored_xids=DEFAULT_IGNORED_XIDS | parse_xid_list(settings.additional_xids_to_ignore),
         )
     try:
-        await publisher.publish(runtime.slice_devices())
+        await publisher.publish(runtime.slice_devices(), runtime.inventory.slice_counter_sets())
     except Exception as exc:  # retried by the publisher's loop; the plugin must still serve unprepare
         logger.warning("first publication of driver %s failed (will retry): %s", driver, exc)
         publisher.mark_dirty()

@@ -127,6 +127,10 @@ class PreparedDevice:
     time_slice: str | None = None
     # The claim's MPS control daemon serves this GPU (``mps``); stopped when the claim is unprepared.
     mps: bool = False
+    # A dynamic MIG placement: its instance is created at prepare (``mig_uuid`` once it exists) and
+    # destroyed at unprepare (``dynamic_mig``).
+    dynamic_mig: bool = False
+    mig_uuid: str | None = None
 
     @property
     def exclusive(self) -> bool:
@@ -150,6 +154,10 @@ class PreparedDevice:
             out["timeSlice"] = self.time_slice
         if self.mps:
             out["mps"] = True
+        if self.dynamic_mig:
+            out["dynamicMIG"] = True
+        if self.mig_uuid is not None:
+            out["migUUID"] = self.mig_uuid
         return out
 
     @staticmethod
@@ -164,6 +172,8 @@ class PreparedDevice:
             share_id=None if raw.get("shareID") is None else str(raw["shareID"]),
             time_slice=None if raw.get("timeSlice") is None else str(raw["timeSlice"]),
             mps=bool(raw.get("mps", False)),
+            dynamic_mig=bool(raw.get("dynamicMIG", False)),
+            mig_uuid=None if raw.get("migUUID") is None else str(raw["migUUID"]),
         )
 
 

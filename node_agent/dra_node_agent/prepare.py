@@ -8,8 +8,9 @@ Prepare, per claim:
      a multi-host slice, derive the pod's worker identity from its Job (``tpu_multihost``);
   4. a ``PrepareStarted`` entry left by a crash -> roll its partial work back first;
   5. record ``PrepareStarted`` (written while the claim is read, the two slow steps overlapping),
-     set the devices up (a GpuConfig's time slice, ``gpu_sharing``; its MPS daemon, ``mps``; the
-     devices are recorded first), write the claim's CDI spec, record ``PrepareCompleted``; the checkpoint
+     set the devices up (a dynamic MIG placement's instance, ``dynamic_mig``, recorded with its UUID
+     before the CDI spec names it; a GpuConfig's time slice, ``gpu_sharing``; its MPS daemon, ``mps``;
+     the devices are recorded first), write the claim's CDI spec, record ``PrepareCompleted``; the checkpoint
      refuses a device held by another claim (unless both use admin access) before a device is
      touched, and at the latest at ``PrepareCompleted``, and a refused attempt leaves no trace;
   6. answer with the CDI device IDs per result.
@@ -55,6 +56,7 @@ from dra_node_agent.discovery.base import (
     TpuHostInfo,
     TpuWorkers,
 )
+from dra_node_agent.dynamic_mig import DynamicMig, MigError
 from dra_node_agent.gpu_sharing import GpuSharing, SharingError
 from dra_node_agent.mps import MpsDaemons, MpsError, MpsLimits, resolve_limits
 from dra_node_agent.opaqueconfig import (
@@ -132,8 +134,11 @@ class PrepareHandler:
         tpu_workers: TpuWorkerSource | None = None,
         gpu_sharing: GpuSharing | None = None,
         mps: MpsDaemons | None = None,
+        dynamic_mig: DynamicMig | None = None,
     ) -> None:
         self.driver = driver
+        # Creates and destroys the instances of dynamic MIG placements (GPU drivers in that mode).
+        self.dynamic_mig = dynamic_mig
         # Runs a claim's MPS control daemon (GPU drivers); None: a config asking for MPS is refused.
         self.mps = mps
         # Applies GpuConfig time-slicing (GPU drivers); None: a config asking for it is refused.
@@ -170,6 +175,44 @@ class PrepareHandler:
         await asyncio.to_thread(self._start_sync)
         if self.mps is not None:
             await self._reconcile_mps(self.mps)
+        if self.dynamic_mig is not None:
+            await self._reconcile_mig(self.dynamic_mig)
+
+    async def _reconcile_mig(self, mig: DynamicMig) -> None:
+        """Destroy MIG instances on dynamic-MIG GPUs that no recorded claim holds: what a crash
+        between creating one and recording it left (the kubelet's retry creates it again)."""
+        try:
+            entries = await asyncio.to_thread(self.store.entries)
+        except cp.CheckpointCorrupt:
+            return  # fail closed: nothing is touched
+        held = {
+            (placement.parent_uuid, placement.profile_id, placement.start)
+            for entry in entries
+            for p in entry.devices
+            if p.dynamic_mig
+            and (device := self._devices.get(p.device)) is not None
+            and (placement := device.mig_placement) is not None
+        }
+        parents = sorted({d.mig_placement.parent_uuid for d in self._devices.values() if d.mig_placement})
+        if not parents:
+            return
+        try:
+            live = await asyncio.to_thread(mig.live, parents)
+            for instance in live:
+                if (instance.parent_uuid, instance.profile_id, instance.start) in held:
+                    continue
+                logger.warning(
+                    "driver %s: destroying MIG GPU instance %d (profile %d at memory slice %d) of GPU %s: "
+                    "no claim in the checkpoint holds it",
+                    self.driver,
+                    instance.gi_id,
+                    instance.profile_id,
+                    instance.start,
+                    instance.parent_uuid,
+                )
+                await asyncio.to_thread(mig.destroy_live, instance)
+        except MigError as exc:
+            logger.error("driver %s: cleaning up MIG instances failed: %s", self.driver, exc)
 
     async def _reconcile_mps(self, mps: MpsDaemons) -> None:
         """Keep the daemons of prepared MPS claims (start again those that are gone, as after a
@@ -350,7 +393,7 @@ class PrepareHandler:
             if self._touches_devices(planned):
                 entry = await asyncio.to_thread(self.store.begin, claim, planned)
             try:
-                await self._set_up(entry, devices, mps_limits)
+                entry, devices = await self._set_up(entry, devices, mps_limits)
             except PrepareError:
                 # Nothing of a failed set-up stays behind: undo what it did, forget the attempt.
                 await self._roll_back(entry)
@@ -369,7 +412,12 @@ class PrepareHandler:
             await self._pause("cdi-written")
 
             by_device = {d.name: cdi_id for d, cdi_id in zip(devices, ids, strict=True)}
-            prepared = [dataclasses.replace(p, cdi_device_ids=(by_device[p.device],)) for p in planned]
+            # The recorded devices carry what set-up learned (a dynamic MIG instance's UUID).
+            recorded = {p.device: p.mig_uuid for p in entry.devices}
+            prepared = [
+                dataclasses.replace(p, cdi_device_ids=(by_device[p.device],), mig_uuid=recorded.get(p.device))
+                for p in planned
+            ]
             done = await asyncio.to_thread(self.store.complete, claim.uid, prepared)
         except cp.DeviceAlreadyPrepared:
             # Another claim holds a device: leave no trace of this attempt.
@@ -420,6 +468,11 @@ class PrepareHandler:
                     f"{where}: allocated device {result.pool}/{result.device} of driver {self.driver} "
                     f"is not published by node {self.node_name}"
                 )
+            if device.mig_placement is not None and self.dynamic_mig is None:
+                raise PrepareError(
+                    f"{where}: device {device.name} is a dynamic MIG placement, but dynamic MIG is off "
+                    "on this node (--dynamic-mig=false)"
+                )
             device, sharing = self._apply_config(
                 configs,
                 request=result.request,
@@ -446,6 +499,7 @@ class PrepareHandler:
                     share_id=result.share_id,
                     time_slice=time_slice,
                     mps=sharing is not None and sharing.mps is not None,
+                    dynamic_mig=device.mig_placement is not None,
                 )
             )
             devices.setdefault(device.name, device)
@@ -571,15 +625,18 @@ class PrepareHandler:
     def _touches_devices(self, planned: Sequence[cp.PreparedDevice]) -> bool:
         """Whether ``_set_up`` changes device state (then the devices are recorded before it runs, so
         a crash in between leaves an entry that says what to undo)."""
-        return any(p.time_slice is not None or p.mps for p in planned)
+        return any(p.time_slice is not None or p.mps or p.dynamic_mig for p in planned)
 
     async def _set_up(
         self, entry: cp.ClaimEntry, devices: Sequence[DiscoveredDevice], mps_limits: MpsLimits | None = None
-    ) -> None:
-        """Device-side preparation: the time slices and the MPS daemon the claim's GpuConfig asks for."""
+    ) -> tuple[cp.ClaimEntry, list[DiscoveredDevice]]:
+        """Device-side preparation: dynamic MIG instances, then the time slices and the MPS daemon
+        the claim's GpuConfig asks for. Returns the entry and the devices as the CDI spec must name
+        them (a dynamic MIG device with its instance's UUID and nodes)."""
         self.device_setups += 1
         DEVICE_SETUPS.labels(self.driver).inc()
-        await self._set_up_time_slices(entry, devices)
+        entry, ready = await self._set_up_migs(entry, devices)
+        await self._set_up_time_slices(entry, ready)
         if mps_limits is not None:
             assert self.mps is not None
             try:
@@ -590,6 +647,33 @@ class PrepareHandler:
                     f"{describe(entry_ref(entry))}: request {', '.join(requests)}: GpuConfig "
                     f"sharing.strategy MPS: {exc}"
                 ) from exc
+        return entry, ready
+
+    async def _set_up_migs(
+        self, entry: cp.ClaimEntry, devices: Sequence[DiscoveredDevice]
+    ) -> tuple[cp.ClaimEntry, list[DiscoveredDevice]]:
+        """Create the instance of each dynamic MIG placement and record its UUID before the CDI spec
+        names it, so a crash from here on leaves an entry that says what to destroy."""
+        if not any(d.mig_placement is not None for d in devices):
+            return entry, list(devices)
+        assert self.dynamic_mig is not None  # plan() refused such devices without it
+        ready: list[DiscoveredDevice] = []
+        uuids: dict[str, str] = {}
+        for device in devices:
+            if device.mig_placement is None:
+                ready.append(device)
+                continue
+            try:
+                instance = await asyncio.to_thread(self.dynamic_mig.create, device.mig_placement)
+            except MigError as exc:
+                requests = sorted({p.request for p in entry.devices if p.device == device.name})
+                where = f"{describe(entry_ref(entry))}: request {', '.join(requests)}"
+                raise PrepareError(f"{where}: device {device.name}: {exc}") from exc
+            uuids[device.name] = instance.uuid
+            ready.append(await asyncio.to_thread(self.dynamic_mig.edits, device, instance))
+        recorded = [dataclasses.replace(p, mig_uuid=uuids.get(p.device, p.mig_uuid)) for p in entry.devices]
+        entry = await asyncio.to_thread(self.store.begin, entry_ref(entry), recorded)
+        return entry, ready
 
     async def _set_up_time_slices(self, entry: cp.ClaimEntry, devices: Sequence[DiscoveredDevice]) -> None:
         wanted = {p.device: p for p in entry.devices if p.time_slice is not None}
@@ -633,6 +717,7 @@ class PrepareHandler:
         """
         if self.mps is not None:
             await self.mps.stop(entry.uid)  # nothing to do for a claim without a daemon
+        await self._tear_down_migs(entry)
         sliced = {p.device for p in entry.devices if p.time_slice is not None}
         if not sliced or self.gpu_sharing is None:
             return
@@ -651,6 +736,24 @@ class PrepareHandler:
         ]
         if uuids:
             await self.gpu_sharing.reset_time_slice(uuids)
+
+    async def _tear_down_migs(self, entry: cp.ClaimEntry) -> None:
+        """Destroy the instances of the claim's dynamic MIG placements (found by placement: one that
+        was never created, or already destroyed, is no error)."""
+        for prepared in entry.devices:
+            if not prepared.dynamic_mig:
+                continue
+            device = self._devices.get(prepared.device)
+            if device is None or device.mig_placement is None or self.dynamic_mig is None:
+                logger.error(
+                    "%s: device %s was a dynamic MIG placement, but this node no longer publishes it in "
+                    "that mode; its instance (%s) is left for the start-up clean-up",
+                    describe(entry_ref(entry)),
+                    prepared.device,
+                    prepared.mig_uuid or "never created",
+                )
+                continue
+            await asyncio.to_thread(self.dynamic_mig.destroy, device.mig_placement)
 
     async def _roll_back(self, entry: cp.ClaimEntry, *, strict: bool = False) -> None:
         """Tear down and remove the CDI spec. A device that cannot be reset raises ``SharingError``

@@ -3,8 +3,16 @@
 One pool per driver and node, named after the node. The pool is cut into slices of at most 128
 devices (64 when any device has taints, counters or list-type attributes, the apiserver's lower
 limit); ``pool.resourceSliceCount`` is the number of slices, and ``pool.generation`` goes up only
-when the pool's content (devices per slice, slice count) really changes, so a restart or a slice
-recreated after someone deleted it does not make consumers re-read the pool.
+when the pool's content (devices or counter sets per slice, slice count) really changes, so a
+restart or a slice recreated after someone deleted it does not make consumers re-read the pool.
+
+Shared counter sets (KEP-4815 partitionable devices, which dynamic MIG needs) go in slices of their
+own, at most 8 sets each, because a slice may carry ``devices`` or ``sharedCounters`` but never both.
+They come first, at indexes 0..k-1, with the device slices after them in their preference order:
+consumers (the scheduler's allocator, the operator) read the counter sets as part of the whole pool,
+not of the slice a device sits in, so a pool is only usable once all its slices are there, and with
+counters in front their slice names stay put while the number of device slices changes. A pool
+without counter sets is exactly what it was before counters existed: same slice names, same bodies.
 
 Slice names are deterministic, ``<node>-<driver>-<index>``, rather than generateName: a crash
 between a create and recording its result can then never leave a duplicate slice behind, and a
@@ -50,6 +58,8 @@ MAX_DEVICES_PER_SLICE: Final = 128
 # resource.k8s.io/v1 validation: a slice whose devices use taints, consumesCounters or list-type
 # attributes may hold at most 64 devices.
 MAX_DEVICES_PER_SLICE_WITH_EXTRAS: Final = 64
+# resource.k8s.io 1.35+: at most 8 counter sets per slice (and 32 counters per set, not split here).
+MAX_COUNTER_SETS_PER_SLICE: Final = 8
 _LIST_ATTRIBUTE_KINDS: Final = frozenset({"ints", "bools", "strings", "versions"})
 MAX_NAME_LENGTH: Final = 253
 PLURAL: Final = "resourceslices"
@@ -60,6 +70,8 @@ WATCH_INACTIVITY_TIMEOUT_S: Final = 70.0
 REQUEST_TIMEOUT_S: Final = 30.0
 
 Device = Mapping[str, Any]
+# A v1 CounterSet: {"name": <DNS label>, "counters": {<counter>: {"value": <quantity>}}}.
+CounterSet = Mapping[str, Any]
 
 
 def needs_small_slices(devices: Sequence[Device]) -> bool:
@@ -79,6 +91,46 @@ def chunk_devices(devices: Sequence[Device]) -> list[list[Device]]:
     if not devices:
         return [[]]
     return [list(devices[start : start + limit]) for start in range(0, len(devices), limit)]
+
+
+@dataclass(frozen=True)
+class SliceChunk:
+    """What one slice of the pool holds: devices, or shared counter sets (the API forbids both)."""
+
+    devices: tuple[Device, ...] = ()
+    counter_sets: tuple[CounterSet, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.devices and self.counter_sets:
+            raise ValueError("a ResourceSlice holds devices or sharedCounters, never both")
+
+    def content(self) -> dict[str, Any]:
+        """The slice's content as v1 JSON, in the form ``slice_content`` reads back from the server."""
+        return {
+            "devices": [dict(d) for d in self.devices],
+            "sharedCounters": [dict(c) for c in self.counter_sets],
+        }
+
+    def spec(self, *, api_version: str) -> dict[str, Any]:
+        """The slice's ``spec`` fields for the content, in ``api_version``; no ``devices`` with counters."""
+        if self.counter_sets:
+            return {"sharedCounters": [dict(c) for c in self.counter_sets]}
+        return {"devices": [for_version(d, api_version=api_version) for d in self.devices]}
+
+
+def chunk_pool(devices: Sequence[Device], counter_sets: Sequence[CounterSet] = ()) -> list[SliceChunk]:
+    """The pool's slices in order: counter sets first (at most 8 a slice), then the devices' chunks.
+
+    A pool with counter sets and no devices gets no empty device slice; without either it gets one.
+    """
+    sets = tuple(dict(c) for c in counter_sets)
+    counters = [
+        SliceChunk(counter_sets=sets[start : start + MAX_COUNTER_SETS_PER_SLICE])
+        for start in range(0, len(sets), MAX_COUNTER_SETS_PER_SLICE)
+    ]
+    if counters and not devices:
+        return counters
+    return [*counters, *(SliceChunk(devices=tuple(chunk)) for chunk in chunk_devices(devices))]
 
 
 def slice_name(*, node: str, driver: str, index: int) -> str:
@@ -128,6 +180,14 @@ def server_devices(obj: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [to_v1_device(d) for d in _spec(obj).get("devices") or []]
 
 
+def slice_content(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """A slice's devices and counter sets as v1 JSON (``SliceChunk.content``'s form), any version."""
+    return {
+        "devices": server_devices(obj),
+        "sharedCounters": [dict(c) for c in _spec(obj).get("sharedCounters") or []],
+    }
+
+
 @dataclass(frozen=True)
 class PoolPlan:
     """What to write to make the pool match: deletions first, then updates, then creates."""
@@ -151,15 +211,27 @@ class PoolDesign:
     node: str
     api_version: str
     owner: Mapping[str, Any] | None
-    chunks: Sequence[Sequence[Device]]
-    # Server-side spellings of device lists seen after our own writes, by the canonical JSON we wrote:
-    # an apiserver that drops a disabled feature's fields must not make every pass look like a change.
+    chunks: Sequence[SliceChunk]
+    # Server-side spellings of slice contents seen after our own writes, by the canonical JSON of the
+    # content we wrote: an apiserver that drops a disabled feature's fields (taints, consumesCounters,
+    # sharedCounters) must not make every pass look like a change.
     accepted: dict[str, str] = field(default_factory=dict)
 
-    def same_devices(self, *, desired: Sequence[Device], actual: Sequence[Mapping[str, Any]]) -> bool:
-        want = canonical([dict(d) for d in desired])
-        have = canonical(list(actual))
+    def same_content(self, *, desired: SliceChunk, actual: Mapping[str, Any]) -> bool:
+        """Whether the slice ``actual`` (as listed) holds ``desired``, or what the server made of it."""
+        want = canonical(desired.content())
+        have = canonical(slice_content(actual))
         return want == have or self.accepted.get(want) == have
+
+    def accept(self, *, sent: Mapping[str, Any], written: Mapping[str, Any]) -> bool:
+        """Record what the server stored for the slice body ``sent``; True when it differs and is news."""
+        want = canonical(slice_content(sent))
+        have = canonical(slice_content(written))
+        if want == have:
+            return False
+        news = self.accepted.get(want) != have
+        self.accepted[want] = have
+        return news
 
     def body(self, *, index: int, generation: int, resource_version: str | None) -> dict[str, Any]:
         metadata: dict[str, Any] = {"name": slice_name(node=self.node, driver=self.driver, index=index)}
@@ -179,7 +251,7 @@ class PoolDesign:
                     "generation": generation,
                     "resourceSliceCount": len(self.chunks),
                 },
-                "devices": [for_version(d, api_version=self.api_version) for d in self.chunks[index]],
+                **self.chunks[index].spec(api_version=self.api_version),
             },
         }
 
@@ -191,9 +263,9 @@ def _owner_matches(obj: Mapping[str, Any], owner: Mapping[str, Any] | None) -> b
     return any(ref.get("uid") == owner.get("uid") for ref in refs)
 
 
-def pool_content(chunks: Sequence[Sequence[Device]]) -> str:
+def pool_content(chunks: Sequence[SliceChunk]) -> str:
     """The pool's content as canonical JSON: what a generation stands for."""
-    return canonical([[dict(d) for d in chunk] for chunk in chunks])
+    return canonical([chunk.content() for chunk in chunks])
 
 
 def plan_pool(
@@ -231,8 +303,8 @@ def plan_pool(
         if obj is None:
             continue
         pool = _pool(obj)
-        if int(pool.get("resourceSliceCount") or 0) != len(names) or not design.same_devices(
-            desired=design.chunks[index], actual=server_devices(obj)
+        if int(pool.get("resourceSliceCount") or 0) != len(names) or not design.same_content(
+            desired=design.chunks[index], actual=obj
         ):
             changed = True
     generation = current + 1 if changed else current
@@ -260,7 +332,7 @@ def plan_pool(
 
 
 class SlicePublisher:
-    """Keeps one driver's pool for this node published; ``publish`` sets the devices, ``run`` guards them."""
+    """Keeps one driver's pool for this node published; ``publish`` sets its content, ``run`` guards it."""
 
     def __init__(
         self,
@@ -290,6 +362,7 @@ class SlicePublisher:
         )
         self.watch_inactivity_timeout = watch_inactivity_timeout
         self._devices: list[Device] | None = None
+        self._counter_sets: list[CounterSet] = []
         self._owner: dict[str, Any] | None = None
         self._last_generation = 0
         self._last_content: str | None = None
@@ -303,9 +376,14 @@ class SlicePublisher:
     def field_selector(self) -> str:
         return f"spec.nodeName={self.node_name},spec.driver={self.driver}"
 
-    async def publish(self, devices: Sequence[Device]) -> None:
-        """Set the pool's devices (v1 device dicts, in preference order) and reconcile now."""
+    async def publish(self, devices: Sequence[Device], counter_sets: Sequence[CounterSet] = ()) -> None:
+        """Set the pool's devices (v1 device dicts, in preference order) and reconcile now.
+
+        ``counter_sets`` are v1 CounterSet dicts the devices' ``consumesCounters`` name; they are
+        published in slices of their own ahead of the devices.
+        """
         self._devices = [dict(d) for d in devices]
+        self._counter_sets = [dict(c) for c in counter_sets]
         await self.sync()
 
     async def _node_owner(self) -> dict[str, Any]:
@@ -345,7 +423,7 @@ class SlicePublisher:
                 node=self.node_name,
                 api_version=self.api_version,
                 owner=await self._node_owner(),
-                chunks=chunk_devices(self._devices),
+                chunks=chunk_pool(self._devices, self._counter_sets),
                 accepted=self._accepted,
             )
             existing, _ = await self.list_slices()
@@ -404,16 +482,12 @@ class SlicePublisher:
             written = await self._custom.replace_cluster_custom_object(
                 RESOURCE_GROUP, self.api_version, PLURAL, name, body, _request_timeout=self._timeout
             )
-        sent = canonical([to_v1_device(d) for d in body["spec"]["devices"]])
-        got = canonical(server_devices(written))
-        if sent != got:
-            if self._accepted.get(sent) != got:
-                logger.warning(
-                    "ResourceSlice %s: the API server dropped or changed device fields it was sent "
-                    "(a feature gate off?); publishing what it accepts",
-                    name,
-                )
-            self._accepted[sent] = got
+        if design.accept(sent=body, written=written):
+            logger.warning(
+                "ResourceSlice %s: the API server dropped or changed device or sharedCounters fields "
+                "it was sent (a feature gate off?); publishing what it accepts",
+                name,
+            )
 
     def mark_dirty(self) -> None:
         """Ask ``run`` for a reconcile pass soon."""

@@ -202,6 +202,15 @@ class Settings:
             metavar="BOOL",
         ),
     )
+    dynamic_mig: bool = field(
+        default=False,
+        metadata=_opt(
+            "Dynamic MIG (NVIDIA's DynamicMIG gate): a MIG-enabled GPU publishes every placement of every "
+            "GPU-instance profile and a counter set, and the instance a claim was allocated is created at "
+            "prepare and destroyed at unprepare (false: only the MIG devices that exist are published).",
+            metavar="BOOL",
+        ),
+    )
     health_enabled: bool = field(
         default=True,
         metadata=_opt(

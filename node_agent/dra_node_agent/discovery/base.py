@@ -169,6 +169,33 @@ DeviceKind = Literal["gpu", "mig", "tpu", "nic"]
 
 
 @dataclass(frozen=True)
+class MigPlacement:
+    """Where a dynamic MIG device goes: a GPU-instance profile at one placement of one GPU, with
+    the compute-instance profile that spans it. The instance exists only while a claim holds it."""
+
+    parent_uuid: str
+    parent_minor: int
+    profile_id: int
+    start: int
+    size: int
+    compute_profile: int
+
+
+@dataclass(frozen=True)
+class CounterSet:
+    """A ResourceSlice ``sharedCounters`` entry: what partitionable devices consume (KEP-4815)."""
+
+    name: str
+    counters: Mapping[str, int]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "counters": {k: {"value": format_quantity(self.counters[k])} for k in sorted(self.counters)},
+        }
+
+
+@dataclass(frozen=True)
 class DiscoveredDevice:
     """One allocatable device as discovered on this node.
 
@@ -186,6 +213,10 @@ class DiscoveredDevice:
     # Vendor-local identifier used in device paths and env names: GPU minor, "accel0" or a VFIO group.
     local_id: str = ""
     edits: ContainerEdits = field(default_factory=ContainerEdits)
+    # Dynamic MIG: the placement this device stands for (created at prepare, ``uuid`` empty until
+    # then) and what it consumes of its GPU's counter set.
+    mig_placement: MigPlacement | None = None
+    consumes: CounterSet | None = None
 
     def to_slice_device(self) -> dict[str, Any]:
         """The device as a `resource.k8s.io/v1` ResourceSlice `spec.devices[]` entry."""
@@ -195,6 +226,9 @@ class DiscoveredDevice:
         }
         if self.capacity:
             out["capacity"] = {k: {"value": format_quantity(self.capacity[k])} for k in sorted(self.capacity)}
+        if self.consumes is not None:
+            used = self.consumes.to_json()
+            out["consumesCounters"] = [{"counterSet": used["name"], "counters": used["counters"]}]
         return out
 
 
@@ -269,9 +303,13 @@ class DiscoveredInventory:
     simulated_nodes_on_host: bool = False
     """For a simulated inventory: its device nodes exist on the host as character devices (the
     fake /dev could hold them), so CDI specs may name them; otherwise specs carry environment only."""
+    counter_sets: tuple[CounterSet, ...] = ()
 
     def slice_devices(self) -> list[dict[str, Any]]:
         return [d.to_slice_device() for d in self.devices]
+
+    def slice_counter_sets(self) -> list[dict[str, Any]]:
+        return [c.to_json() for c in self.counter_sets]
 
     def by_name(self) -> dict[str, DiscoveredDevice]:
         return {d.name: d for d in self.devices}

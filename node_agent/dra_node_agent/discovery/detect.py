@@ -39,6 +39,7 @@ class DiscoveryConfig:
     tpu_topology: the TPU slice topology when the host does not say (e.g. "4x4x4" for a multi-host slice).
     tpu_env_path: the Cloud TPU `tpu-env` file (simulated TPU hosts read it too); None to ignore.
     simulation_dir: where simulated fake trees are written (a temporary directory if None).
+    dynamic_mig: MIG-enabled GPUs publish their placements, instances made at prepare.
     """
 
     node_name: str
@@ -48,6 +49,7 @@ class DiscoveryConfig:
     tpu_driver: str = TPU_DRIVER
     driver_root: str = "/"
     dev_root: str = "/dev"
+    dynamic_mig: bool = False
     sysfs_root: str = "/sys"
     proc_root: str = "/proc"
     host_dev_dir: str = "/dev"
@@ -85,6 +87,7 @@ def _nvml_backend(config: DiscoveryConfig) -> NvmlBackend:
         sysfs_root=config.sysfs_root,
         proc_root=config.proc_root,
         host_dev_dir=config.host_dev_dir,
+        dynamic_mig=config.dynamic_mig,
     )
 
 
@@ -122,6 +125,7 @@ def _simulated_backends(config: DiscoveryConfig) -> list[DiscoveryBackend]:
                 state_dir=state_dir,
                 driver=driver,
                 tpu_env_path=config.tpu_env_path if profile.tpu is not None else None,
+                dynamic_mig=config.dynamic_mig,
             )
         )
     return backends

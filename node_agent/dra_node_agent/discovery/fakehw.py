@@ -9,8 +9,13 @@ Linux does, so the real backends read them unchanged.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import os
+import shutil
 import stat
+import time
+import uuid as uuidlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +55,15 @@ NVML_FUNCTIONS = (
     "nvmlDeviceGetHandleByUUID",
     "nvmlDeviceGetComputeMode",
     "nvmlDeviceSetComputeMode",
+    # Dynamic MIG at prepare and unprepare (``dynamic_mig``).
+    "nvmlDeviceGetGpuInstancePossiblePlacements",
+    "nvmlDeviceCreateGpuInstanceWithPlacement",
+    "nvmlGpuInstanceGetComputeInstanceProfileInfo",
+    "nvmlGpuInstanceCreateComputeInstance",
+    "nvmlGpuInstanceGetComputeInstanceById",
+    "nvmlComputeInstanceGetInfo",
+    "nvmlComputeInstanceDestroy",
+    "nvmlGpuInstanceDestroy",
 )
 
 # Where a FakeNvml with a ``state_dir`` keeps what a real GPU would keep across agent restarts, one
@@ -57,6 +71,13 @@ NVML_FUNCTIONS = (
 # ``nvidia-smi compute-policy`` writes it; 0 Default .. 3 Long). Tests read them back.
 COMPUTE_MODE_FILE = "compute-mode"
 TIME_SLICE_FILE = "timeslice"
+# The GPU's MIG instances once one was created or destroyed (JSON list), as the driver keeps them.
+MIG_INSTANCES_FILE = "mig-instances.json"
+# Highest GPU-instance and compute-instance IDs NVML hands out on these products.
+MAX_GPU_INSTANCE_ID = 14
+MAX_COMPUTE_INSTANCE_ID = 7
+# NVML compute-instance profile index by compute slices (NVML_COMPUTE_INSTANCE_PROFILE_*).
+COMPUTE_INSTANCE_PROFILES = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}
 
 
 @dataclass(frozen=True)
@@ -73,15 +94,33 @@ class FakeMigProfile:
     encoders: int = 0
     jpeg: int = 0
     ofa: int = 0
+    instances: int = 0  # most at once (0: 7 // slices)
+    placements: tuple[int, ...] = ()  # possible starts, in memory slices (dynamic MIG)
+    placement_size: int = 0  # memory slices one instance covers (0: ``slices``)
+
+    @property
+    def size(self) -> int:
+        return self.placement_size or self.slices
 
 
 @dataclass(frozen=True)
 class FakeMig:
+    """A GPU instance and its compute instance; ``ci_id`` -1: no compute instance (yet)."""
+
     profile: FakeMigProfile
     start: int
     gi_id: int
     ci_id: int
     uuid: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "profile": self.profile.index,
+            "start": self.start,
+            "gi": self.gi_id,
+            "ci": self.ci_id,
+            "uuid": self.uuid,
+        }
 
 
 @dataclass
@@ -114,6 +153,7 @@ _COMPUTE_MODES = (
 class _Handle:
     gpu: FakeGpu
     mig: FakeMig | None = None
+    kind: str = "device"  # "device" (GPU or MIG device), "gi" or "ci" (instance handles)
 
 
 class FakeNvml:
@@ -127,8 +167,14 @@ class FakeNvml:
         cuda_driver_version: int = 13000,
         init_error: int | None = None,
         state_dir: Path | None = None,
+        node_root: Path | None = None,
+        char_devices: bool = False,
     ) -> None:
         self.gpus = list(gpus)
+        # Where a created MIG instance's /proc capability files and /dev/nvidia-caps nodes go, as
+        # the kernel driver makes them (None: nowhere); ``char_devices`` as for write_nvidia_nodes.
+        self.node_root = node_root
+        self.char_devices = char_devices
         # Device state that outlives the process, as on hardware (None: in memory only).
         self.state_dir = state_dir
         if state_dir is not None:
@@ -171,6 +217,20 @@ class FakeNvml:
                         gpu.compute_mode = int(path.read_text().strip() or default)
                 else:
                     path.write_text(f"{default}\n")
+            instances = folder / MIG_INSTANCES_FILE
+            if instances.exists():
+                by_index = {p.index: p for p in gpu.mig_profiles}
+                gpu.migs = tuple(
+                    FakeMig(by_index[m["profile"]], m["start"], m["gi"], m["ci"], m["uuid"])
+                    for m in json.loads(instances.read_text())
+                )
+
+    def _save_migs(self, gpu: FakeGpu) -> None:
+        if self.state_dir is None:
+            return
+        path = self.state_dir / gpu.uuid / MIG_INSTANCES_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps([m.to_json() for m in gpu.migs]) + "\n")
 
     # --- library -------------------------------------------------------------------------------
     def nvmlInitWithFlags(self, flags: int) -> None:
@@ -287,9 +347,144 @@ class FakeNvml:
                     sliceCount=p.slices,
                     memorySizeMB=p.memory_mib,
                     multiprocessorCount=p.multiprocessors,
-                    instanceCount=7 // p.slices,
+                    copyEngineCount=p.copy_engines,
+                    decoderCount=p.decoders,
+                    encoderCount=p.encoders,
+                    jpegCount=p.jpeg,
+                    ofaCount=p.ofa,
+                    instanceCount=p.instances or 7 // p.slices,
                 )
         raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    def _profile_by_id(self, gpu: FakeGpu, profile_id: int) -> FakeMigProfile:
+        for p in gpu.mig_profiles:
+            if p.id == profile_id:
+                return p
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+
+    def nvmlDeviceGetGpuInstancePossiblePlacements(
+        self, handle: _Handle, profileId: int, placementsRef: Any, countRef: Any
+    ) -> int:
+        """As pynvml: ``placementsRef`` None asks for the count (written through ``countRef``,
+        a ``ctypes.byref``); otherwise fills the array of ``c_nvmlGpuInstancePlacement_t``."""
+        gpu = self._gpu(handle, "nvmlDeviceGetGpuInstancePossiblePlacements")
+        if not gpu.mig_mode:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        profile = self._profile_by_id(gpu, profileId)
+        count = _deref(countRef)
+        if placementsRef is not None:
+            if count.value < len(profile.placements):
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
+            for i, start in enumerate(profile.placements):
+                placementsRef[i].start = start
+                placementsRef[i].size = profile.size
+        count.value = len(profile.placements)
+        return 0
+
+    def nvmlDeviceCreateGpuInstanceWithPlacement(
+        self, handle: _Handle, profileId: int, placement: Any
+    ) -> _Handle:
+        gpu = self._gpu(handle, "nvmlDeviceCreateGpuInstanceWithPlacement")
+        if not gpu.mig_mode:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        profile = self._profile_by_id(gpu, profileId)
+        wanted = _deref(placement)
+        start, size = int(wanted.start), int(wanted.size)
+        if start not in profile.placements or size != profile.size:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        taken = {s for m in gpu.migs for s in range(m.start, m.start + m.profile.size)}
+        same = sum(1 for m in gpu.migs if m.profile.id == profileId)
+        if taken & set(range(start, start + size)) or same >= (profile.instances or 7 // profile.slices):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
+        used = {m.gi_id for m in gpu.migs}
+        gi_id = next(i for i in range(1, MAX_GPU_INSTANCE_ID + 1) if i not in used)
+        mig = FakeMig(profile=profile, start=start, gi_id=gi_id, ci_id=-1, uuid="")
+        gpu.migs = (*gpu.migs, mig)
+        self._save_migs(gpu)
+        return _Handle(gpu, mig, "gi")
+
+    def _instance(self, handle: _Handle, kind: str, function: str) -> FakeMig:
+        self._gpu(handle, function)
+        mig = handle.mig
+        if handle.kind != kind or mig is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        current = next((m for m in handle.gpu.migs if m.gi_id == mig.gi_id), None)
+        if current is None or (kind == "ci" and current.ci_id != mig.ci_id):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)  # destroyed meanwhile
+        return current
+
+    def nvmlGpuInstanceGetComputeInstanceProfileInfo(
+        self, gpuInstance: _Handle, profile: int, engProfile: int, version: int = 2
+    ) -> SimpleNamespace:
+        del version
+        mig = self._instance(gpuInstance, "gi", "nvmlGpuInstanceGetComputeInstanceProfileInfo")
+        slices = {v: k for k, v in COMPUTE_INSTANCE_PROFILES.items()}.get(profile)
+        if slices is None or engProfile != 0 or slices > mig.profile.slices:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        share = mig.profile.multiprocessors * slices // mig.profile.slices
+        return SimpleNamespace(
+            id=profile,
+            sliceCount=slices,
+            instanceCount=mig.profile.slices // slices,
+            multiprocessorCount=share,
+        )
+
+    def nvmlGpuInstanceCreateComputeInstance(self, gpuInstance: _Handle, profileId: int) -> _Handle:
+        mig = self._instance(gpuInstance, "gi", "nvmlGpuInstanceCreateComputeInstance")
+        gpu = gpuInstance.gpu
+        if mig.ci_id >= 0:
+            # One compute instance per GPU instance is all this fake models (the agent makes one).
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
+        if COMPUTE_INSTANCE_PROFILES.get(mig.profile.slices) != profileId:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        made = dataclasses.replace(
+            mig,
+            ci_id=0,
+            uuid="MIG-"
+            + str(uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"{gpu.uuid}/{mig.gi_id}/{time.time_ns()}")),
+        )
+        gpu.migs = tuple(made if m.gi_id == mig.gi_id else m for m in gpu.migs)
+        self._save_migs(gpu)
+        if self.node_root is not None:
+            write_mig_nodes(self.node_root, gpu, made, char_devices=self.char_devices)
+        return _Handle(gpu, made, "ci")
+
+    def nvmlGpuInstanceGetComputeInstanceById(self, gpuInstance: _Handle, computeInstanceId: int) -> _Handle:
+        mig = self._instance(gpuInstance, "gi", "nvmlGpuInstanceGetComputeInstanceById")
+        if mig.ci_id < 0 or mig.ci_id != computeInstanceId:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return _Handle(gpuInstance.gpu, mig, "ci")
+
+    def nvmlComputeInstanceGetInfo(self, computeInstance: _Handle) -> SimpleNamespace:
+        mig = self._instance(computeInstance, "ci", "nvmlComputeInstanceGetInfo")
+        gpu = computeInstance.gpu
+        return SimpleNamespace(
+            device=_Handle(gpu),
+            gpuInstance=_Handle(gpu, mig, "gi"),
+            id=mig.ci_id,
+            profileId=COMPUTE_INSTANCE_PROFILES[mig.profile.slices],
+            placement=SimpleNamespace(start=0, size=mig.profile.slices),
+        )
+
+    def nvmlComputeInstanceDestroy(self, computeInstance: _Handle) -> int:
+        mig = self._instance(computeInstance, "ci", "nvmlComputeInstanceDestroy")
+        gpu = computeInstance.gpu
+        gpu.migs = tuple(
+            dataclasses.replace(m, ci_id=-1, uuid="") if m.gi_id == mig.gi_id else m for m in gpu.migs
+        )
+        self._save_migs(gpu)
+        if self.node_root is not None:
+            remove_mig_nodes(self.node_root, gpu, mig)
+        return 0
+
+    def nvmlGpuInstanceDestroy(self, gpuInstance: _Handle) -> int:
+        mig = self._instance(gpuInstance, "gi", "nvmlGpuInstanceDestroy")
+        if mig.ci_id >= 0:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_IN_USE)  # its compute instances go first
+        gpu = gpuInstance.gpu
+        gpu.migs = tuple(m for m in gpu.migs if m.gi_id != mig.gi_id)
+        self._save_migs(gpu)
+        return 0
 
     def nvmlDeviceGetMaxMigDeviceCount(self, handle: _Handle) -> int:
         gpu = self._gpu(handle, "nvmlDeviceGetMaxMigDeviceCount")
@@ -299,9 +494,10 @@ class FakeNvml:
         gpu = self._gpu(handle, "nvmlDeviceGetMigDeviceHandleByIndex")
         if not gpu.mig_mode:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        if index >= len(gpu.migs):
+        devices = [m for m in gpu.migs if m.ci_id >= 0]  # a GPU instance alone is no MIG device
+        if index >= len(devices):
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
-        return _Handle(gpu, gpu.migs[index])
+        return _Handle(gpu, devices[index])
 
     def _mig(self, handle: _Handle, function: str) -> FakeMig:
         self._gpu(handle, function)
@@ -334,16 +530,21 @@ class FakeNvml:
         gpu = self._gpu(handle, "nvmlDeviceGetGpuInstanceById")
         for mig in gpu.migs:
             if mig.gi_id == gpu_instance_id:
-                return _Handle(gpu, mig)
+                return _Handle(gpu, mig, "gi")
         raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
 
     def nvmlGpuInstanceGetInfo(self, gpu_instance: _Handle) -> SimpleNamespace:
-        mig = self._mig(gpu_instance, "nvmlGpuInstanceGetInfo")
+        mig = self._instance(gpu_instance, "gi", "nvmlGpuInstanceGetInfo")
         return SimpleNamespace(
             id=mig.gi_id,
             profileId=mig.profile.id,
-            placement=SimpleNamespace(start=mig.start, size=mig.profile.slices),
+            placement=SimpleNamespace(start=mig.start, size=mig.profile.size),
         )
+
+
+def _deref(value: Any) -> Any:
+    """The object behind a ``ctypes.byref`` (pynvml's callers pass those), or the value itself."""
+    return getattr(value, "_obj", value)
 
 
 # --- sysfs and /dev --------------------------------------------------------------------------
@@ -466,21 +667,33 @@ def write_nvidia_nodes(root: Path, gpus: Sequence[FakeGpu], *, char_devices: boo
             dev_root / f"nvidia{gpu.minor}", major=NVIDIA_MAJOR, minor=gpu.minor, char_device=char_devices
         )
         for mig in gpu.migs:
-            gi_minor, ci_minor = mig_capability_minors(gpu.minor, mig.gi_id, mig.ci_id)
-            base = root / "proc" / "driver" / "nvidia" / "capabilities" / f"gpu{gpu.minor}" / "mig"
-            for path, minor in (
-                (base / f"gi{mig.gi_id}" / "access", gi_minor),
-                (base / f"gi{mig.gi_id}" / f"ci{mig.ci_id}" / "access", ci_minor),
-            ):
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(f"DeviceFileMinor: {minor}\nDeviceFileMode: 292\nDeviceFileModify: 1\n")
-                (dev_root / "nvidia-caps").mkdir(exist_ok=True)
-                make_device_node(
-                    dev_root / "nvidia-caps" / f"nvidia-cap{minor}",
-                    major=NVIDIA_CAPS_MAJOR,
-                    minor=minor,
-                    char_device=char_devices,
-                )
+            if mig.ci_id >= 0:
+                write_mig_nodes(root, gpu, mig, char_devices=char_devices)
+
+
+def _mig_capabilities(root: Path, gpu: FakeGpu, gi_id: int) -> Path:
+    return root / "proc" / "driver" / "nvidia" / "capabilities" / f"gpu{gpu.minor}" / "mig" / f"gi{gi_id}"
+
+
+def write_mig_nodes(root: Path, gpu: FakeGpu, mig: FakeMig, *, char_devices: bool) -> None:
+    """The /proc capability files and /dev/nvidia-caps nodes of one MIG device, as the driver makes them."""
+    gi_minor, ci_minor = mig_capability_minors(gpu.minor, mig.gi_id, mig.ci_id)
+    base = _mig_capabilities(root, gpu, mig.gi_id)
+    for path, minor in ((base / "access", gi_minor), (base / f"ci{mig.ci_id}" / "access", ci_minor)):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"DeviceFileMinor: {minor}\nDeviceFileMode: 292\nDeviceFileModify: 1\n")
+        (root / "dev" / "nvidia-caps").mkdir(parents=True, exist_ok=True)
+        make_device_node(
+            root / "dev" / "nvidia-caps" / f"nvidia-cap{minor}",
+            major=NVIDIA_CAPS_MAJOR,
+            minor=minor,
+            char_device=char_devices,
+        )
+
+
+def remove_mig_nodes(root: Path, gpu: FakeGpu, mig: FakeMig) -> None:
+    """Drop a destroyed MIG device's capability files (the /dev nodes stay, as on a host)."""
+    shutil.rmtree(_mig_capabilities(root, gpu, mig.gi_id), ignore_errors=True)
 
 
 def mig_capability_minors(gpu_minor: int, gi_id: int, ci_id: int) -> tuple[int, int]:

@@ -16,7 +16,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import pynvml
 
@@ -27,9 +27,11 @@ from ..mps import MpsDaemons, find_control_tool
 from .base import (
     Attribute,
     ContainerEdits,
+    CounterSet,
     DeviceNode,
     DiscoveredDevice,
     DiscoveredInventory,
+    MigPlacement,
     dns_label,
     int_attr,
     sorted_devices,
@@ -118,6 +120,41 @@ class _Pass:
 
     devices: list[DiscoveredDevice] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    counter_sets: list[CounterSet] = field(default_factory=list)
+
+
+# NVML compute-instance profile by compute slices: dynamic MIG makes one compute instance spanning
+# its GPU instance, as NVIDIA's driver does.
+COMPUTE_PROFILE_BY_SLICES: Final = {
+    1: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE,
+    2: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE,
+    3: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE,
+    4: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_4_SLICE,
+    6: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_6_SLICE,
+    7: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE,
+    8: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_8_SLICE,
+}
+# Counters of a dynamic-MIG GPU's counter set, named after the capacities as NVIDIA's driver names
+# them, plus one ``memory-slice-<i>`` per memory slice (a placement consumes those it covers).
+_ENGINE_COUNTERS: Final = (
+    ("multiprocessors", "multiprocessorCount"),
+    ("copy-engines", "copyEngineCount"),
+    ("decoders", "decoderCount"),
+    ("encoders", "encoderCount"),
+    ("jpeg-engines", "jpegCount"),
+    ("ofa-engines", "ofaCount"),
+)
+
+
+def possible_placements(nvml: Any, handle: Any, profile_id: int) -> list[tuple[int, int]]:
+    """(start, size) of each placement of a GPU-instance profile (pynvml wants ctypes arrays)."""
+    count = ctypes.c_uint(0)
+    nvml.nvmlDeviceGetGpuInstancePossiblePlacements(handle, profile_id, None, ctypes.byref(count))
+    if count.value == 0:
+        return []
+    array = (pynvml.c_nvmlGpuInstancePlacement_t * count.value)()
+    nvml.nvmlDeviceGetGpuInstancePossiblePlacements(handle, profile_id, array, ctypes.byref(count))
+    return [(int(p.start), int(p.size)) for p in array[: count.value]]
 
 
 class NvmlBackend:
@@ -141,8 +178,11 @@ class NvmlBackend:
         proc_root: str | Path = "/proc",
         host_dev_dir: str = "/dev",
         simulated: bool = False,
+        dynamic_mig: bool = False,
     ) -> None:
         self._driver = driver
+        # MIG-enabled GPUs publish every placement of every profile, created at prepare (dynamic_mig).
+        self.dynamic_mig = dynamic_mig
         self._nvml = nvml
         self._driver_root = Path(driver_root)
         self._sysfs_root = Path(sysfs_root)
@@ -212,6 +252,14 @@ class NvmlBackend:
             if candidate.is_file() and os.access(candidate, os.X_OK):
                 return candidate
         return None
+
+    def open_nvml(self) -> Any:
+        """An NVML session with the GPUs attached (blocking); the caller must ``nvmlShutdown``."""
+        nvml = self.nvml_module()
+        if nvml is pynvml:
+            self._preload_library()
+        nvml.nvmlInitWithFlags(0)
+        return nvml
 
     def set_compute_mode(self, uuids: Sequence[str], mode: int) -> None:
         """Set the compute mode of each GPU (blocking: NVML init, set, shutdown).
@@ -293,6 +341,7 @@ class NvmlBackend:
             common_edits=common,
             errors=tuple(state.errors),
             simulated=self._simulated,
+            counter_sets=tuple(state.counter_sets),
         )
 
     def _node(self, relative: str) -> DeviceNode:
@@ -338,6 +387,18 @@ class NvmlBackend:
             shared[f"{STANDARD_ATTRIBUTE_DOMAIN}/numaNode"] = int_attr(numa)
         parent_node = self._node(f"nvidia{minor}")
 
+        if mig_enabled and self.dynamic_mig:
+            self._mig_placements(
+                nvml,
+                parent=handle,
+                parent_uuid=uuid,
+                minor=minor,
+                bus_id=bus_id,
+                shared=shared,
+                parent_node=parent_node,
+                state=state,
+            )
+            return
         if mig_enabled:
             if memory is None:
                 raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
@@ -377,6 +438,108 @@ class NvmlBackend:
                 continue
             found.setdefault(int(info.id), index)
         return found
+
+    def _mig_placements(
+        self,
+        nvml: Any,
+        *,
+        parent: Any,
+        parent_uuid: str,
+        minor: int,
+        bus_id: str,
+        shared: dict[str, Attribute],
+        parent_node: DeviceNode,
+        state: _Pass,
+    ) -> None:
+        """Dynamic MIG: one counter set for the GPU and one device per profile placement.
+
+        The counter set holds the whole GPU (the largest profile's engines and memory, one counter
+        per memory slice); each placement consumes its profile's engines and memory and the memory
+        slices it covers, so the scheduler never picks two that the GPU could not hold at once.
+        """
+        total = int(nvml.nvmlDeviceGetMemoryInfo(parent).total)
+        profiles: list[tuple[int, Any, list[tuple[int, int]]]] = []
+        for index in range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
+            try:
+                info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(parent, index)
+            except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_InvalidArgument):
+                continue
+            if int(info.instanceCount) == 0 or int(info.sliceCount) not in COMPUTE_PROFILE_BY_SLICES:
+                continue
+            placements = possible_placements(nvml, parent, int(info.id))
+            if placements:
+                profiles.append((index, info, placements))
+        if not profiles:
+            state.errors.append(
+                f"GPU {parent_uuid}: MIG is on but NVML lists no GPU-instance profile; skipped"
+            )
+            return
+        set_name = f"gpu-{minor}-counter-set"
+        counters: dict[str, int] = {}
+        for counter, field_name in _ENGINE_COUNTERS:
+            counters[counter] = max(int(getattr(info, field_name)) for _, info, _ in profiles)
+        counters["memory"] = max(int(info.memorySizeMB) for _, info, _ in profiles) * MIB
+        memory_slices = max(start + size for _, _, placements in profiles for start, size in placements)
+        for i in range(memory_slices):
+            counters[f"memory-slice-{i}"] = 1
+        state.counter_sets.append(CounterSet(name=set_name, counters=counters))
+        for index, info, placements in profiles:
+            gi_slices = int(info.sliceCount)
+            profile = mig_profile_name(
+                gi_slices=gi_slices,
+                ci_slices=gi_slices,
+                memory_mib=int(info.memorySizeMB),
+                total_bytes=total,
+                profile_index=index,
+            )
+            capacity = {
+                "multiprocessors": int(info.multiprocessorCount),
+                "copyEngines": int(info.copyEngineCount),
+                "decoders": int(info.decoderCount),
+                "encoders": int(info.encoderCount),
+                "jpegEngines": int(info.jpegCount),
+                "ofaEngines": int(info.ofaCount),
+                "memory": int(info.memorySizeMB) * MIB,
+            }
+            engines = {
+                counter: int(getattr(info, field_name))
+                for counter, field_name in _ENGINE_COUNTERS
+                if int(getattr(info, field_name))
+            }
+            attributes = {
+                "type": string_attr("mig"),
+                "parentUUID": string_attr(parent_uuid),
+                "profile": string_attr(profile),
+                **shared,
+            }
+            for start, size in placements:
+                uses = {**engines, "memory": capacity["memory"]}
+                uses.update({f"memory-slice-{i}": 1 for i in range(start, start + size)})
+                state.devices.append(
+                    DiscoveredDevice(
+                        name=f"gpu-{minor}-mig-{dns_label(profile)}-{int(info.id)}-{start}",
+                        kind="mig",
+                        uuid="",
+                        attributes=attributes,
+                        capacity=capacity,
+                        pci_bus_id=bus_id,
+                        parent_uuid=parent_uuid,
+                        local_id=f"{minor}:{int(info.id)}:{start}",
+                        edits=ContainerEdits(device_nodes=(parent_node,)),
+                        mig_placement=MigPlacement(
+                            parent_uuid=parent_uuid,
+                            parent_minor=minor,
+                            profile_id=int(info.id),
+                            start=start,
+                            size=size,
+                            compute_profile=COMPUTE_PROFILE_BY_SLICES[gi_slices],
+                        ),
+                        consumes=CounterSet(name=set_name, counters=uses),
+                    )
+                )
+
+    def mig_cap_nodes(self, *, minor: int, gi_id: int, ci_id: int) -> list[DeviceNode]:
+        return self._mig_cap_nodes(minor=minor, gi_id=gi_id, ci_id=ci_id)
 
     def _mig_devices(
         self,

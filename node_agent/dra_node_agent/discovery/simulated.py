@@ -25,6 +25,7 @@ import yaml
 
 from dra_api.names import GPU_DRIVER, TPU_DRIVER
 
+from ..dynamic_mig import DynamicMig
 from ..gpu_sharing import GpuSharing, install_simulated_nvidia_smi
 from ..mps import CONTROL_TOOL_PATHS, MpsDaemons, install_simulated_mps_control
 from . import simtools
@@ -38,6 +39,7 @@ from .fakehw import (
     write_nvidia_nodes,
     write_pci_tree,
 )
+from .migtables import MIG_TABLES
 from .nvml import ARCHITECTURE_NAMES, BRAND_NAMES, NVIDIA_SMI_PATHS, NvmlBackend
 from .simnic import NIC_DRIVER, NicProfile, SimNic, SimulatedNicBackend, nic_pci_functions, valid_if_name
 from .tpu import GENERATIONS, GOOGLE_VENDOR, TpuBackend, validate_topology
@@ -67,6 +69,8 @@ class GpuGroup:
     pcie_roots: tuple[str | None, ...]
     numa_nodes: tuple[int, ...]
     mig_capable: bool
+    # MIG mode on for every GPU of the group, instances or not (dynamic MIG makes them at prepare).
+    mig_enabled: bool
     # Per GPU of the group (by position): MIG layout as (profile name, placement start) pairs.
     mig_layouts: tuple[tuple[tuple[str, int], ...], ...]
 
@@ -210,7 +214,7 @@ def _parse_nvidia(p: _Reader, raw: Any) -> NvidiaProfile:
     for i, item in enumerate(p.sequence(section.get("gpus"), "nvidia.gpus")):
         where = f"nvidia.gpus[{i}]"
         fields = {"productName", "count", "brand", "architecture", "computeCapability", "memoryMiB",
-                  "pciBusIds", "pcieRoots", "numaNodes", "migCapable", "mig"}  # fmt: skip
+                  "pciBusIds", "pcieRoots", "numaNodes", "migCapable", "migEnabled", "mig"}  # fmt: skip
         g = p.mapping(item, where, fields)
         count = p.integer(g.get("count"), f"{where}.count")
         brand = p.string(g.get("brand", "Nvidia"), f"{where}.brand")
@@ -260,7 +264,8 @@ def _parse_nvidia(p: _Reader, raw: Any) -> NvidiaProfile:
                 pci_bus_ids=bus_ids,
                 pcie_roots=roots,
                 numa_nodes=numa,
-                mig_capable=bool(g.get("migCapable", bool(layouts))),
+                mig_capable=bool(g.get("migCapable", bool(layouts) or bool(g.get("migEnabled")))),
+                mig_enabled=bool(g.get("migEnabled", False)),
                 mig_layouts=tuple(layouts),
             )
         )
@@ -358,8 +363,11 @@ def simulated_gpus(profile: NvidiaProfile, *, node_name: str) -> list[FakeGpu]:
                     brand=group.brand,
                     architecture=group.architecture,
                     compute_capability=group.compute_capability,
-                    mig_mode=(1 if layout else 0) if group.mig_capable else None,
-                    mig_profiles=tuple(profile.mig_profiles.values()) if group.mig_capable else (),
+                    mig_mode=(1 if layout or group.mig_enabled else 0) if group.mig_capable else None,
+                    # The product's real profile table where there is one (placements included).
+                    mig_profiles=MIG_TABLES.get(group.product_name, tuple(profile.mig_profiles.values()))
+                    if group.mig_capable
+                    else (),
                     migs=migs,
                 )
             )
@@ -429,8 +437,10 @@ class SimulatedBackend:
         state_dir: str | Path | None = None,
         driver: str | None = None,
         tpu_env_path: str | Path | None = None,
+        dynamic_mig: bool = False,
     ) -> None:
         self._tpu_env_path = tpu_env_path
+        self._dynamic_mig = dynamic_mig
         self._profile_ref = profile
         self._node_name = node_name
         self._state_dir = Path(state_dir) if state_dir else None
@@ -469,6 +479,13 @@ class SimulatedBackend:
         backend = self.hardware().backend
         return backend.gpu_sharing() if isinstance(backend, NvmlBackend) else None
 
+    def dynamic_mig(self) -> DynamicMig | None:
+        """MIG instances over the fake NVML, when the agent runs in dynamic MIG mode."""
+        backend = self.hardware().backend
+        if isinstance(backend, NvmlBackend) and backend.dynamic_mig:
+            return DynamicMig(backend)
+        return None
+
     def mps_daemons(self, root: Path) -> MpsDaemons | None:
         """MPS daemons from the simulated driver root's stand-in (None for TPU and NIC profiles)."""
         backend = self.hardware().backend
@@ -498,6 +515,8 @@ class SimulatedBackend:
                 driver_version=profile.nvidia.driver_version,
                 cuda_driver_version=profile.nvidia.cuda_driver_version,
                 state_dir=root / GPU_STATE_DIR,
+                node_root=root,
+                char_devices=char_devices,
             )
             install_simulated_nvidia_smi(
                 root / SIMULATED_DRIVER_ROOT / NVIDIA_SMI_PATHS[0], root / GPU_STATE_DIR
@@ -511,6 +530,7 @@ class SimulatedBackend:
                 proc_root=root / "proc",
                 host_dev_dir=str(root / "dev") if char_devices else "/dev",
                 simulated=True,
+                dynamic_mig=self._dynamic_mig,
             )
             return SimulatedHardware(root=root, nvml=nvml, backend=backend, char_devices=char_devices)
         if profile.nic is not None:

@@ -30,6 +30,7 @@ SEMVER = re.compile(r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)$")
 SHIPPED = [
     "a100-40gb-mig",
     "h100-80gb-x8",
+    "mig-dynamic",
     "nic-sim-h100-x4",
     "tpu-v4-2x2x1",
     "tpu-v5e-2x2",
@@ -38,6 +39,15 @@ SHIPPED = [
     "tpu-v6e-4x4",
 ]
 
+# Profiles of MIG-enabled GPUs without instances: they publish under --dynamic-mig only.
+DYNAMIC_MIG = {"mig-dynamic"}
+
+
+def simulated(profile: str, tmp_path: Path) -> SimulatedBackend:
+    return SimulatedBackend(
+        profile=profile, node_name="node-a", state_dir=tmp_path, dynamic_mig=profile in DYNAMIC_MIG
+    )
+
 
 def test_shipped_profiles() -> None:
     assert available_profiles() == SHIPPED
@@ -45,7 +55,7 @@ def test_shipped_profiles() -> None:
 
 @pytest.mark.parametrize("profile", SHIPPED)
 async def test_profiles_render_valid_slice_devices(profile: str, tmp_path: Path) -> None:
-    inventory = await SimulatedBackend(profile=profile, node_name="node-a", state_dir=tmp_path).discover()
+    inventory = await simulated(profile, tmp_path).discover()
     assert inventory.devices
     assert inventory.errors == ()
     assert check_inventory(inventory) == []
@@ -57,20 +67,43 @@ async def test_profiles_render_valid_slice_devices(profile: str, tmp_path: Path)
                 assert len(value["string"]) <= 64
             if "version" in value:
                 assert SEMVER.match(value["version"])
-    uuids = [d.uuid for d in inventory.devices]
+    uuids = [d.uuid for d in inventory.devices if d.mig_placement is None]  # placements have none yet
     assert len(set(uuids)) == len(uuids)
 
 
 @pytest.mark.parametrize("profile", SHIPPED)
 async def test_profiles_match_golden_slices(profile: str, tmp_path: Path) -> None:
     """Guards the published attributes against accidental change (regenerate: DRA_UPDATE_GOLDEN=1)."""
-    inventory = await SimulatedBackend(profile=profile, node_name="node-a", state_dir=tmp_path).discover()
+    inventory = await simulated(profile, tmp_path).discover()
     golden = GOLDEN / f"{profile}.json"
-    rendered = json.dumps(inventory.slice_devices(), indent=1, sort_keys=True) + "\n"
+    published: object = inventory.slice_devices()
+    if inventory.counter_sets:
+        published = {"sharedCounters": inventory.slice_counter_sets(), "devices": published}
+    rendered = json.dumps(published, indent=1, sort_keys=True) + "\n"
     if os.environ.get("DRA_UPDATE_GOLDEN") == "1":
         golden.parent.mkdir(parents=True, exist_ok=True)
         golden.write_text(rendered)
     assert rendered == golden.read_text()
+
+
+async def test_without_dynamic_mig_the_mig_enabled_gpus_without_instances_publish_nothing(
+    tmp_path: Path,
+) -> None:
+    inventory = await SimulatedBackend(
+        profile="mig-dynamic", node_name="node-a", state_dir=tmp_path
+    ).discover()
+    assert inventory.devices == ()
+    assert inventory.counter_sets == ()
+    assert inventory.errors == ()
+
+
+async def test_dynamic_mig_profile_publishes_each_gpus_placements_and_counter_set(tmp_path: Path) -> None:
+    inventory = await simulated("mig-dynamic", tmp_path).discover()
+    assert [c.name for c in inventory.counter_sets] == [f"gpu-{i}-counter-set" for i in range(3)]
+    assert len(inventory.devices) == 3 * 25
+    assert {d.consumes.name for d in inventory.devices if d.consumes} == {
+        c.name for c in inventory.counter_sets
+    }
 
 
 async def test_uuids_derive_from_the_node_name(tmp_path: Path) -> None:
