@@ -152,7 +152,12 @@ def node_with_agent(
         # A test module may name the agent's simulated profiles (AGENT_PROFILES); else the H100s.
         profiles=getattr(request.module, "AGENT_PROFILES", ("h100-80gb-x8",)),
         # Faults are polled every second and a device recovers after 8 s without a new one.
-        extra_env={"DRA_AGENT_HEALTH_POLL_INTERVAL": "1", "DRA_AGENT_HEALTH_RECOVERY_PERIOD": "8"},
+        # A module may add settings of its own (AGENT_ENV).
+        extra_env={
+            "DRA_AGENT_HEALTH_POLL_INTERVAL": "1",
+            "DRA_AGENT_HEALTH_RECOVERY_PERIOD": "8",
+            **getattr(request.module, "AGENT_ENV", {}),
+        },
         wait_kubelet=True,
     )
     try:

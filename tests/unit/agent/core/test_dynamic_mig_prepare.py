@@ -1,0 +1,163 @@
+"""Dynamic MIG at prepare and unprepare, over the simulated node's fake NVML (the real code path):
+the instance is made at prepare and recorded before the CDI spec names it, destroyed at unprepare;
+what a crash leaves is repaired by the retry or at start; NVML's refusal fails the prepare with
+the claim, the request and the device named."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from dra_api.kubeletapi.model import ClaimRef
+from dra_node_agent import checkpoint as cp
+from dra_node_agent.discovery.fakehw import MIG_INSTANCES_FILE
+from dra_node_agent.discovery.simulated import GPU_STATE_DIR, SimulatedBackend
+from dra_node_agent.dynamic_mig import DynamicMig
+from dra_node_agent.prepare import PrepareHandler
+from tests.unit.agent.core.test_prepare_configs import GPU, NODE, NVIDIA, Claims, entry
+
+THREE_G = "gpu-0-mig-3g20gb-9-4"  # A100 40GB, memory slices 4-7
+ONE_G_OVERLAPPING = "gpu-0-mig-1g5gb-19-6"  # memory slice 6
+
+
+class Node:
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.backend = SimulatedBackend(
+            profile="mig-dynamic", node_name=NODE, state_dir=tmp_path / "hw", driver=GPU, dynamic_mig=True
+        )
+        self.claims = Claims(GPU)
+        (tmp_path / "proc/sys/kernel/random").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "proc/sys/kernel/random/boot_id").write_text("boot-1\n")
+
+    def mig(self) -> DynamicMig:
+        mig = self.backend.dynamic_mig()
+        assert mig is not None
+        return mig
+
+    async def handler(self) -> PrepareHandler:
+        """A fresh handler over the same hardware and state (an agent (re)start)."""
+        handler = PrepareHandler(
+            driver=GPU,
+            node_name=NODE,
+            inventory=await self.backend.discover(),
+            claims=self.claims,
+            state_dir=self.tmp_path / "state",
+            cdi_dir=self.tmp_path / "cdi",
+            proc_root=self.tmp_path / "proc",
+            dynamic_mig=self.mig(),
+        )
+        await handler.start()
+        return handler
+
+    def parent(self) -> str:
+        device = self.backend.discover_sync().by_name()[THREE_G]
+        assert device.parent_uuid is not None
+        return device.parent_uuid
+
+    def instances(self) -> list[dict[str, Any]]:
+        path = self.tmp_path / "hw" / GPU_STATE_DIR / self.parent() / MIG_INSTANCES_FILE
+        return list(json.loads(path.read_text())) if path.exists() else []
+
+    def add_claim(self, name: str, device: str, config: dict[str, Any] | None = None) -> ClaimRef:
+        uid = f"uid-{name}"
+        self.claims.objects[name] = {
+            "metadata": {"name": name, "namespace": "ns", "uid": uid},
+            "spec": {"devices": {"requests": []}},
+            "status": {
+                "allocation": {
+                    "devices": {
+                        "results": [{"request": "mig", "driver": GPU, "pool": NODE, "device": device}],
+                        "config": [entry(GPU, config)] if config else [],
+                    }
+                }
+            },
+        }
+        return ClaimRef(namespace="ns", name=name, uid=uid)
+
+
+async def test_the_instance_is_made_at_prepare_named_in_the_cdi_spec_and_destroyed_at_unprepare(
+    tmp_path: Path,
+) -> None:
+    node = Node(tmp_path)
+    handler = await node.handler()
+    ref = node.add_claim("c", THREE_G)
+    result = (await handler.prepare([ref]))[ref.uid]
+    assert result.error == ""
+    (live,) = node.instances()
+    assert live["start"] == 4
+    (recorded,) = handler.store.load()
+    assert recorded.state == cp.ClaimState.PREPARE_COMPLETED
+    assert [(d.dynamic_mig, d.mig_uuid) for d in recorded.devices] == [(True, live["uuid"])]
+    spec = next((tmp_path / "cdi").glob("*.json")).read_text()
+    assert f"NVIDIA_VISIBLE_DEVICES={live['uuid']}" in spec
+    assert "nvidia-caps/nvidia-cap" in spec
+
+    assert (await handler.unprepare([ref]))[ref.uid] == ""
+    assert node.instances() == []
+    assert handler.store.load() == []
+
+
+async def test_nvmls_refusal_fails_the_prepare_naming_claim_request_and_device_and_leaves_nothing(
+    tmp_path: Path,
+) -> None:
+    # The allocator never picks overlapping placements; NVML refusing one anyway (an instance made
+    # behind the agent's back) must fail cleanly.
+    node = Node(tmp_path)
+    handler = await node.handler()
+    first = node.add_claim("first", THREE_G)
+    assert (await handler.prepare([first]))[first.uid].error == ""
+    second = node.add_claim("second", ONE_G_OVERLAPPING)
+    error = (await handler.prepare([second]))[second.uid].error
+    assert "ns/second" in error
+    assert "request mig" in error
+    assert f"device {ONE_G_OVERLAPPING}" in error
+    assert "creating the MIG device failed" in error
+    assert len(node.instances()) == 1
+    assert [e.name for e in handler.store.load()] == ["first"]
+
+
+async def test_time_slicing_on_a_dynamic_mig_device_is_refused_before_anything_is_made(
+    tmp_path: Path,
+) -> None:
+    node = Node(tmp_path)
+    handler = await node.handler()
+    sharing = {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}
+    ref = node.add_claim("ts", THREE_G, {"apiVersion": NVIDIA, "kind": "MigDeviceConfig", "sharing": sharing})
+    error = (await handler.prepare([ref]))[ref.uid].error
+    assert "time-slicing does not apply to MIG" in error
+    assert node.instances() == []
+
+
+async def test_an_interrupted_prepare_is_rolled_back_and_redone_with_one_instance(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    handler = await node.handler()
+    ref = node.add_claim("c", THREE_G)
+    # A crash after the instance was made and recorded, before the CDI spec: PrepareStarted stays.
+    placement = node.backend.discover_sync().by_name()[THREE_G].mig_placement
+    assert placement is not None
+    made = node.mig().create(placement)
+    handler.store.begin(
+        ref,
+        [cp.PreparedDevice(request="mig", pool=NODE, device=THREE_G, dynamic_mig=True, mig_uuid=made.uuid)],
+    )
+    restarted = await node.handler()
+    assert [i["uuid"] for i in node.instances()] == [made.uuid], "a recorded instance survives the start"
+    assert (await restarted.prepare([ref]))[ref.uid].error == ""
+    (live,) = node.instances()
+    (recorded,) = restarted.store.load()
+    assert recorded.state == cp.ClaimState.PREPARE_COMPLETED
+    assert recorded.devices[0].mig_uuid == live["uuid"]
+
+
+async def test_an_instance_no_claim_records_is_destroyed_at_start(tmp_path: Path) -> None:
+    # A crash between NVML making the instance and the checkpoint recording it.
+    node = Node(tmp_path)
+    await node.handler()
+    placement = node.backend.discover_sync().by_name()[THREE_G].mig_placement
+    assert placement is not None
+    node.mig().create(placement)
+    assert len(node.instances()) == 1
+    await node.handler()
+    assert node.instances() == []
