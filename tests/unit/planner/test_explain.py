@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+from dra_node_agent.discovery.simulated import SimulatedBackend
+from dra_node_agent.publisher import chunk_pool
 from dra_operator.planner import EVENT_MESSAGE_LIMIT, truncate
 from tests.unit.planner.builders import (
     DRIVER,
@@ -186,3 +189,35 @@ def test_partitions_that_fit_the_counters_are_placed_and_an_overlapping_one_name
         f"{pool}/{c} for 1 device" for c in [*(f"memory-slice-{i}" for i in range(4)), "multiprocessors"]
     )
     assert "release other partitions of the same devices (counters used up:" in why.full
+
+
+def test_the_agents_dynamic_mig_pool_holds_two_3g_placements_and_refuses_a_third(tmp_path: Path) -> None:
+    """The pool exactly as the agent publishes it for the simulated A100 40GB, A100 80GB and H100
+    (``--dynamic-mig``): counter slices first, then the placements."""
+    inventory = SimulatedBackend(
+        profile="mig-dynamic", node_name="n1", state_dir=tmp_path, driver=DRIVER, dynamic_mig=True
+    ).discover_sync()
+    chunks = chunk_pool(inventory.slice_devices(), inventory.slice_counter_sets())
+    pool = []
+    for index, chunk in enumerate(chunks):
+        piece = node_slice("n1", [])
+        piece["metadata"]["name"] = f"n1-{DRIVER}-{index}"
+        del piece["spec"]["devices"]
+        piece["spec"].update(chunk.spec(api_version="v1"))
+        piece["spec"]["pool"]["resourceSliceCount"] = len(chunks)
+        pool.append(piece)
+    three_g = f'device.attributes["{DRIVER}"].profile == "3g.20gb"'
+    pair = placed(make_planner(pool).plan([rc("pair", request(count=2, selectors=(three_g,)))]))
+    assert sorted(devices_of(pair)) == ["n1/gpu-0-mig-3g20gb-9-0", "n1/gpu-0-mig-3g20gb-9-4"]
+
+    planner = make_planner(pool, allocated=[allocation("n1", *(d.split("/")[1] for d in devices_of(pair)))])
+    third = not_placed(planner.plan([rc("third", request(selectors=(three_g,)))])).explanation
+    assert "2 match the selectors, 0 free; needs 1" in third.full
+    # The GPU's 1g placements are free devices, but the memory slices they need are used up.
+    one_g = f'device.attributes["{DRIVER}"].profile == "1g.5gb"'
+    why = not_placed(planner.plan([rc("small", request(selectors=(one_g,)))])).explanation
+    assert "7 match the selectors, 7 free, 7 untainted, 0 within counters; needs 1" in why.full
+    assert f"{DRIVER}/n1 gpu-0-counter-set/memory-slice-" in why.full
+    # Those of the other GPUs are not.
+    one_g_80 = f'device.attributes["{DRIVER}"].profile == "1g.10gb"'
+    assert placed(planner.plan([rc("elsewhere", request(selectors=(one_g_80,)))]))
