@@ -376,14 +376,18 @@ class SlicePublisher:
     def field_selector(self) -> str:
         return f"spec.nodeName={self.node_name},spec.driver={self.driver}"
 
-    async def publish(self, devices: Sequence[Device], counter_sets: Sequence[CounterSet] = ()) -> None:
+    async def publish(
+        self, devices: Sequence[Device], counter_sets: Sequence[CounterSet] | None = None
+    ) -> None:
         """Set the pool's devices (v1 device dicts, in preference order) and reconcile now.
 
         ``counter_sets`` are v1 CounterSet dicts the devices' ``consumesCounters`` name; they are
-        published in slices of their own ahead of the devices.
+        published in slices of their own ahead of the devices. None keeps those set before (the
+        health monitor republishes the devices with new taints only).
         """
         self._devices = [dict(d) for d in devices]
-        self._counter_sets = [dict(c) for c in counter_sets]
+        if counter_sets is not None:
+            self._counter_sets = [dict(c) for c in counter_sets]
         await self.sync()
 
     async def _node_owner(self) -> dict[str, Any]:

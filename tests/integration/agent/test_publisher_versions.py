@@ -158,3 +158,9 @@ async def test_shared_counters_are_published_ahead_of_the_devices_consuming_them
     plan = await publisher.sync()
     assert plan is not None
     assert plan.empty
+
+    # The health monitor republishes the devices alone (new taints): the counter sets stay.
+    await publisher.publish(partitions())
+    counters, _ = node_slices(local_cluster, node)
+    assert counters["spec"]["sharedCounters"][0]["counters"]["memory"] == {"value": "40Gi"}
+    assert counters["spec"]["pool"]["generation"] == 2
