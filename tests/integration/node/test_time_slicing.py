@@ -16,8 +16,10 @@ from typing import Any
 from dra_devcluster.images import WORKLOAD_IMAGE
 from dra_node_agent.discovery.fakehw import COMPUTE_MODE_FILE, TIME_SLICE_FILE
 from dra_node_agent.discovery.simulated import GPU_STATE_DIR
+from dra_node_agent.prepare import PAUSE_ENV
 from tests.integration.agent.agentproc import GPU
 from tests.integration.node.conftest import CLASS, NAMESPACE, NODE, NodeWithAgent
+from tests.integration.node.test_real_node import _registrations, _wait_registered
 from tests.integration.node.test_real_node_configs import warning_with
 
 NVIDIA = "resource.nvidia.com/v1beta1"
@@ -168,3 +170,39 @@ def test_a_second_claim_asking_the_same_gpu_for_another_interval_fails_in_the_po
     for name in ("ts-short", "ts-long"):
         cluster.kubectl("delete", "resourceclaim", name, "-n", NAMESPACE, "--wait=true", "--timeout=60s")
     cluster.kubectl("label", "namespace", NAMESPACE, "resource.kubernetes.io/admin-access-")
+
+
+def test_the_agent_killed_after_setting_the_slice_the_kubelets_retry_sets_it_again(
+    node_with_agent: NodeWithAgent,
+) -> None:
+    setup = node_with_agent
+    cluster = setup.cluster
+    marker = setup.agent.dirs.state / GPU / "paused-at-devices-set-up"
+    before = _registrations(setup)
+    setup.agent.stop()
+    setup.agent.start(env={PAUSE_ENV: "devices-set-up"})
+    _wait_registered(setup, more_than=before)
+    uuid = first_gpu_uuid(setup)
+    selector = f'device.attributes["{GPU}"].uuid == "{uuid}"'
+    cluster.apply([shared_claim("ts-crash", time_slicing("Medium"), selector=selector)])
+    cluster.apply([shared_pod("ts-crash", "ts-crash", containers=("main",), command="echo up; sleep 3600")])
+    cluster.wait_for(marker.exists, timeout=90, what="the prepare paused after the slice was set")
+    assert gpu_state(setup, uuid) == (0, 2)
+    uid = cluster.get_json("resourceclaim", "ts-crash", "-n", NAMESPACE)["metadata"]["uid"]
+    assert setup.agent.dirs.checkpoint_claims()[uid]["state"] == "PrepareStarted"
+
+    # Killed there: the GPU holds the slice, no CDI spec. The retry resets it and sets it again.
+    before = _registrations(setup)
+    setup.agent.kill()
+    marker.unlink()
+    setup.agent.start()
+    _wait_registered(setup, more_than=before)
+    setup.wait_log("ts-crash", "up", timeout=300)
+    assert gpu_state(setup, uuid) == (0, 2)
+    assert setup.agent.dirs.checkpoint_claims()[uid]["state"] == "PrepareCompleted"
+    cluster.kubectl("delete", "pod", "ts-crash", "-n", NAMESPACE, "--wait=true", "--timeout=60s")
+    cluster.wait_for(
+        lambda: uid not in setup.agent.dirs.checkpoint_claims(), timeout=60, what="the claim unprepared"
+    )
+    assert gpu_state(setup, uuid) == (0, 0)
+    cluster.kubectl("delete", "resourceclaim", "ts-crash", "-n", NAMESPACE, "--wait=true", "--timeout=60s")
