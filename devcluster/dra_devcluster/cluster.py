@@ -600,7 +600,8 @@ class LocalCluster:
             # A node of this name ran before and was removed: the new one starts afresh.
             root.rename(root.with_name(f"{name}.removed-{self._nodes_started}"))
         if len(str(root)) > _NODE_ROOT_LIMIT:
-            root = Path(tempfile.mkdtemp(prefix="dra-node-")) / name
+            # As short as it gets: an agent pod's socket names carry its UID (36 bytes).
+            root = Path(tempfile.mkdtemp(prefix="dn")) / name
             (self.workdir / "nodes" / name).symlink_to(root)
         # Never reused, so a node added after a removal gets a subnet and bridge of its own.
         self._nodes_started += 1

@@ -114,6 +114,10 @@ class RealNode:
         result = self._ctr("tasks", "ls", "-q", check=False)
         return result.stdout.split() if result.returncode == 0 else []
 
+    def kill_container(self, container_id: str) -> None:
+        """SIGKILL one container's process through containerd, as a crash would end it."""
+        self._ctr("tasks", "kill", "--signal=SIGKILL", container_id)
+
     def stop(self) -> None:
         """Stop the kubelet, kill what still runs (best after the pods were deleted, so that the
         kubelet tore their sandboxes and networks down), stop containerd, remove the bridge."""

@@ -1,0 +1,255 @@
+"""The simulated overlay installed for real: the product image on a real node, `crds/` and
+`manifests/overlays/simulated` applied with kubectl, the operator and the agent running as pods
+under their ServiceAccounts, the agent registered with the node's kubelet through the hostPath
+plugin folders, NVIDIA's quickstart example running on what it published, and a killed agent
+container restarted by its liveness and startup probes.
+
+What differs from an install on a kind or cloud cluster is only what this local cluster lacks, and
+it is patched onto the rendered objects here (``adapt``), nothing else: there is no kube-proxy (the
+API server listens on 127.0.0.1), so both pods use the host's network and are told the server's
+address the way kubelet's service variables would; the node's kubelet keeps its plugin folders and
+its CDI folder under the node's own folder, so the hostPath volumes and the agent's flags point
+there; ports come free from the machine; the pods are pinned to the test's node; one operator
+replica (two would share the host's port).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from dra_devcluster import LocalCluster, RealNode
+from dra_devcluster.cluster import free_port
+from dra_devcluster.images import WORKLOAD_IMAGE, ImageArchive
+from dra_devcluster.productimage import ensure_product_image
+from tests.unit.deploy.render import CRDS_DIR, EXAMPLES_DIR, NAMESPACE, REPO_ROOT, overlay_dir
+
+pytestmark = pytest.mark.cluster
+
+# Short: the node folder is /tmp/dn<8>/<node>/ and the agent pod's socket names carry its UID;
+# /tmp/dn<8>/ov-1/kubelet/plugins_registry/gpu.nvidia.com-<UID>-reg.sock is 106 of the 107 bytes a
+# Unix socket path may have.
+NODE = "ov-1"
+AGENT = "accel-dra-node-agent"
+OPERATOR = "accel-dra-operator"
+EXAMPLE_NS = "gpu-test1"
+
+
+@dataclass
+class Install:
+    cluster: LocalCluster
+    node: RealNode
+    objects: list[dict[str, Any]]
+    state: Path  # the agent's state folder on the host
+
+    def pods(self, name: str) -> list[dict[str, Any]]:
+        found = self.cluster.get_json("pods", "-n", NAMESPACE, "-l", f"app.kubernetes.io/name={name}")
+        return [p for p in found["items"] if not p["metadata"].get("deletionTimestamp")]
+
+    def ready_pod(self, name: str, *, timeout: float = 180) -> dict[str, Any]:
+        def ready() -> dict[str, Any] | None:
+            for pod in self.pods(name):
+                conditions = {c["type"]: c["status"] for c in pod.get("status", {}).get("conditions") or []}
+                if conditions.get("Ready") == "True":
+                    return pod
+            return None
+
+        try:
+            return self.cluster.wait_for(ready, timeout=timeout, interval=1, what=f"a ready {name} pod")
+        except TimeoutError:
+            described = self.cluster.kubectl(
+                "describe", "pods", "-n", NAMESPACE, "-l", f"app.kubernetes.io/name={name}", check=False
+            ).stdout
+            raise AssertionError(
+                f"no ready {name} pod:\n{described[-4000:]}\n{self.container_log(name)}"
+            ) from None
+
+    def container_log(self, name: str) -> str:
+        """The latest log of the pods' containers, from the node's pod-log folder."""
+        texts = []
+        for path in sorted(self.node.pod_logs_dir.glob(f"{NAMESPACE}_{name}-*/*/*.log")):
+            texts.append(
+                f"--- {path.relative_to(self.node.pod_logs_dir)}\n" + path.read_text(errors="replace")[-3000:]
+            )
+        return "\n".join(texts)
+
+
+def adapt(objects: list[dict[str, Any]], *, node: RealNode, cluster: LocalCluster, state: Path) -> None:
+    """Patch the rendered overlay for this local cluster (see the module docstring)."""
+    api = {
+        "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+        "KUBERNETES_SERVICE_PORT": cluster.server.rsplit(":", 1)[1],
+    }
+    for obj in objects:
+        if obj["kind"] not in ("DaemonSet", "Deployment"):
+            continue
+        spec = obj["spec"]["template"]["spec"]
+        spec["hostNetwork"] = True
+        spec["dnsPolicy"] = "ClusterFirstWithHostNet"
+        spec["nodeSelector"] = {"kubernetes.io/hostname": node.name}
+        (container,) = spec["containers"]
+        container["env"] = [*container.get("env", []), *({"name": k, "value": v} for k, v in api.items())]
+        port = free_port()
+        (http,) = container["ports"]
+        http["containerPort"] = port
+        if obj["kind"] == "Deployment":
+            obj["spec"]["replicas"] = 1
+            container["args"] = [*container["args"], f"--metrics-port={port}"]
+            continue
+        paths = {
+            "plugins-registry": node.registry_dir,
+            "plugins": node.plugins_dir,
+            "cdi": node.cdi_dir,
+            "state": state,
+        }
+        for volume in spec["volumes"]:
+            if volume["name"] in paths:
+                volume["hostPath"]["path"] = str(paths[volume["name"]])
+                volume["hostPath"]["type"] = "DirectoryOrCreate"
+        for mount in container["volumeMounts"]:
+            if mount["name"] in paths:
+                mount["mountPath"] = str(paths[mount["name"]])  # the kubelet dials sockets by host path
+        container["args"] = [
+            *container["args"],
+            f"--metrics-address=0.0.0.0:{port}",
+            f"--kubelet-registry-dir={node.registry_dir}",
+            f"--kubelet-plugins-dir={node.plugins_dir}",
+            f"--cdi-dir={node.cdi_dir}",
+            f"--state-dir={state}",
+        ]
+
+
+@pytest.fixture(scope="module")
+def install(local_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Install]:
+    cluster = local_cluster
+    image = ensure_product_image(source=REPO_ROOT)
+    node = cluster.add_real_node(NODE)
+    objects = [
+        d for d in yaml.safe_load_all(cluster.kubectl("kustomize", str(overlay_dir("simulated"))).stdout) if d
+    ]
+    state = tmp_path_factory.mktemp("agent-state")
+    adapt(objects, node=node, cluster=cluster, state=state)
+    try:
+        node.import_images([ImageArchive(name=image.reference, path=image.path)])
+        cluster.kubectl("apply", "-k", str(CRDS_DIR))
+        cluster.kubectl(
+            "wait", "--for=condition=Established", "--timeout=60s", "crd/clusterkopfpeerings.kopf.dev"
+        )
+        cluster.apply(objects)
+        yield Install(cluster=cluster, node=node, objects=objects, state=state)
+    finally:
+        waited = ("--ignore-not-found", "--wait=true", "--timeout=120s")
+        cluster.kubectl("delete", "namespace", EXAMPLE_NS, *waited, check=False)
+        listed = json.dumps({"apiVersion": "v1", "kind": "List", "items": objects})
+        cluster.kubectl("delete", "-f", "-", *waited, input=listed, check=False)
+        cluster.kubectl("delete", "-k", str(CRDS_DIR), "--ignore-not-found", check=False)
+        mine = f"--field-selector=spec.nodeName={NODE}"
+        cluster.kubectl("delete", "resourceslices", mine, "--ignore-not-found", check=False)
+        cluster.remove_real_node(NODE)
+
+
+def checkpoint_claims(path: Path) -> dict[str, Any]:
+    claims: dict[str, Any] = json.loads(path.read_text())["data"]["preparedClaims"]
+    return claims
+
+
+def node_slices(install: Install) -> dict[str, int]:
+    """driver -> devices published for the test's node."""
+    found = install.cluster.get_json("resourceslices", f"--field-selector=spec.nodeName={NODE}")["items"]
+    counts: dict[str, int] = {}
+    for item in found:
+        driver = item["spec"]["driver"]
+        counts[driver] = counts.get(driver, 0) + len(item["spec"].get("devices") or [])
+    return counts
+
+
+def test_operator_and_agent_run_as_pods_under_their_service_accounts(install: Install) -> None:
+    agent = install.ready_pod(AGENT)
+    operator = install.ready_pod(OPERATOR)
+    assert agent["spec"]["serviceAccountName"] == AGENT
+    assert operator["spec"]["serviceAccountName"] == OPERATOR
+    assert agent["spec"]["nodeName"] == NODE
+
+    # The agent published through the node-scoped admission policy, with the kubelet-issued token.
+    def both_published() -> dict[str, int] | None:
+        counts = node_slices(install)
+        return counts if {"gpu.nvidia.com", "tpu.google.com"} <= set(counts) else None
+
+    counts = install.cluster.wait_for(both_published, timeout=60, what="the agent pod's ResourceSlices")
+    assert counts == {"gpu.nvidia.com": 8, "tpu.google.com": 8}, counts
+    # Ready only once the kubelet registered both drivers (its readiness probe says so).
+    registered = {p.name for p in install.node.registry_dir.iterdir() if p.name.endswith("-reg.sock")}
+    assert any(name.startswith("gpu.nvidia.com") for name in registered), registered
+    assert any(name.startswith("tpu.google.com") for name in registered), registered
+    # The operator put the DeviceClasses in place.
+    classes = install.cluster.get_json(
+        "deviceclasses", "-l", "app.kubernetes.io/managed-by=accel-dra-operator"
+    )
+    assert {c["metadata"]["name"] for c in classes["items"]} >= {"gpu.nvidia.com", "tpu.google.com"}
+
+
+def run_example(install: Install) -> list[str]:
+    """NVIDIA's gpu-test1 with the local image, pinned to the node; returns its pods' logs."""
+    docs = [d for d in yaml.safe_load_all((EXAMPLES_DIR / "nvidia-gpu-test1.yaml").read_text()) if d]
+    pods = []
+    for doc in docs:
+        doc = copy.deepcopy(doc)
+        if doc["kind"] == "Pod":
+            doc["spec"]["nodeSelector"] = {"kubernetes.io/hostname": NODE}
+            for container in doc["spec"]["containers"]:
+                container["image"] = WORKLOAD_IMAGE
+            pods.append(doc["metadata"]["name"])
+        install.cluster.apply([doc])
+    logs = []
+    for pod in pods:
+
+        def running(pod: str = pod) -> str | None:
+            status = install.cluster.get_json("pod", pod, "-n", EXAMPLE_NS).get("status") or {}
+            return status.get("phase") if status.get("phase") == "Running" else None
+
+        install.cluster.wait_for(running, timeout=120, what=f"example pod {pod} running")
+        paths = sorted(install.node.pod_logs_dir.glob(f"{EXAMPLE_NS}_{pod}_*/ctr/*.log"))
+        logs.append("\n".join(p.read_text(errors="replace") for p in paths))
+    return logs
+
+
+def test_the_quickstart_example_runs_on_the_devices_the_agent_pod_published(install: Install) -> None:
+    install.ready_pod(AGENT)
+    run_example(install)
+    claims = install.cluster.get_json("resourceclaims", "-n", EXAMPLE_NS)["items"]
+    assert len(claims) == 2
+    devices = {r["device"] for c in claims for r in c["status"]["allocation"]["devices"]["results"]}
+    assert len(devices) == 2, "each pod has a GPU of its own"
+    # The agent pod prepared them: its checkpoint (on the host) records both claims as completed.
+    recorded = checkpoint_claims(install.state / "gpu.nvidia.com" / "checkpoint.json")
+    assert {c["metadata"]["uid"] for c in claims} <= set(recorded)
+    install.cluster.kubectl("delete", "namespace", EXAMPLE_NS, "--wait=true", "--timeout=120s")
+
+
+def test_a_killed_agent_container_is_restarted_and_registers_again(install: Install) -> None:
+    pod = install.ready_pod(AGENT)
+    (status,) = pod["status"]["containerStatuses"]
+    restarts = int(status["restartCount"])
+    container_id = status["containerID"].split("://", 1)[1]
+    install.node.kill_container(container_id)
+
+    def restarted() -> dict[str, Any] | None:
+        for current in install.pods(AGENT):
+            statuses = current.get("status", {}).get("containerStatuses") or []
+            if statuses and int(statuses[0]["restartCount"]) > restarts and statuses[0].get("ready"):
+                return current
+        return None
+
+    install.cluster.wait_for(
+        restarted, timeout=180, interval=1, what="the agent container restarted and ready"
+    )
+    # Registered again: a new example's claims are prepared by the restarted agent.
+    run_example(install)
+    install.cluster.kubectl("delete", "namespace", EXAMPLE_NS, "--wait=true", "--timeout=120s")
