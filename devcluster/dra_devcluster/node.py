@@ -114,6 +114,10 @@ class RealNode:
         result = self._ctr("tasks", "ls", "-q", check=False)
         return result.stdout.split() if result.returncode == 0 else []
 
+    def tag_image(self, source: str, target: str) -> None:
+        """Give an imported image a second reference (a new version of the same content)."""
+        self._ctr("images", "tag", "--force", source, target)
+
     def kill_container(self, container_id: str) -> None:
         """SIGKILL one container's process through containerd, as a crash would end it."""
         self._ctr("tasks", "kill", "--signal=SIGKILL", container_id)

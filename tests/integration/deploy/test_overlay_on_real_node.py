@@ -40,6 +40,7 @@ NODE = "ov-1"
 AGENT = "accel-dra-node-agent"
 OPERATOR = "accel-dra-operator"
 EXAMPLE_NS = "gpu-test1"
+WORKLOAD_NS = "overlay-workload"
 
 
 @dataclass
@@ -253,3 +254,139 @@ def test_a_killed_agent_container_is_restarted_and_registers_again(install: Inst
     # Registered again: a new example's claims are prepared by the restarted agent.
     run_example(install)
     install.cluster.kubectl("delete", "namespace", EXAMPLE_NS, "--wait=true", "--timeout=120s")
+
+
+def gpu_workload(name: str) -> list[dict[str, Any]]:
+    """A claim template and a pod holding one GPU on the test's node."""
+    template = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": WORKLOAD_NS},
+        "spec": {
+            "spec": {
+                "devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}
+            }
+        },
+    }
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": WORKLOAD_NS},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": NODE},
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": WORKLOAD_IMAGE,
+                    "command": ["sh", "-c", "echo up; sleep 3600"],
+                    "resources": {"claims": [{"name": "gpu"}]},
+                }
+            ],
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": name}],
+        },
+    }
+    return [template, pod]
+
+
+def roll_agent(install: Install, *, image: str) -> str:
+    """Roll the agent DaemonSet to ``image`` and wait until the rollout is done; returns the new pod.
+
+    The port moves with each version: with host networking, the surge pod (the DaemonSet's
+    maxSurge 1 starts it beside the old one) could not bind the old pod's port.
+    """
+    (daemonset,) = [o for o in install.objects if o["kind"] == "DaemonSet"]
+    (container,) = daemonset["spec"]["template"]["spec"]["containers"]
+    port = free_port()
+    container["image"] = image
+    container["ports"][0]["containerPort"] = port
+    container["args"] = [
+        f"--metrics-address=0.0.0.0:{port}" if a.startswith("--metrics-address=") else a
+        for a in container["args"]
+    ]
+    before = {p["metadata"]["name"] for p in install.pods(AGENT)}
+    install.cluster.apply([daemonset])
+    install.cluster.kubectl("rollout", "status", f"daemonset/{AGENT}", "-n", NAMESPACE, "--timeout=180s")
+
+    def only_new() -> str | None:
+        pods = install.pods(AGENT)
+        if len(pods) != 1 or pods[0]["metadata"]["name"] in before:
+            return None
+        # The spec's image: the runtime reports one of the references of the (same) content.
+        if pods[0]["spec"]["containers"][0]["image"] != image:
+            return None
+        (status,) = pods[0].get("status", {}).get("containerStatuses") or [{}]
+        return str(pods[0]["metadata"]["name"]) if status.get("ready") else None
+
+    return str(install.cluster.wait_for(only_new, timeout=120, what=f"one agent pod, ready, running {image}"))
+
+
+def slices_of_node(install: Install) -> list[tuple[str, str, int, str]]:
+    """(name, uid, pool generation, devices as JSON) of the node's slices."""
+    found = install.cluster.get_json("resourceslices", f"--field-selector=spec.nodeName={NODE}")["items"]
+    return sorted(
+        (
+            s["metadata"]["name"],
+            s["metadata"]["uid"],
+            int(s["spec"]["pool"]["generation"]),
+            json.dumps(s["spec"].get("devices"), sort_keys=True),
+        )
+        for s in found
+    )
+
+
+def test_rolling_the_agent_to_a_new_version_and_back_keeps_a_running_claim(install: Install) -> None:
+    """N11/N16 as pods: a GPU pod runs through an upgrade and a downgrade of the agent DaemonSet (the
+    shipped maxSurge 1 update); the new agents take the checkpoint over, the slices stay exactly as
+    they were, and the last agent unprepares the claim when the pod goes."""
+    cluster = install.cluster
+    install.ready_pod(AGENT)
+    current = next(o for o in install.objects if o["kind"] == "DaemonSet")["spec"]["template"]["spec"][
+        "containers"
+    ][0]["image"]
+    upgraded = f"{current}-next"
+    install.node.tag_image(f"docker.io/library/{current}", f"docker.io/library/{upgraded}")
+    cluster.create_namespace(WORKLOAD_NS)
+    try:
+        cluster.apply(gpu_workload("held"))
+        cluster.wait_for(
+            lambda: (
+                (cluster.get_json("pod", "held", "-n", WORKLOAD_NS).get("status") or {}).get("phase")
+                == "Running"
+            ),
+            timeout=120,
+            what="the GPU pod running",
+        )
+        claim = next(
+            c
+            for c in cluster.get_json("resourceclaims", "-n", WORKLOAD_NS)["items"]
+            if c["metadata"]["name"].startswith("held")
+        )
+        uid = claim["metadata"]["uid"]
+        checkpoint = install.state / "gpu.nvidia.com" / "checkpoint.json"
+        assert checkpoint_claims(checkpoint)[uid]["state"] == "PrepareCompleted"
+        slices = slices_of_node(install)
+
+        for image in (upgraded, current):
+            roll_agent(install, image=image)
+            pod = cluster.get_json("pod", "held", "-n", WORKLOAD_NS)
+            assert pod["status"]["phase"] == "Running"
+            assert pod["status"]["containerStatuses"][0]["restartCount"] == 0
+            assert checkpoint_claims(checkpoint)[uid]["state"] == "PrepareCompleted"
+            assert slices_of_node(install) == slices, "the new agent rewrote or recreated the slices"
+
+        cluster.kubectl("delete", "pod", "held", "-n", WORKLOAD_NS, "--wait=true", "--timeout=60s")
+        cluster.wait_for(
+            lambda: uid not in checkpoint_claims(checkpoint), timeout=60, what="the claim unprepared"
+        )
+        assert not list(install.node.cdi_dir.glob(f"*{uid}*")), "the claim's CDI spec was left behind"
+    finally:
+        cluster.kubectl(
+            "delete",
+            "namespace",
+            WORKLOAD_NS,
+            "--wait=true",
+            "--timeout=120s",
+            "--ignore-not-found",
+            check=False,
+        )
