@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import copy
 import json
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -381,6 +383,93 @@ def test_rolling_the_agent_to_a_new_version_and_back_keeps_a_running_claim(insta
         )
         assert not list(install.node.cdi_dir.glob(f"*{uid}*")), "the claim's CDI spec was left behind"
     finally:
+        cluster.kubectl(
+            "delete",
+            "namespace",
+            WORKLOAD_NS,
+            "--wait=true",
+            "--timeout=120s",
+            "--ignore-not-found",
+            check=False,
+        )
+
+
+def gpu_claim(name: str) -> dict[str, Any]:
+    """A standalone claim (no pod): the operator allocates it."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": WORKLOAD_NS},
+        "spec": {
+            "devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}
+        },
+    }
+
+
+def test_rolling_the_operator_while_claims_arrive_allocates_each_once(install: Install) -> None:
+    """O8 as pods: the operator Deployment rolls to another image (its surge pod starts beside the
+    old one, the old one hands over on SIGTERM) while standalone claims are being created; every
+    claim that fits is allocated, on a device of its own, and the rest wait."""
+    cluster = install.cluster
+    install.ready_pod(OPERATOR)
+    (deployment,) = [o for o in install.objects if o["kind"] == "Deployment"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    image = f"{container['image']}-next"
+    install.node.tag_image(f"docker.io/library/{container['image']}", f"docker.io/library/{image}")
+    port = free_port()  # the surge pod shares the host's network with the old one
+    container["image"] = image
+    container["ports"][0]["containerPort"] = port
+    container["args"] = [
+        f"--metrics-port={port}" if a.startswith("--metrics-port=") else a for a in container["args"]
+    ]
+    cluster.create_namespace(WORKLOAD_NS)
+    names = [f"claim-{i}" for i in range(10)]  # the node has 8 GPUs
+    errors: list[BaseException] = []
+
+    def create() -> None:
+        try:
+            for name in names:
+                cluster.apply([gpu_claim(name)])
+                time.sleep(0.5)
+        except BaseException as exc:  # reported by the test thread
+            errors.append(exc)
+
+    creator = threading.Thread(target=create)
+    try:
+        creator.start()
+        time.sleep(1)
+        cluster.apply([deployment])
+        cluster.kubectl("rollout", "status", f"deployment/{OPERATOR}", "-n", NAMESPACE, "--timeout=180s")
+        creator.join(timeout=60)
+        assert not errors, errors
+
+        def allocated() -> dict[str, list[str]] | None:
+            claims = cluster.get_json("resourceclaims", "-n", WORKLOAD_NS)["items"]
+            held = {
+                c["metadata"]["name"]: [r["device"] for r in c["status"]["allocation"]["devices"]["results"]]
+                for c in claims
+                if (c.get("status") or {}).get("allocation")
+            }
+            return held if len(claims) == len(names) and len(held) == 8 else None
+
+        held = cluster.wait_for(allocated, timeout=120, what="8 of the 10 claims allocated")
+        devices = [d for results in held.values() for d in results]
+        assert all(len(results) == 1 for results in held.values()), held
+        assert len(set(devices)) == 8, f"a device was allocated twice: {held}"
+        time.sleep(5)  # the two that do not fit stay unallocated
+        assert allocated() == held
+        (operator,) = install.pods(OPERATOR)
+        assert operator["spec"]["containers"][0]["image"] == image
+        # The old instance handed over on SIGTERM; the new one took over.
+        logs = install.container_log(OPERATOR)
+        assert "handing over to the standby" in logs, logs[-3000:]
+        new_logs = "\n".join(
+            p.read_text(errors="replace")
+            for p in install.node.pod_logs_dir.glob(f"{NAMESPACE}_{operator['metadata']['name']}_*/*/*.log")
+        )
+        assert "this instance is now active" in new_logs, new_logs[-3000:]
+    finally:
+        creator.join(timeout=60)
         cluster.kubectl(
             "delete",
             "namespace",
