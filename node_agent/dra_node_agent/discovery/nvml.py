@@ -538,9 +538,6 @@ class NvmlBackend:
                     )
                 )
 
-    def mig_cap_nodes(self, *, minor: int, gi_id: int, ci_id: int) -> list[DeviceNode]:
-        return self._mig_cap_nodes(minor=minor, gi_id=gi_id, ci_id=ci_id)
-
     def _mig_devices(
         self,
         nvml: Any,
@@ -629,7 +626,7 @@ class NvmlBackend:
             "ofaEngines": int(attrs.sharedOfaCount),
             "memory": int(attrs.memorySizeMB) * MIB,
         }
-        nodes = [parent_node, *self._mig_cap_nodes(minor=minor, gi_id=gi_id, ci_id=ci_id)]
+        nodes = [parent_node, *self.mig_cap_nodes(minor=minor, gi_id=gi_id, ci_id=ci_id)]
         return DiscoveredDevice(
             name=name,
             kind="mig",
@@ -642,7 +639,7 @@ class NvmlBackend:
             edits=ContainerEdits(device_nodes=tuple(nodes)),
         )
 
-    def _mig_cap_nodes(self, *, minor: int, gi_id: int, ci_id: int) -> list[DeviceNode]:
+    def mig_cap_nodes(self, *, minor: int, gi_id: int, ci_id: int) -> list[DeviceNode]:
         """The /dev/nvidia-caps nodes granting access to one GPU and compute instance."""
         base = self._proc_root / "driver" / "nvidia" / "capabilities" / f"gpu{minor}" / "mig"
         nodes = []

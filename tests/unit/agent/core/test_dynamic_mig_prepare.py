@@ -12,44 +12,28 @@ from typing import Any
 from dra_api.kubeletapi.model import ClaimRef
 from dra_node_agent import checkpoint as cp
 from dra_node_agent.discovery.fakehw import MIG_INSTANCES_FILE
-from dra_node_agent.discovery.simulated import GPU_STATE_DIR, SimulatedBackend
+from dra_node_agent.discovery.simulated import GPU_STATE_DIR
 from dra_node_agent.dynamic_mig import DynamicMig
 from dra_node_agent.prepare import PrepareHandler
-from tests.unit.agent.core.test_prepare_configs import GPU, NODE, NVIDIA, Claims, entry
+from tests.unit.agent.core.simnode import SimulatedNode
+from tests.unit.agent.core.test_prepare_configs import GPU, NODE, NVIDIA, entry
 
 THREE_G = "gpu-0-mig-3g20gb-9-4"  # A100 40GB, memory slices 4-7
 ONE_G_OVERLAPPING = "gpu-0-mig-1g5gb-19-6"  # memory slice 6
 
 
-class Node:
+class Node(SimulatedNode):
     def __init__(self, tmp_path: Path) -> None:
-        self.tmp_path = tmp_path
-        self.backend = SimulatedBackend(
-            profile="mig-dynamic", node_name=NODE, state_dir=tmp_path / "hw", driver=GPU, dynamic_mig=True
-        )
-        self.claims = Claims(GPU)
-        (tmp_path / "proc/sys/kernel/random").mkdir(parents=True, exist_ok=True)
-        (tmp_path / "proc/sys/kernel/random/boot_id").write_text("boot-1\n")
+        super().__init__(tmp_path, profile="mig-dynamic", dynamic_mig=True)
 
     def mig(self) -> DynamicMig:
         mig = self.backend.dynamic_mig()
         assert mig is not None
         return mig
 
-    async def handler(self) -> PrepareHandler:
+    async def handler(self) -> PrepareHandler:  # type: ignore[override]
         """A fresh handler over the same hardware and state (an agent (re)start)."""
-        handler = PrepareHandler(
-            driver=GPU,
-            node_name=NODE,
-            inventory=await self.backend.discover(),
-            claims=self.claims,
-            state_dir=self.tmp_path / "state",
-            cdi_dir=self.tmp_path / "cdi",
-            proc_root=self.tmp_path / "proc",
-            dynamic_mig=self.mig(),
-        )
-        await handler.start()
-        return handler
+        return await super().handler(dynamic_mig=self.mig())
 
     def parent(self) -> str:
         device = self.backend.discover_sync().by_name()[THREE_G]

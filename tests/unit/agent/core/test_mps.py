@@ -20,40 +20,24 @@ import pytest
 
 from dra_api.kubeletapi.model import ClaimRef
 from dra_node_agent import checkpoint as cp
-from dra_node_agent.discovery.simulated import SIMULATED_DRIVER_ROOT, SimulatedBackend
+from dra_node_agent.discovery.simulated import SIMULATED_DRIVER_ROOT
 from dra_node_agent.mps import MpsLimits
 from dra_node_agent.prepare import PrepareHandler
-from tests.unit.agent.core.test_prepare_configs import GPU, NODE, NVIDIA, Claims, entry
+from tests.unit.agent.core.simnode import SimulatedNode
+from tests.unit.agent.core.test_prepare_configs import GPU, NODE, NVIDIA, entry
 
 PROFILE = "h100-80gb-x8"
 
 
-class Node:
+class Node(SimulatedNode):
     def __init__(self, tmp_path: Path) -> None:
-        self.tmp_path = tmp_path
-        self.backend = SimulatedBackend(
-            profile=PROFILE, node_name=NODE, state_dir=tmp_path / "hw", driver=GPU
-        )
-        self.claims = Claims(GPU)
-        (tmp_path / "proc/sys/kernel/random").mkdir(parents=True, exist_ok=True)
-        (tmp_path / "proc/sys/kernel/random/boot_id").write_text("boot-1\n")
-        self.handlers: list[PrepareHandler] = []
+        super().__init__(tmp_path, profile=PROFILE)
 
-    async def handler(self, *, mps: bool = True) -> PrepareHandler:
-        handler = PrepareHandler(
-            driver=GPU,
-            node_name=NODE,
-            inventory=await self.backend.discover(),
-            claims=self.claims,
-            state_dir=self.tmp_path / "state",
-            cdi_dir=self.tmp_path / "cdi",
-            proc_root=self.tmp_path / "proc",
+    async def handler(self, *, mps: bool = True) -> PrepareHandler:  # type: ignore[override]
+        return await super().handler(
             gpu_sharing=self.backend.gpu_sharing(),
             mps=self.backend.mps_daemons(self.tmp_path / "state" / "mps") if mps else None,
         )
-        await handler.start()
-        self.handlers.append(handler)
-        return handler
 
     def gpus(self, *indices: int) -> list[tuple[str, str]]:
         devices = sorted(

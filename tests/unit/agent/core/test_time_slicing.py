@@ -18,35 +18,19 @@ from dra_node_agent import checkpoint as cp
 from dra_node_agent.discovery.fakehw import COMPUTE_MODE_FILE, TIME_SLICE_FILE
 from dra_node_agent.discovery.simulated import GPU_STATE_DIR, SIMULATED_DRIVER_ROOT, SimulatedBackend
 from dra_node_agent.prepare import PrepareHandler
-from tests.unit.agent.core.test_prepare_configs import GPU, NODE, NVIDIA, Claims, entry
+from tests.unit.agent.core.simnode import SimulatedNode
+from tests.unit.agent.core.test_prepare_configs import GPU, NODE, NVIDIA, entry
 
 PROFILE = "h100-80gb-x8"
 
 
-class Node:
+class Node(SimulatedNode):
     def __init__(self, tmp_path: Path) -> None:
-        self.tmp_path = tmp_path
-        self.backend = SimulatedBackend(
-            profile=PROFILE, node_name=NODE, state_dir=tmp_path / "hw", driver=GPU
-        )
-        self.claims = Claims(GPU)
-        (tmp_path / "proc/sys/kernel/random").mkdir(parents=True, exist_ok=True)
-        (tmp_path / "proc/sys/kernel/random/boot_id").write_text("boot-1\n")
+        super().__init__(tmp_path, profile=PROFILE)
 
-    async def handler(self) -> PrepareHandler:
+    async def handler(self) -> PrepareHandler:  # type: ignore[override]
         """A fresh handler over the same hardware and state (an agent (re)start)."""
-        handler = PrepareHandler(
-            driver=GPU,
-            node_name=NODE,
-            inventory=await self.backend.discover(),
-            claims=self.claims,
-            state_dir=self.tmp_path / "state",
-            cdi_dir=self.tmp_path / "cdi",
-            proc_root=self.tmp_path / "proc",
-            gpu_sharing=self.backend.gpu_sharing(),
-        )
-        await handler.start()
-        return handler
+        return await super().handler(gpu_sharing=self.backend.gpu_sharing())
 
     def gpu(self, index: int) -> tuple[str, str]:
         """(device name, UUID) of GPU ``index``."""
