@@ -20,6 +20,7 @@ USAGE = """usage: dra-operator <command> [flags]
 commands:
   run       run the operator (Kopf) against the cluster
   simulate  allocate claims offline and explain the result (if installed)
+  release-claims  before an uninstall: list (or --release) the claims holding the operator's finalizer
 
 'dra-operator <command> --help' shows a command's flags.
 """
@@ -57,7 +58,13 @@ def _simulate(argv: Sequence[str]) -> int:
     return result
 
 
-COMMANDS = {"run": _run, "simulate": _simulate}
+def _release_claims(argv: Sequence[str]) -> int:
+    from dra_operator import releaseclaims
+
+    return releaseclaims.main(argv)
+
+
+COMMANDS = {"run": _run, "simulate": _simulate, "release-claims": _release_claims}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -4,13 +4,8 @@ under their ServiceAccounts, the agent registered with the node's kubelet throug
 plugin folders, NVIDIA's quickstart example running on what it published, and a killed agent
 container restarted by its liveness and startup probes.
 
-What differs from an install on a kind or cloud cluster is only what this local cluster lacks, and
-it is patched onto the rendered objects here (``adapt``), nothing else: there is no kube-proxy (the
-API server listens on 127.0.0.1), so both pods use the host's network and are told the server's
-address the way kubelet's service variables would; the node's kubelet keeps its plugin folders and
-its CDI folder under the node's own folder, so the hostPath volumes and the agent's flags point
-there; ports come free from the machine; the pods are pinned to the test's node; one operator
-replica (two would share the host's port).
+What differs from an install on a kind or cloud cluster is only what this local cluster lacks,
+patched onto the rendered objects (``localnode.adapt``, which says what and why).
 """
 
 from __future__ import annotations
@@ -31,6 +26,7 @@ from dra_devcluster import LocalCluster, RealNode
 from dra_devcluster.cluster import free_port
 from dra_devcluster.images import WORKLOAD_IMAGE, ImageArchive
 from dra_devcluster.productimage import ensure_product_image
+from tests.integration.deploy.localnode import LocalNode, adapt
 from tests.unit.deploy.render import CRDS_DIR, EXAMPLES_DIR, NAMESPACE, REPO_ROOT, overlay_dir
 
 pytestmark = pytest.mark.cluster
@@ -84,51 +80,6 @@ class Install:
         return "\n".join(texts)
 
 
-def adapt(objects: list[dict[str, Any]], *, node: RealNode, cluster: LocalCluster, state: Path) -> None:
-    """Patch the rendered overlay for this local cluster (see the module docstring)."""
-    api = {
-        "KUBERNETES_SERVICE_HOST": "127.0.0.1",
-        "KUBERNETES_SERVICE_PORT": cluster.server.rsplit(":", 1)[1],
-    }
-    for obj in objects:
-        if obj["kind"] not in ("DaemonSet", "Deployment"):
-            continue
-        spec = obj["spec"]["template"]["spec"]
-        spec["hostNetwork"] = True
-        spec["dnsPolicy"] = "ClusterFirstWithHostNet"
-        spec["nodeSelector"] = {"kubernetes.io/hostname": node.name}
-        (container,) = spec["containers"]
-        container["env"] = [*container.get("env", []), *({"name": k, "value": v} for k, v in api.items())]
-        port = free_port()
-        (http,) = container["ports"]
-        http["containerPort"] = port
-        if obj["kind"] == "Deployment":
-            obj["spec"]["replicas"] = 1
-            container["args"] = [*container["args"], f"--metrics-port={port}"]
-            continue
-        paths = {
-            "plugins-registry": node.registry_dir,
-            "plugins": node.plugins_dir,
-            "cdi": node.cdi_dir,
-            "state": state,
-        }
-        for volume in spec["volumes"]:
-            if volume["name"] in paths:
-                volume["hostPath"]["path"] = str(paths[volume["name"]])
-                volume["hostPath"]["type"] = "DirectoryOrCreate"
-        for mount in container["volumeMounts"]:
-            if mount["name"] in paths:
-                mount["mountPath"] = str(paths[mount["name"]])  # the kubelet dials sockets by host path
-        container["args"] = [
-            *container["args"],
-            f"--metrics-address=0.0.0.0:{port}",
-            f"--kubelet-registry-dir={node.registry_dir}",
-            f"--kubelet-plugins-dir={node.plugins_dir}",
-            f"--cdi-dir={node.cdi_dir}",
-            f"--state-dir={state}",
-        ]
-
-
 @pytest.fixture(scope="module")
 def install(local_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Install]:
     cluster = local_cluster
@@ -138,7 +89,7 @@ def install(local_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactor
         d for d in yaml.safe_load_all(cluster.kubectl("kustomize", str(overlay_dir("simulated"))).stdout) if d
     ]
     state = tmp_path_factory.mktemp("agent-state")
-    adapt(objects, node=node, cluster=cluster, state=state)
+    adapt(objects, LocalNode.of(node, cluster, state_dir=str(state)))
     try:
         node.import_images([ImageArchive(name=image.reference, path=image.path)])
         cluster.kubectl("apply", "-k", str(CRDS_DIR))

@@ -113,6 +113,10 @@ def _compare(kustomized: list[Obj], charted: list[Obj], *, what: str) -> None:
                 )
 
 
+def _is_hook(obj: Obj) -> bool:
+    return "helm.sh/hook" in (obj["metadata"].get("annotations") or {})
+
+
 def _without_namespace(objs: list[Obj]) -> list[Obj]:
     namespaces = [o for o in objs if o["kind"] == "Namespace"]
     assert [o["metadata"]["name"] for o in namespaces] == [NAMESPACE]
@@ -128,7 +132,8 @@ def test_chart_renders_the_overlays_objects(
 ) -> None:
     kustomized = copy.deepcopy(_without_namespace(rendered[overlay]) + rendered_crds)
     # The CRDs come from the chart's crds/ (helm template --include-crds); kustomize labels them.
-    charted = list(helm_rendered[overlay])
+    # The uninstall hook is the chart's own (kubectl delete -k has no hooks): README, "Uninstall".
+    charted = [o for o in helm_rendered[overlay] if not _is_hook(o)]
     for crd in kustomized:
         if crd["kind"] == "CustomResourceDefinition":
             crd["metadata"]["labels"].pop("app.kubernetes.io/part-of")
@@ -221,3 +226,41 @@ def test_chart_crds_match_crds_dir_after_render(
         o["metadata"]["name"] for o in helm_rendered["simulated"] if o["kind"] == "CustomResourceDefinition"
     )
     assert charted == crd_names, CRDS_DIR
+
+
+def test_uninstall_hook_refuses_by_default_and_releases_when_asked(helm: Path) -> None:
+    values: dict[str, Any] = {"backend": "simulated"}
+    hooks = [o for o in helm_template(helm, values=values) if _is_hook(o)]
+    assert sorted(o["kind"] for o in hooks) == [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Job",
+        "Role",
+        "RoleBinding",
+        "ServiceAccount",
+    ]
+    for obj in hooks:
+        annotations = obj["metadata"]["annotations"]
+        assert annotations["helm.sh/hook"] == "pre-delete"
+        assert annotations["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
+    (job,) = [o for o in hooks if o["kind"] == "Job"]
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == ["dra-operator", "release-claims"]
+    assert "args" not in container  # lists and refuses
+    (role,) = [o for o in hooks if o["kind"] == "ClusterRole"]
+    assert role["rules"] == [
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["list", "patch"]},
+        {
+            "apiGroups": ["resource.k8s.io"],
+            "resources": ["resourceclaims/status", "resourceclaims/binding"],
+            "verbs": ["patch"],
+        },
+    ]
+    released = helm_template(helm, values={**values, "uninstall": {"releaseClaims": True}})
+    (job,) = [o for o in released if o["kind"] == "Job"]
+    assert job["spec"]["template"]["spec"]["containers"][0]["args"] == [
+        "--release",
+        f"--stop-operator={NAMESPACE}/accel-dra-operator",
+    ]
+    off = helm_template(helm, values={**values, "uninstall": {"hook": {"enabled": False}}})
+    assert not [o for o in off if _is_hook(o)]
