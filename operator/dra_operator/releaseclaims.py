@@ -229,8 +229,9 @@ def main(argv: Sequence[str]) -> int:
             run(release=args.release, kubeconfig=args.kubeconfig, stop_operator=args.stop_operator)
         )
     except ApiException as exc:
+        body = exc.body.decode(errors="replace") if isinstance(exc.body, bytes) else str(exc.body)
         print(
-            f"dra-operator release-claims: the API server refused: {exc.status} {exc.reason}: {exc.body}",
+            f"dra-operator release-claims: the API server refused: {exc.status} {exc.reason}: {body}",
             file=sys.stderr,
         )
         return 2
