@@ -27,7 +27,6 @@ from dra_node_agent.discovery.detect import DiscoveryConfig, select_backends
 from dra_node_agent.discovery.nvml import NvmlBackend
 from dra_node_agent.discovery.simulated import SimulatedBackend
 from dra_node_agent.discovery.tpu import DEFAULT_TPU_ENV_FILE
-from dra_node_agent.dynamic_mig import DynamicMig
 from dra_node_agent.health import DEFAULT_IGNORED_XIDS, HealthSettings, TaintEffect, parse_xid_list
 from dra_node_agent.health.attach import DriverHealth, attach_health
 from dra_node_agent.health.events import NodeEvents
@@ -63,14 +62,6 @@ class DriverRuntime:
         """The devices to publish: the inventory's, with the health monitor's taints applied."""
         devices = self.inventory.slice_devices()
         return self.health.decorate(devices) if self.health is not None else list(devices)
-
-
-def _dynamic_mig(backend: DiscoveryBackend) -> DynamicMig | None:
-    if isinstance(backend, NvmlBackend) and backend.dynamic_mig:
-        return DynamicMig(backend)
-    if isinstance(backend, SimulatedBackend):
-        return backend.dynamic_mig()
-    return None
 
 
 def discovery_config(settings: Settings) -> DiscoveryConfig:
@@ -171,7 +162,9 @@ async def _start_driver(
         mps=await asyncio.to_thread(backend.mps_daemons, settings.checkpoint_dir(driver=driver) / "mps")
         if settings.mps_support and isinstance(backend, NvmlBackend | SimulatedBackend)
         else None,
-        dynamic_mig=await asyncio.to_thread(_dynamic_mig, backend),
+        dynamic_mig=await asyncio.to_thread(backend.mig_instances)
+        if isinstance(backend, NvmlBackend | SimulatedBackend)
+        else None,
     )
     # Listening before the first load, so a checkpoint found corrupt at start is reported too.
     reporter = CorruptionReporter(

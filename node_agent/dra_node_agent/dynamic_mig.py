@@ -11,6 +11,7 @@ session (blocking: callers run it in a thread).
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -127,18 +128,11 @@ class DynamicMig:
         assert device.mig_placement is not None
         minor = device.mig_placement.parent_minor
         nodes = self._backend.mig_cap_nodes(minor=minor, gi_id=instance.gi_id, ci_id=instance.ci_id)
-        return DiscoveredDevice(
-            name=device.name,
-            kind=device.kind,
+        return dataclasses.replace(
+            device,
             uuid=instance.uuid,
-            attributes=device.attributes,
-            capacity=device.capacity,
-            pci_bus_id=device.pci_bus_id,
-            parent_uuid=device.parent_uuid,
             local_id=f"{minor}:{instance.gi_id}:{instance.ci_id}",
             edits=device.edits.merged(ContainerEdits(device_nodes=tuple(nodes))),
-            mig_placement=device.mig_placement,
-            consumes=device.consumes,
         )
 
     # --- destroy and list --------------------------------------------------------------------

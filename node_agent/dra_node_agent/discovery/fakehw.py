@@ -24,6 +24,7 @@ from typing import Any
 
 import pynvml
 
+from .nvml import COMPUTE_PROFILE_BY_SLICES
 from .pci import split_address
 
 # Every pynvml function the NVML backend uses; tests monkeypatch exactly these onto `pynvml`.
@@ -73,11 +74,8 @@ COMPUTE_MODE_FILE = "compute-mode"
 TIME_SLICE_FILE = "timeslice"
 # The GPU's MIG instances once one was created or destroyed (JSON list), as the driver keeps them.
 MIG_INSTANCES_FILE = "mig-instances.json"
-# Highest GPU-instance and compute-instance IDs NVML hands out on these products.
+# Highest GPU-instance ID NVML hands out on these products.
 MAX_GPU_INSTANCE_ID = 14
-MAX_COMPUTE_INSTANCE_ID = 7
-# NVML compute-instance profile index by compute slices (NVML_COMPUTE_INSTANCE_PROFILE_*).
-COMPUTE_INSTANCE_PROFILES = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}
 
 
 @dataclass(frozen=True)
@@ -101,6 +99,10 @@ class FakeMigProfile:
     @property
     def size(self) -> int:
         return self.placement_size or self.slices
+
+    @property
+    def max_instances(self) -> int:
+        return self.instances or 7 // self.slices
 
 
 @dataclass(frozen=True)
@@ -352,7 +354,7 @@ class FakeNvml:
                     encoderCount=p.encoders,
                     jpegCount=p.jpeg,
                     ofaCount=p.ofa,
-                    instanceCount=p.instances or 7 // p.slices,
+                    instanceCount=p.max_instances,
                 )
         raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
 
@@ -394,7 +396,7 @@ class FakeNvml:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         taken = {s for m in gpu.migs for s in range(m.start, m.start + m.profile.size)}
         same = sum(1 for m in gpu.migs if m.profile.id == profileId)
-        if taken & set(range(start, start + size)) or same >= (profile.instances or 7 // profile.slices):
+        if taken & set(range(start, start + size)) or same >= profile.max_instances:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
         used = {m.gi_id for m in gpu.migs}
         gi_id = next(i for i in range(1, MAX_GPU_INSTANCE_ID + 1) if i not in used)
@@ -418,7 +420,7 @@ class FakeNvml:
     ) -> SimpleNamespace:
         del version
         mig = self._instance(gpuInstance, "gi", "nvmlGpuInstanceGetComputeInstanceProfileInfo")
-        slices = {v: k for k, v in COMPUTE_INSTANCE_PROFILES.items()}.get(profile)
+        slices = next((k for k, v in COMPUTE_PROFILE_BY_SLICES.items() if v == profile), None)
         if slices is None or engProfile != 0 or slices > mig.profile.slices:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
         share = mig.profile.multiprocessors * slices // mig.profile.slices
@@ -435,7 +437,7 @@ class FakeNvml:
         if mig.ci_id >= 0:
             # One compute instance per GPU instance is all this fake models (the agent makes one).
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
-        if COMPUTE_INSTANCE_PROFILES.get(mig.profile.slices) != profileId:
+        if COMPUTE_PROFILE_BY_SLICES.get(mig.profile.slices) != profileId:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
         made = dataclasses.replace(
             mig,
@@ -462,7 +464,7 @@ class FakeNvml:
             device=_Handle(gpu),
             gpuInstance=_Handle(gpu, mig, "gi"),
             id=mig.ci_id,
-            profileId=COMPUTE_INSTANCE_PROFILES[mig.profile.slices],
+            profileId=COMPUTE_PROFILE_BY_SLICES[mig.profile.slices],
             placement=SimpleNamespace(start=0, size=mig.profile.slices),
         )
 

@@ -16,7 +16,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import pynvml
 
@@ -39,6 +39,9 @@ from .base import (
     version_attr,
 )
 from .pci import normalize_bus_id, pci_device_dir, pcie_root, read_int
+
+if TYPE_CHECKING:
+    from ..dynamic_mig import DynamicMig
 
 log = logging.getLogger(__name__)
 
@@ -134,15 +137,17 @@ COMPUTE_PROFILE_BY_SLICES: Final = {
     7: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE,
     8: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_8_SLICE,
 }
-# Counters of a dynamic-MIG GPU's counter set, named after the capacities as NVIDIA's driver names
-# them, plus one ``memory-slice-<i>`` per memory slice (a placement consumes those it covers).
-_ENGINE_COUNTERS: Final = (
-    ("multiprocessors", "multiprocessorCount"),
-    ("copy-engines", "copyEngineCount"),
-    ("decoders", "decoderCount"),
-    ("encoders", "encoderCount"),
-    ("jpeg-engines", "jpegCount"),
-    ("ofa-engines", "ofaCount"),
+# A GPU-instance profile's engines: (counter of a dynamic-MIG GPU's counter set, named after the
+# capacity as NVIDIA's driver names it; the capacity; the NVML profile-info field). The counter set
+# also holds ``memory`` and one ``memory-slice-<i>`` per memory slice (a placement consumes those it
+# covers).
+_ENGINES: Final = (
+    ("multiprocessors", "multiprocessors", "multiprocessorCount"),
+    ("copy-engines", "copyEngines", "copyEngineCount"),
+    ("decoders", "decoders", "decoderCount"),
+    ("encoders", "encoders", "encoderCount"),
+    ("jpeg-engines", "jpegEngines", "jpegCount"),
+    ("ofa-engines", "ofaEngines", "ofaCount"),
 )
 
 
@@ -239,6 +244,12 @@ class NvmlBackend:
             env=self.tool_env(),
         )
 
+    def mig_instances(self) -> DynamicMig | None:
+        """Creates and destroys dynamic MIG instances on these GPUs (None: dynamic MIG is off)."""
+        from ..dynamic_mig import DynamicMig  # it drives this backend: imported here, not in a cycle
+
+        return DynamicMig(self) if self.dynamic_mig else None
+
     def tool_env(self) -> dict[str, str]:
         """Environment for the driver's tools (nvidia-smi, MPS) run from a mounted driver root: they
         load NVML and CUDA from there, not from the agent's image."""
@@ -267,10 +278,7 @@ class NvmlBackend:
         Raises ``pynvml.NVMLError`` (or OSError for a broken library) naming nothing; the caller
         says which GPU and why.
         """
-        nvml = self.nvml_module()
-        if nvml is pynvml:
-            self._preload_library()
-        nvml.nvmlInitWithFlags(0)  # setting needs the GPUs attached, unlike discovery
+        nvml = self.open_nvml()  # setting needs the GPUs attached, unlike discovery
         try:
             for uuid in uuids:
                 nvml.nvmlDeviceSetComputeMode(nvml.nvmlDeviceGetHandleByUUID(uuid), mode)
@@ -387,10 +395,14 @@ class NvmlBackend:
             shared[f"{STANDARD_ATTRIBUTE_DOMAIN}/numaNode"] = int_attr(numa)
         parent_node = self._node(f"nvidia{minor}")
 
+        if mig_enabled and memory is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)  # profile names need the total
         if mig_enabled and self.dynamic_mig:
+            assert memory is not None
             self._mig_placements(
                 nvml,
                 parent=handle,
+                total=memory,
                 parent_uuid=uuid,
                 minor=minor,
                 bus_id=bus_id,
@@ -400,8 +412,7 @@ class NvmlBackend:
             )
             return
         if mig_enabled:
-            if memory is None:
-                raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+            assert memory is not None
             self._mig_devices(
                 nvml,
                 parent=handle,
@@ -444,6 +455,7 @@ class NvmlBackend:
         nvml: Any,
         *,
         parent: Any,
+        total: int,
         parent_uuid: str,
         minor: int,
         bus_id: str,
@@ -457,7 +469,6 @@ class NvmlBackend:
         per memory slice); each placement consumes its profile's engines and memory and the memory
         slices it covers, so the scheduler never picks two that the GPU could not hold at once.
         """
-        total = int(nvml.nvmlDeviceGetMemoryInfo(parent).total)
         profiles: list[tuple[int, Any, list[tuple[int, int]]]] = []
         for index in range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
             try:
@@ -476,7 +487,7 @@ class NvmlBackend:
             return
         set_name = f"gpu-{minor}-counter-set"
         counters: dict[str, int] = {}
-        for counter, field_name in _ENGINE_COUNTERS:
+        for counter, _, field_name in _ENGINES:
             counters[counter] = max(int(getattr(info, field_name)) for _, info, _ in profiles)
         counters["memory"] = max(int(info.memorySizeMB) for _, info, _ in profiles) * MIB
         memory_slices = max(start + size for _, _, placements in profiles for start, size in placements)
@@ -492,20 +503,11 @@ class NvmlBackend:
                 total_bytes=total,
                 profile_index=index,
             )
-            capacity = {
-                "multiprocessors": int(info.multiprocessorCount),
-                "copyEngines": int(info.copyEngineCount),
-                "decoders": int(info.decoderCount),
-                "encoders": int(info.encoderCount),
-                "jpegEngines": int(info.jpegCount),
-                "ofaEngines": int(info.ofaCount),
-                "memory": int(info.memorySizeMB) * MIB,
-            }
             engines = {
-                counter: int(getattr(info, field_name))
-                for counter, field_name in _ENGINE_COUNTERS
-                if int(getattr(info, field_name))
+                (counter, name): int(getattr(info, field_name)) for counter, name, field_name in _ENGINES
             }
+            capacity = {name: value for (_, name), value in engines.items()}
+            capacity["memory"] = int(info.memorySizeMB) * MIB
             attributes = {
                 "type": string_attr("mig"),
                 "parentUUID": string_attr(parent_uuid),
@@ -513,7 +515,8 @@ class NvmlBackend:
                 **shared,
             }
             for start, size in placements:
-                uses = {**engines, "memory": capacity["memory"]}
+                uses = {counter: value for (counter, _), value in engines.items() if value}
+                uses["memory"] = capacity["memory"]
                 uses.update({f"memory-slice-{i}": 1 for i in range(start, start + size)})
                 state.devices.append(
                     DiscoveredDevice(

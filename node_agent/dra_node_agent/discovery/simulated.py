@@ -19,13 +19,12 @@ import uuid as uuidlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from dra_api.names import GPU_DRIVER, TPU_DRIVER
 
-from ..dynamic_mig import DynamicMig
 from ..gpu_sharing import GpuSharing, install_simulated_nvidia_smi
 from ..mps import CONTROL_TOOL_PATHS, MpsDaemons, install_simulated_mps_control
 from . import simtools
@@ -43,6 +42,9 @@ from .migtables import MIG_TABLES
 from .nvml import ARCHITECTURE_NAMES, BRAND_NAMES, NVIDIA_SMI_PATHS, NvmlBackend
 from .simnic import NIC_DRIVER, NicProfile, SimNic, SimulatedNicBackend, nic_pci_functions, valid_if_name
 from .tpu import GENERATIONS, GOOGLE_VENDOR, TpuBackend, validate_topology
+
+if TYPE_CHECKING:  # only named here; the NVML backend builds it
+    from ..dynamic_mig import DynamicMig
 
 PROFILE_PACKAGE = "dra_node_agent.profiles"
 NVIDIA_VENDOR = 0x10DE
@@ -479,12 +481,10 @@ class SimulatedBackend:
         backend = self.hardware().backend
         return backend.gpu_sharing() if isinstance(backend, NvmlBackend) else None
 
-    def dynamic_mig(self) -> DynamicMig | None:
-        """MIG instances over the fake NVML, when the agent runs in dynamic MIG mode."""
+    def mig_instances(self) -> DynamicMig | None:
+        """Dynamic MIG instances over the fake NVML (None: dynamic MIG is off, or no GPU profile)."""
         backend = self.hardware().backend
-        if isinstance(backend, NvmlBackend) and backend.dynamic_mig:
-            return DynamicMig(backend)
-        return None
+        return backend.mig_instances() if isinstance(backend, NvmlBackend) else None
 
     def mps_daemons(self, root: Path) -> MpsDaemons | None:
         """MPS daemons from the simulated driver root's stand-in (None for TPU and NIC profiles)."""

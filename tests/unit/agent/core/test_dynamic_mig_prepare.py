@@ -27,7 +27,7 @@ class Node(SimulatedNode):
         super().__init__(tmp_path, profile="mig-dynamic", dynamic_mig=True)
 
     def mig(self) -> DynamicMig:
-        mig = self.backend.dynamic_mig()
+        mig = self.backend.mig_instances()
         assert mig is not None
         return mig
 
