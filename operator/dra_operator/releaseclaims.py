@@ -83,6 +83,16 @@ def describe(claim: HeldClaim) -> str:
     return f"  {claim.key} ({state}{used})"
 
 
+def not_released(in_use: Sequence[HeldClaim]) -> int:
+    """Say which claims stay held because pods use them; the exit status (1)."""
+    print(
+        "not released, because pods use them (delete the pods, then run this again):\n"
+        + "\n".join(describe(c) for c in in_use),
+        file=sys.stderr,
+    )
+    return 1
+
+
 def refusal(held: Sequence[HeldClaim]) -> str:
     lines = [f"{len(held)} ResourceClaims carry the operator's finalizer {OPERATOR_FINALIZER}:"]
     lines += [describe(c) for c in held]
@@ -167,12 +177,7 @@ async def run(*, release: bool, kubeconfig: str | None, stop_operator: str | Non
             return 1
         in_use = [c for c in held if c.users]
         if in_use:
-            print(
-                "not released, because pods use them (delete the pods, then try again):\n"
-                + "\n".join(describe(c) for c in in_use),
-                file=sys.stderr,
-            )
-            return 1
+            return not_released(in_use)
         if stop_operator:
             await _stop_operator(api, stop_operator)
             held = await _held(custom, version)  # what the operator did until it stopped
@@ -190,14 +195,7 @@ async def run(*, release: bool, kubeconfig: str | None, stop_operator: str | Non
                     continue
                 raise
             print(f"released {claim.key}: deallocated, finalizer {OPERATOR_FINALIZER} removed")
-        if in_use:
-            print(
-                "not released, because pods use them (delete the pods, then run this again):\n"
-                + "\n".join(describe(c) for c in in_use),
-                file=sys.stderr,
-            )
-            return 1
-        return 0
+        return not_released(in_use) if in_use else 0
     finally:
         await api.close()
 

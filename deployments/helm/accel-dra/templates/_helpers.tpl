@@ -34,6 +34,14 @@ app.kubernetes.io/name: accel-dra-node-agent
 app.kubernetes.io/component: node-agent
 {{- end -}}
 
+{{/* The uninstall hook's objects: run before deletion, in weight order (the argument); a failed
+     Job stays for its log. */}}
+{{- define "accel-dra.hookAnnotations" -}}
+helm.sh/hook: pre-delete
+helm.sh/hook-weight: {{ . | quote }}
+helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded
+{{- end -}}
+
 {{/* Refuse values the components would reject at run time. */}}
 {{- define "accel-dra.validate" -}}
 {{- if not (has .Values.backend (list "gpu" "tpu" "simulated")) -}}
