@@ -47,6 +47,22 @@ class LocalNode:
         return json.dumps(asdict(self))
 
 
+# The flag that says where each program serves /healthz and /metrics.
+_PORT_FLAGS = {"Deployment": "--metrics-port={port}", "DaemonSet": "--metrics-address=0.0.0.0:{port}"}
+
+
+def give_port(workload: dict[str, Any]) -> None:
+    """A free host port for the workload's /healthz and /metrics (probes and flag together): host
+    networking shares ports, so an update's surge pod needs another one than the pod it replaces."""
+    (container,) = workload["spec"]["template"]["spec"]["containers"]
+    port = free_port()
+    (http,) = container["ports"]
+    http["containerPort"] = port
+    flag = _PORT_FLAGS[workload["kind"]]
+    prefix = flag.split("=", 1)[0] + "="
+    container["args"] = [*(a for a in container["args"] if not a.startswith(prefix)), flag.format(port=port)]
+
+
 def adapt(objects: list[dict[str, Any]], local: LocalNode) -> None:
     """Patch the workloads among ``objects`` in place (see the module docstring)."""
     api = {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": local.apiserver_port}
@@ -61,13 +77,9 @@ def adapt(objects: list[dict[str, Any]], local: LocalNode) -> None:
         container["env"] = [*container.get("env", []), *({"name": k, "value": v} for k, v in api.items())]
         if obj["kind"] == "Job":
             continue
-        port = free_port()
-        (http,) = container["ports"]
-        http["containerPort"] = port
+        give_port(obj)
         if obj["kind"] == "Deployment":
             obj["spec"]["replicas"] = 1
-            args = [a for a in container["args"] if not a.startswith("--metrics-port=")]
-            container["args"] = [*args, f"--metrics-port={port}"]
             continue
         paths = {
             "plugins-registry": local.registry_dir,
@@ -82,16 +94,9 @@ def adapt(objects: list[dict[str, Any]], local: LocalNode) -> None:
         for mount in container["volumeMounts"]:
             if mount["name"] in paths:
                 mount["mountPath"] = paths[mount["name"]]  # the kubelet dials sockets by host path
-        flags = (
-            "--metrics-address=",
-            "--kubelet-registry-dir=",
-            "--kubelet-plugins-dir=",
-            "--cdi-dir=",
-            "--state-dir=",
-        )
+        flags = ("--kubelet-registry-dir=", "--kubelet-plugins-dir=", "--cdi-dir=", "--state-dir=")
         container["args"] = [
             *(a for a in container["args"] if not a.startswith(flags)),
-            f"--metrics-address=0.0.0.0:{port}",
             f"--kubelet-registry-dir={local.registry_dir}",
             f"--kubelet-plugins-dir={local.plugins_dir}",
             f"--cdi-dir={local.cdi_dir}",

@@ -23,10 +23,9 @@ import pytest
 import yaml
 
 from dra_devcluster import LocalCluster, RealNode
-from dra_devcluster.cluster import free_port
 from dra_devcluster.images import WORKLOAD_IMAGE, ImageArchive
 from dra_devcluster.productimage import ensure_product_image
-from tests.integration.deploy.localnode import LocalNode, adapt
+from tests.integration.deploy.localnode import LocalNode, adapt, give_port
 from tests.unit.deploy.render import CRDS_DIR, EXAMPLES_DIR, NAMESPACE, REPO_ROOT, overlay_dir
 
 pytestmark = pytest.mark.cluster
@@ -242,21 +241,25 @@ def gpu_workload(name: str) -> list[dict[str, Any]]:
     return [template, pod]
 
 
+def workload_image(install: Install, kind: str) -> str:
+    (workload,) = [o for o in install.objects if o["kind"] == kind]
+    return str(workload["spec"]["template"]["spec"]["containers"][0]["image"])
+
+
+def new_version(install: Install, kind: str, image: str) -> dict[str, Any]:
+    """The installed workload of ``kind`` with ``image`` and a port of its own (``give_port``)."""
+    (workload,) = [o for o in install.objects if o["kind"] == kind]
+    workload["spec"]["template"]["spec"]["containers"][0]["image"] = image
+    give_port(workload)
+    return workload
+
+
 def roll_agent(install: Install, *, image: str) -> str:
     """Roll the agent DaemonSet to ``image`` and wait until the rollout is done; returns the new pod.
 
-    The port moves with each version: with host networking, the surge pod (the DaemonSet's
-    maxSurge 1 starts it beside the old one) could not bind the old pod's port.
+    The port moves with each version (the DaemonSet's maxSurge 1 starts the new pod beside the old).
     """
-    (daemonset,) = [o for o in install.objects if o["kind"] == "DaemonSet"]
-    (container,) = daemonset["spec"]["template"]["spec"]["containers"]
-    port = free_port()
-    container["image"] = image
-    container["ports"][0]["containerPort"] = port
-    container["args"] = [
-        f"--metrics-address=0.0.0.0:{port}" if a.startswith("--metrics-address=") else a
-        for a in container["args"]
-    ]
+    daemonset = new_version(install, "DaemonSet", image)
     before = {p["metadata"]["name"] for p in install.pods(AGENT)}
     install.cluster.apply([daemonset])
     install.cluster.kubectl("rollout", "status", f"daemonset/{AGENT}", "-n", NAMESPACE, "--timeout=180s")
@@ -294,9 +297,7 @@ def test_rolling_the_agent_to_a_new_version_and_back_keeps_a_running_claim(insta
     they were, and the last agent unprepares the claim when the pod goes."""
     cluster = install.cluster
     install.ready_pod(AGENT)
-    current = next(o for o in install.objects if o["kind"] == "DaemonSet")["spec"]["template"]["spec"][
-        "containers"
-    ][0]["image"]
+    current = workload_image(install, "DaemonSet")
     upgraded = f"{current}-next"
     install.node.tag_image(f"docker.io/library/{current}", f"docker.io/library/{upgraded}")
     cluster.create_namespace(WORKLOAD_NS)
@@ -363,16 +364,10 @@ def test_rolling_the_operator_while_claims_arrive_allocates_each_once(install: I
     claim that fits is allocated, on a device of its own, and the rest wait."""
     cluster = install.cluster
     install.ready_pod(OPERATOR)
-    (deployment,) = [o for o in install.objects if o["kind"] == "Deployment"]
-    (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    image = f"{container['image']}-next"
-    install.node.tag_image(f"docker.io/library/{container['image']}", f"docker.io/library/{image}")
-    port = free_port()  # the surge pod shares the host's network with the old one
-    container["image"] = image
-    container["ports"][0]["containerPort"] = port
-    container["args"] = [
-        f"--metrics-port={port}" if a.startswith("--metrics-port=") else a for a in container["args"]
-    ]
+    current = workload_image(install, "Deployment")
+    image = f"{current}-next"
+    install.node.tag_image(f"docker.io/library/{current}", f"docker.io/library/{image}")
+    deployment = new_version(install, "Deployment", image)
     cluster.create_namespace(WORKLOAD_NS)
     names = [f"claim-{i}" for i in range(10)]  # the node has 8 GPUs
     errors: list[BaseException] = []
@@ -385,8 +380,22 @@ def test_rolling_the_operator_while_claims_arrive_allocates_each_once(install: I
         except BaseException as exc:  # reported by the test thread
             errors.append(exc)
 
+    # The kubelet removes a deleted pod's log folder: the old operator's words are kept as they come.
+    kept: dict[Path, str] = {}
+    rolled = threading.Event()
+
+    def keep_logs() -> None:
+        while not rolled.wait(0.2):
+            for path in install.node.pod_logs_dir.glob(f"{NAMESPACE}_{OPERATOR}-*/*/*.log"):
+                try:
+                    kept[path] = path.read_text(errors="replace")
+                except OSError:
+                    continue  # removed meanwhile
+
     creator = threading.Thread(target=create)
+    keeper = threading.Thread(target=keep_logs)
     try:
+        keeper.start()
         creator.start()
         time.sleep(1)
         cluster.apply([deployment])
@@ -412,7 +421,9 @@ def test_rolling_the_operator_while_claims_arrive_allocates_each_once(install: I
         (operator,) = install.pods(OPERATOR)
         assert operator["spec"]["containers"][0]["image"] == image
         # The old instance handed over on SIGTERM; the new one took over.
-        logs = install.container_log(OPERATOR)
+        rolled.set()
+        keeper.join(timeout=10)
+        logs = "\n".join(kept.values())
         assert "handing over to the standby" in logs, logs[-3000:]
         new_logs = "\n".join(
             p.read_text(errors="replace")
@@ -420,6 +431,7 @@ def test_rolling_the_operator_while_claims_arrive_allocates_each_once(install: I
         )
         assert "this instance is now active" in new_logs, new_logs[-3000:]
     finally:
+        rolled.set()
         creator.join(timeout=60)
         cluster.kubectl(
             "delete",
