@@ -29,6 +29,7 @@ from pathlib import Path
 
 import yaml
 
+from dra_devcluster.apirelay import ApiRelay
 from dra_devcluster.binaries import NodeBinaries
 from dra_devcluster.images import SANDBOX_IMAGE, ImageArchive
 from dra_devcluster.pki import CertPair, issue_client_cert
@@ -60,6 +61,7 @@ class RealNode:
     ports: NodePorts
     feature_gates: Mapping[str, bool]
     _processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict, init=False)
+    _api_relay: ApiRelay | None = field(default=None, init=False)
 
     # -- where things are ------------------------------------------------------------------------
 
@@ -98,6 +100,16 @@ class RealNode:
     def pod_subnet(self) -> str:
         return f"10.244.{self.index}.0/24"
 
+    @property
+    def gateway(self) -> str:
+        """The bridge's own address, the pods' default gateway (host-local's first address)."""
+        return f"10.244.{self.index}.1"
+
+    @property
+    def pod_api_endpoint(self) -> tuple[str, int]:
+        """Where this node's pods reach the API server (:mod:`dra_devcluster.apirelay`)."""
+        return self.gateway, int(self.server.rsplit(":", 1)[1])
+
     # -- lifecycle -------------------------------------------------------------------------------
 
     def start(self, *, images: list[ImageArchive], timeout: float = 90.0) -> None:
@@ -105,6 +117,10 @@ class RealNode:
             directory.mkdir(parents=True, exist_ok=True)
         self._start_containerd(timeout=timeout)
         self._import_images(images)
+        self._api_relay = ApiRelay(
+            listen=self.pod_api_endpoint, upstream=("127.0.0.1", self.pod_api_endpoint[1])
+        )
+        self._api_relay.start()
         self._start_kubelet()
 
     def tasks(self) -> list[str]:
@@ -132,6 +148,9 @@ class RealNode:
             self._ctr("tasks", "delete", "--force", task, check=False)
         self._stop_process("containerd")
         self._kill_leftovers()
+        if self._api_relay is not None:
+            self._api_relay.stop()
+            self._api_relay = None
         if shutil.which("ip"):
             subprocess.run(["ip", "link", "delete", f"dra-br{self.index}"], capture_output=True, check=False)
 

@@ -97,13 +97,14 @@ class NodeProxy:
                 client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
                 if rest:
                     upstream.sendall(rest)
-                pump = threading.Thread(target=_copy, args=(upstream, client), daemon=True)
+                pump = threading.Thread(target=copy_until_closed, args=(upstream, client), daemon=True)
                 pump.start()
-                _copy(client, upstream)
+                copy_until_closed(client, upstream)
                 pump.join()
 
 
-def _copy(source: socket.socket, sink: socket.socket) -> None:
+def copy_until_closed(source: socket.socket, sink: socket.socket) -> None:
+    """Relay one direction of a connection until its source ends, then end the sink's side."""
     try:
         while True:
             data = source.recv(_BUFFER)

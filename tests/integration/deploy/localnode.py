@@ -1,9 +1,12 @@
 """What the product's workloads need changed to run on a real node of the local cluster, and only
-that: there is no kube-proxy (the API server listens on 127.0.0.1), so the pods use the host's
-network and are given the server's address the way kubelet's service variables would; the node's
-kubelet keeps its plugin folders and its CDI folder under the node's own folder, so the agent's
-hostPath volumes and flags point there; ports come free from the machine (host networking shares
-them); the pods are pinned to the node; one operator replica (two would share the host's port).
+that: there is no kube-proxy and no cluster DNS, so pods reach the API server through the node's
+relay on its bridge gateway (:mod:`dra_devcluster.apirelay`), by a name the server's certificate
+carries, given through ``hostAliases`` and the variables kubelet would set from the Service; the
+node's kubelet keeps its plugin folders and its CDI folder under the node's own folder, so the
+agent's hostPath volumes and flags point there; the pods are pinned to the node. Replicas, ports and
+the pod network stay as shipped. A workload the chart put on the host network (its
+``controller.hostNetwork``) gets the API server's loopback address, a free port and one replica
+instead, since host networking shares ports between pods on the node.
 
 Used on rendered objects (kustomize) and as a Helm post-renderer:
 ``python -m tests.integration.deploy.localnode <json settings>`` reads YAML documents on stdin and
@@ -27,6 +30,7 @@ from dra_devcluster.cluster import free_port
 class LocalNode:
     node: str
     apiserver_port: str
+    gateway: str
     registry_dir: str
     plugins_dir: str
     cdi_dir: str
@@ -37,6 +41,7 @@ class LocalNode:
         return LocalNode(
             node=node.name,
             apiserver_port=cluster.server.rsplit(":", 1)[1],
+            gateway=node.gateway,
             registry_dir=str(node.registry_dir),
             plugins_dir=str(node.plugins_dir),
             cdi_dir=str(node.cdi_dir),
@@ -63,23 +68,39 @@ def give_port(workload: dict[str, Any]) -> None:
     container["args"] = [*(a for a in container["args"] if not a.startswith(prefix)), flag.format(port=port)]
 
 
+# A name the API server's certificate carries; pods resolve it to their node's relay.
+API_NAME = "kubernetes.default.svc"
+
+
+def _set_env(container: dict[str, Any], values: dict[str, str]) -> None:
+    kept = [e for e in container.get("env", []) if e["name"] not in values]
+    container["env"] = [*kept, *({"name": k, "value": v} for k, v in values.items())]
+
+
 def adapt(objects: list[dict[str, Any]], local: LocalNode) -> None:
     """Patch the workloads among ``objects`` in place (see the module docstring)."""
-    api = {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": local.apiserver_port}
     for obj in objects:
         if obj.get("kind") not in ("DaemonSet", "Deployment", "Job"):
             continue
         spec = obj["spec"]["template"]["spec"]
-        spec["hostNetwork"] = True
-        spec["dnsPolicy"] = "ClusterFirstWithHostNet"
         spec["nodeSelector"] = {"kubernetes.io/hostname": local.node}
         (container,) = spec["containers"]
-        container["env"] = [*container.get("env", []), *({"name": k, "value": v} for k, v in api.items())]
-        if obj["kind"] == "Job":
-            continue
-        give_port(obj)
-        if obj["kind"] == "Deployment":
-            obj["spec"]["replicas"] = 1
+        if spec.get("hostNetwork"):
+            _set_env(
+                container,
+                {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": local.apiserver_port},
+            )
+            if obj["kind"] != "Job":
+                give_port(obj)
+            if obj["kind"] == "Deployment":
+                obj["spec"]["replicas"] = 1  # a second replica on the one node would want the same port
+        else:
+            spec["hostAliases"] = [{"ip": local.gateway, "hostnames": [API_NAME]}]
+            _set_env(
+                container,
+                {"KUBERNETES_SERVICE_HOST": API_NAME, "KUBERNETES_SERVICE_PORT": local.apiserver_port},
+            )
+        if obj["kind"] != "DaemonSet":
             continue
         paths = {
             "plugins-registry": local.registry_dir,

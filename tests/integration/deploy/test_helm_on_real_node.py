@@ -5,8 +5,10 @@ hook stops the operator, deallocates the claim and removes the finalizer, and th
 through, leaving a claim that can be deleted.
 
 The chart's pods run from the product image on a real node; Helm's post-renderer
-(``localnode``) makes the only changes this local cluster needs (host network, the API server's
-address, the node's folders).
+(``localnode``) makes the only changes this local cluster needs (the API server's address, the
+node's folders). The operator and the hook Job run in the host's network (``controller.hostNetwork``),
+because Helm 3 does not pass hooks through a post-renderer and the hook's pod could not otherwise
+be given the API server's address.
 """
 
 from __future__ import annotations

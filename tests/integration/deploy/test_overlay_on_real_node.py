@@ -25,7 +25,7 @@ import yaml
 from dra_devcluster import LocalCluster, RealNode
 from dra_devcluster.images import WORKLOAD_IMAGE, ImageArchive
 from dra_devcluster.productimage import ensure_product_image
-from tests.integration.deploy.localnode import LocalNode, adapt, give_port
+from tests.integration.deploy.localnode import LocalNode, adapt
 from tests.unit.deploy.render import CRDS_DIR, EXAMPLES_DIR, NAMESPACE, REPO_ROOT, overlay_dir
 
 pytestmark = pytest.mark.cluster
@@ -52,21 +52,33 @@ class Install:
         return [p for p in found["items"] if not p["metadata"].get("deletionTimestamp")]
 
     def ready_pod(self, name: str, *, timeout: float = 180) -> dict[str, Any]:
-        def ready() -> dict[str, Any] | None:
-            for pod in self.pods(name):
-                conditions = {c["type"]: c["status"] for c in pod.get("status", {}).get("conditions") or []}
-                if conditions.get("Ready") == "True":
-                    return pod
-            return None
+        return self.ready_pods(name, count=1, timeout=timeout)[0]
+
+    def ready_pods(self, name: str, *, count: int, timeout: float = 180) -> list[dict[str, Any]]:
+        """At least ``count`` ready pods of the workload ``name``."""
+
+        def ready() -> list[dict[str, Any]] | None:
+            found = [
+                pod
+                for pod in self.pods(name)
+                if any(
+                    c["type"] == "Ready" and c["status"] == "True"
+                    for c in pod.get("status", {}).get("conditions") or []
+                )
+            ]
+            return found if len(found) >= count else None
 
         try:
-            return self.cluster.wait_for(ready, timeout=timeout, interval=1, what=f"a ready {name} pod")
+            pods: list[dict[str, Any]] = self.cluster.wait_for(
+                ready, timeout=timeout, interval=1, what=f"{count} ready {name} pod(s)"
+            )
+            return pods
         except TimeoutError:
             described = self.cluster.kubectl(
                 "describe", "pods", "-n", NAMESPACE, "-l", f"app.kubernetes.io/name={name}", check=False
             ).stdout
             raise AssertionError(
-                f"no ready {name} pod:\n{described[-4000:]}\n{self.container_log(name)}"
+                f"fewer than {count} ready {name} pods:\n{described[-4000:]}\n{self.container_log(name)}"
             ) from None
 
     def container_log(self, name: str) -> str:
@@ -125,10 +137,14 @@ def node_slices(install: Install) -> dict[str, int]:
 
 def test_operator_and_agent_run_as_pods_under_their_service_accounts(install: Install) -> None:
     agent = install.ready_pod(AGENT)
-    operator = install.ready_pod(OPERATOR)
+    operators = install.ready_pods(OPERATOR, count=2)  # the shipped two replicas, one active
     assert agent["spec"]["serviceAccountName"] == AGENT
-    assert operator["spec"]["serviceAccountName"] == OPERATOR
+    assert {o["spec"]["serviceAccountName"] for o in operators} == {OPERATOR}
     assert agent["spec"]["nodeName"] == NODE
+    # On the pod network, as shipped: each pod has an address of its own on the node's bridge.
+    for pod in [agent, *operators]:
+        assert not pod["spec"].get("hostNetwork"), pod["metadata"]["name"]
+        assert pod["status"]["podIP"].startswith(install.node.gateway.rsplit(".", 1)[0] + "."), pod["status"]
 
     # The agent published through the node-scoped admission policy, with the kubelet-issued token.
     def both_published() -> dict[str, int] | None:
@@ -247,18 +263,15 @@ def workload_image(install: Install, kind: str) -> str:
 
 
 def new_version(install: Install, kind: str, image: str) -> dict[str, Any]:
-    """The installed workload of ``kind`` with ``image`` and a port of its own (``give_port``)."""
+    """The installed workload of ``kind`` with ``image``."""
     (workload,) = [o for o in install.objects if o["kind"] == kind]
     workload["spec"]["template"]["spec"]["containers"][0]["image"] = image
-    give_port(workload)
     return workload
 
 
 def roll_agent(install: Install, *, image: str) -> str:
-    """Roll the agent DaemonSet to ``image`` and wait until the rollout is done; returns the new pod.
-
-    The port moves with each version (the DaemonSet's maxSurge 1 starts the new pod beside the old).
-    """
+    """Roll the agent DaemonSet to ``image`` and wait until the rollout is done; returns the new pod
+    (the shipped maxSurge 1 starts it beside the old one, which then stops)."""
     daemonset = new_version(install, "DaemonSet", image)
     before = {p["metadata"]["name"] for p in install.pods(AGENT)}
     install.cluster.apply([daemonset])
@@ -359,11 +372,12 @@ def gpu_claim(name: str) -> dict[str, Any]:
 
 
 def test_rolling_the_operator_while_claims_arrive_allocates_each_once(install: Install) -> None:
-    """O8 as pods: the operator Deployment rolls to another image (its surge pod starts beside the
-    old one, the old one hands over on SIGTERM) while standalone claims are being created; every
-    claim that fits is allocated, on a device of its own, and the rest wait."""
+    """O8 as pods: the operator Deployment's two replicas roll to another image (the shipped maxSurge
+    1, maxUnavailable 0: new pods start one at a time beside the old ones, and the active one hands
+    over on SIGTERM) while standalone claims are being created; every claim that fits is allocated,
+    on a device of its own, and the rest wait."""
     cluster = install.cluster
-    install.ready_pod(OPERATOR)
+    install.ready_pods(OPERATOR, count=2)
     current = workload_image(install, "Deployment")
     image = f"{current}-next"
     install.node.tag_image(f"docker.io/library/{current}", f"docker.io/library/{image}")
@@ -418,18 +432,23 @@ def test_rolling_the_operator_while_claims_arrive_allocates_each_once(install: I
         assert len(set(devices)) == 8, f"a device was allocated twice: {held}"
         time.sleep(5)  # the two that do not fit stay unallocated
         assert allocated() == held
-        (operator,) = install.pods(OPERATOR)
-        assert operator["spec"]["containers"][0]["image"] == image
-        # The old instance handed over on SIGTERM; the new one took over.
+        operators = install.pods(OPERATOR)
+        assert len(operators) == 2, [o["metadata"]["name"] for o in operators]
+        assert {o["spec"]["containers"][0]["image"] for o in operators} == {image}
+        # The old active instance handed over on SIGTERM; of the two new ones, one took over.
         rolled.set()
         keeper.join(timeout=10)
         logs = "\n".join(kept.values())
         assert "handing over to the standby" in logs, logs[-3000:]
-        new_logs = "\n".join(
-            p.read_text(errors="replace")
-            for p in install.node.pod_logs_dir.glob(f"{NAMESPACE}_{operator['metadata']['name']}_*/*/*.log")
-        )
-        assert "this instance is now active" in new_logs, new_logs[-3000:]
+        new_logs = {
+            o["metadata"]["name"]: "\n".join(
+                p.read_text(errors="replace")
+                for p in install.node.pod_logs_dir.glob(f"{NAMESPACE}_{o['metadata']['name']}_*/*/*.log")
+            )
+            for o in operators
+        }
+        active = [name for name, text in new_logs.items() if "this instance is now active" in text]
+        assert len(active) == 1, {name: text[-2000:] for name, text in new_logs.items()}
     finally:
         rolled.set()
         creator.join(timeout=60)
