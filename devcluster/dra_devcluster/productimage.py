@@ -24,6 +24,14 @@ mirror moved on (security updates), and the base layer with them; nothing else w
 
 The result is cached under ``$XDG_CACHE_HOME/accel-dra/image/<key>/`` by a hash of everything
 that goes into it (lock file, sources, this builder, revision, epoch), so tests reuse it.
+
+Older revisions (:func:`ensure_product_image_of`, for tests that roll from one release to
+another): the committed tree of a commit of the same repository, exported with ``git archive``
+(the checkout and its ``.git`` stay untouched), built by this builder, not the commit's own;
+revision = that commit, epoch = its commit time, and the reference
+``accel-dra:<version>-<12 hex of the commit>``, so that it and the current tree's image (same
+version) can sit in one containerd. Cached once per commit and builder, keyed by the commit
+rather than a hash of the files, so a cached call reads no tree.
 """
 
 from __future__ import annotations
@@ -36,10 +44,11 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dra_devcluster import ociarchive
@@ -56,6 +65,8 @@ DEFAULT_CMD = ("dra-operator", "run")
 # What the image is made of: the package folders and the files pip needs to build the wheel.
 SOURCE_FILES = ("pyproject.toml", "README.md", "requirements.lock")
 SOURCE_DIRS = ("api", "operator", "node_agent", "devcluster")
+# The length of the commit in an older revision's tag: fixed, unlike ``git rev-parse --short``.
+SHORT_REVISION = 12
 _SKIPPED_NAMES = ("__pycache__", ".mypy_cache", "build")
 _DPKG_EXCLUDES = ("/usr/share/doc/*", "/usr/share/man/*", "/usr/share/info/*", "/usr/share/locale/*")
 _PATH = f"{VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -127,10 +138,33 @@ def source_files(source: Path) -> list[Path]:
 class _Inputs:
     source: Path
     version: str
+    # The image's tag: the version, and for an older revision its short commit too.
+    tag: str
     revision: str
     epoch: int
     origin: str
     key: str
+    # An older revision: ``source`` is the repository, and the build exports the commit from it.
+    from_commit: bool = False
+
+
+def _origin(source: Path) -> str:
+    origin = subprocess.run(
+        ["git", "-C", str(source), "config", "--get", "remote.origin.url"], capture_output=True, text=True
+    ).stdout.strip()
+    return origin or "local checkout (no git remote)"
+
+
+def _key(fields: list[object], *, source: Path, files: list[Path]) -> str:
+    """The cache key: this builder's code, ``fields``, and the names and contents of ``files``."""
+    h = hashlib.sha256()
+    for builder in (Path(__file__), Path(ociarchive.__file__)):
+        h.update(builder.read_bytes())
+    h.update(json.dumps(fields).encode())
+    for rel in files:
+        h.update(f"\0{rel}\0".encode())
+        h.update((source / rel).read_bytes())
+    return h.hexdigest()[:20]
 
 
 def _inputs(source: Path) -> _Inputs:
@@ -139,46 +173,140 @@ def _inputs(source: Path) -> _Inputs:
     if _git(source, "status", "--porcelain", "--", *SOURCE_FILES, *SOURCE_DIRS):
         revision += "-dirty"
     epoch = int(os.environ.get("SOURCE_DATE_EPOCH") or _git(source, "log", "-1", "--format=%ct", "HEAD"))
-    origin = subprocess.run(
-        ["git", "-C", str(source), "config", "--get", "remote.origin.url"], capture_output=True, text=True
-    ).stdout.strip()
-    h = hashlib.sha256()
-    for builder in (Path(__file__), Path(ociarchive.__file__)):
-        h.update(builder.read_bytes())
-    h.update(json.dumps([revision, epoch, origin, SUITE, PACKAGES, sys.version_info[:2]]).encode())
-    for rel in files:
-        h.update(f"\0{rel}\0".encode())
-        h.update((source / rel).read_bytes())
+    origin = _origin(source)
+    key = _key([revision, epoch, origin, SUITE, PACKAGES, sys.version_info[:2]], source=source, files=files)
+    version = project_version(source)
     return _Inputs(
         source=source,
-        version=project_version(source),
+        version=version,
+        tag=version,
         revision=revision,
         epoch=epoch,
-        origin=origin or "local checkout (no git remote)",
-        key=h.hexdigest()[:20],
+        origin=origin,
+        key=key,
+    )
+
+
+def resolve_revision(repository: Path, revision: str) -> str:
+    """The full commit ``revision`` names in ``repository``; :class:`ImageBuildError` when it has
+    no such commit (a shallow clone, or history not fetched)."""
+    shallow = _git(repository, "rev-parse", "--is-shallow-repository") == "true"
+    found = subprocess.run(
+        [
+            "git",
+            "-C",
+            str(repository),
+            "rev-parse",
+            "--verify",
+            "--quiet",
+            "--end-of-options",
+            f"{revision}^{{commit}}",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    if found.returncode != 0:
+        why, fetch = ("a shallow clone", "git fetch --unshallow") if shallow else ("not fetched", "git fetch")
+        raise ImageBuildError(
+            f"revision {revision!r} is not a commit of the repository {repository} ({why}): fetch its "
+            f"history ({fetch}, or git fetch origin {revision}) and try again"
+        )
+    return found.stdout.strip()
+
+
+def _revision_inputs(repository: Path, revision: str) -> _Inputs:
+    commit = resolve_revision(repository, revision)
+    present = set(_git(repository, "ls-tree", "--name-only", commit).splitlines())
+    # Package folders a commit lacks just contribute nothing; these files the build reads.
+    missing = [name for name in SOURCE_FILES if name not in present]
+    if missing:
+        raise ImageBuildError(
+            f"revision {commit} has no {', '.join(missing)}, which this builder builds from:"
+            " it predates the layout the image is built from"
+        )
+    pyproject = _git(repository, "show", f"{commit}:pyproject.toml")
+    version: str = tomllib.loads(pyproject)["project"]["version"]
+    epoch = int(os.environ.get("SOURCE_DATE_EPOCH") or _git(repository, "log", "-1", "--format=%ct", commit))
+    origin = _origin(repository)
+    # The commit fixes every source file, so it stands for them in the key: no tree to read.
+    key = _key(
+        ["commit", commit, epoch, origin, SUITE, PACKAGES, sys.version_info[:2]], source=repository, files=[]
+    )
+    return _Inputs(
+        source=repository,
+        version=version,
+        tag=f"{version}-{commit[:SHORT_REVISION]}",
+        revision=commit,
+        epoch=epoch,
+        origin=origin,
+        key=key,
+        from_commit=True,
     )
 
 
 def ensure_product_image(*, source: Path | None = None, rebuild: bool = False) -> ProductImage:
     """The image of the checkout ``source``: from the cache when its inputs are unchanged."""
-    inputs = _inputs(source or default_source())
-    folder = cache_dir().parent.parent / "image" / inputs.key
-    path = folder / f"{IMAGE_REPOSITORY}-{inputs.version}.oci.tar"
+    return _ensure(_inputs(source or default_source()), rebuild=rebuild)
+
+
+def ensure_product_image_of(
+    revision: str, *, source: Path | None = None, rebuild: bool = False
+) -> ProductImage:
+    """The image of the committed tree at ``revision`` (a commit of the repository ``source``, the
+    checkout this module comes from by default), built by this builder: from the cache when built
+    before. :class:`ImageBuildError` when the repository lacks the commit."""
+    return _ensure(_revision_inputs(source or default_source(), revision), rebuild=rebuild)
+
+
+def _image_path(inputs: _Inputs) -> Path:
+    return cache_dir().parent.parent / "image" / inputs.key / f"{IMAGE_REPOSITORY}-{inputs.tag}.oci.tar"
+
+
+def _ensure(inputs: _Inputs, *, rebuild: bool) -> ProductImage:
+    path = _image_path(inputs)
     if path.is_file() and not rebuild:
         return _describe(path, inputs=inputs, cached=True)
     started = time.monotonic()
-    folder.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="accel-dra-image-") as tmp:
-        _build(inputs=inputs, work=Path(tmp), path=path)
+        work = Path(tmp)
+        if inputs.from_commit:
+            inputs = replace(inputs, source=_export(inputs.source, inputs.revision, into=work / "tree"))
+        _build(inputs=inputs, work=work, path=path)
     log.info("image %s built in %.0f s: %s", path.name, time.monotonic() - started, path)
     return _describe(path, inputs=inputs, cached=False)
+
+
+def _export(repository: Path, commit: str, *, into: Path) -> Path:
+    """The commit's sources as files under ``into`` (``git archive``: no worktree to clean up)."""
+    present = set(_git(repository, "ls-tree", "--name-only", commit).splitlines())
+    paths = [name for name in (*SOURCE_FILES, *SOURCE_DIRS) if name in present]
+    archive = into.with_name(into.name + ".tar")
+    _run(
+        f"git archive {commit[:SHORT_REVISION]}",
+        [
+            "git",
+            "-C",
+            str(repository),
+            "archive",
+            "--format=tar",
+            f"--output={archive}",
+            commit,
+            "--",
+            *paths,
+        ],
+    )
+    with tarfile.open(archive) as tar:
+        tar.extractall(into, filter="data")
+    archive.unlink()
+    return into
 
 
 def _describe(path: Path, *, inputs: _Inputs, cached: bool) -> ProductImage:
     parts = ociarchive.read_image_archive(path)
     (descriptor,) = parts["index"]["manifests"]
     return ProductImage(
-        name=f"{IMAGE_REPOSITORY}:{inputs.version}",
+        name=f"{IMAGE_REPOSITORY}:{inputs.tag}",
         reference=descriptor["annotations"]["io.containerd.image.name"],
         path=path,
         manifest_digest=descriptor["digest"],
@@ -208,7 +336,7 @@ def _build(*, inputs: _Inputs, work: Path, path: Path) -> None:
     arch = _run("dpkg --print-architecture", ["dpkg", "--print-architecture"]).strip()
     ociarchive.write_image_archive(
         path=path,
-        name=f"docker.io/library/{IMAGE_REPOSITORY}:{inputs.version}",
+        name=f"docker.io/library/{IMAGE_REPOSITORY}:{inputs.tag}",
         config=image_config(inputs=inputs, arch=arch),
         layers=[base, app],
         platform={"architecture": arch, "os": "linux"},
