@@ -24,7 +24,7 @@ import yaml
 
 from dra_devcluster import LocalCluster, RealNode
 from dra_devcluster.images import WORKLOAD_IMAGE, ImageArchive
-from dra_devcluster.productimage import ensure_product_image
+from dra_devcluster.productimage import ensure_product_image, ensure_product_image_of
 from tests.integration.deploy.localnode import LocalNode, adapt
 from tests.unit.deploy.render import CRDS_DIR, EXAMPLES_DIR, NAMESPACE, REPO_ROOT, overlay_dir
 
@@ -37,6 +37,9 @@ NODE = "ov-1"
 AGENT = "accel-dra-node-agent"
 OPERATOR = "accel-dra-operator"
 EXAMPLE_NS = "gpu-test1"
+# The release the agent is rolled back to and forward from (N16): the last one whose checkpoint
+# had no ``dynamicMIG``/``migUUID`` fields, built from its commit by today's image builder.
+PREVIOUS_RELEASE = "7305f7dbb79ba8e43f42ca148a373182a44e53e7"
 WORKLOAD_NS = "overlay-workload"
 
 
@@ -304,15 +307,17 @@ def slices_of_node(install: Install) -> list[tuple[str, str, int, str]]:
     )
 
 
-def test_rolling_the_agent_to_a_new_version_and_back_keeps_a_running_claim(install: Install) -> None:
-    """N11/N16 as pods: a GPU pod runs through an upgrade and a downgrade of the agent DaemonSet (the
-    shipped maxSurge 1 update); the new agents take the checkpoint over, the slices stay exactly as
-    they were, and the last agent unprepares the claim when the pod goes."""
+def test_rolling_the_agent_to_the_previous_release_and_back_keeps_a_running_claim(install: Install) -> None:
+    """N11/N16 as pods: a GPU pod runs through a downgrade of the agent DaemonSet to the previous
+    release's image and the upgrade back (the shipped maxSurge 1 update); each agent takes the
+    other's checkpoint over, the slices are updated in place (same names and UIDs) and end as they
+    were, and the last agent unprepares the claim when the pod goes."""
     cluster = install.cluster
     install.ready_pod(AGENT)
     current = workload_image(install, "DaemonSet")
-    upgraded = f"{current}-next"
-    install.node.tag_image(f"docker.io/library/{current}", f"docker.io/library/{upgraded}")
+    previous = ensure_product_image_of(PREVIOUS_RELEASE)
+    assert previous.name != current
+    install.node.import_images([ImageArchive(name=previous.reference, path=previous.path)])
     cluster.create_namespace(WORKLOAD_NS)
     try:
         cluster.apply(gpu_workload("held"))
@@ -334,13 +339,18 @@ def test_rolling_the_agent_to_a_new_version_and_back_keeps_a_running_claim(insta
         assert checkpoint_claims(checkpoint)[uid]["state"] == "PrepareCompleted"
         slices = slices_of_node(install)
 
-        for image in (upgraded, current):
+        for image in (previous.name, current):
             roll_agent(install, image=image)
             pod = cluster.get_json("pod", "held", "-n", WORKLOAD_NS)
             assert pod["status"]["phase"] == "Running"
             assert pod["status"]["containerStatuses"][0]["restartCount"] == 0
             assert checkpoint_claims(checkpoint)[uid]["state"] == "PrepareCompleted"
-            assert slices_of_node(install) == slices, "the new agent rewrote or recreated the slices"
+            now = slices_of_node(install)
+            # Updated in place, never recreated: the scheduler never sees the node's devices vanish.
+            assert [(n, u) for n, u, _, _ in now] == [(n, u) for n, u, _, _ in slices], "slices recreated"
+        # Back on the current release: the same devices as before the downgrade. (The previous
+        # release publishes its own attributes; each version rewrites the slices to its own.)
+        assert [d for *_, d in slices_of_node(install)] == [d for *_, d in slices]
 
         cluster.kubectl("delete", "pod", "held", "-n", WORKLOAD_NS, "--wait=true", "--timeout=60s")
         cluster.wait_for(
@@ -369,6 +379,16 @@ def gpu_claim(name: str) -> dict[str, Any]:
             "devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}
         },
     }
+
+
+def last_peering_state(log: str) -> str | None:
+    """ "active" or "standby": what an operator instance's log last said it was."""
+    said = {
+        "active": log.rfind("this instance is now active"),
+        "standby": max(log.rfind("this instance is now standby"), log.rfind("stepped down")),
+    }
+    state, at = max(said.items(), key=lambda item: item[1])
+    return state if at >= 0 else None
 
 
 def test_rolling_the_operator_while_claims_arrive_allocates_each_once(install: Install) -> None:
@@ -447,7 +467,9 @@ def test_rolling_the_operator_while_claims_arrive_allocates_each_once(install: I
             )
             for o in operators
         }
-        active = [name for name, text in new_logs.items() if "this instance is now active" in text]
+        # A new pod with a higher (random) peering priority takes over from a lower one, so both may
+        # have been active for a while; at the end exactly one is.
+        active = [name for name, text in new_logs.items() if last_peering_state(text) == "active"]
         assert len(active) == 1, {name: text[-2000:] for name, text in new_logs.items()}
     finally:
         rolled.set()
