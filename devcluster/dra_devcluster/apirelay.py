@@ -16,7 +16,7 @@ import logging
 import socket
 import threading
 
-from dra_devcluster.nodeproxy import copy_until_closed
+from dra_devcluster.nodeproxy import accept_in_threads, relay_both_ways
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,13 @@ class ApiRelay:
         server.bind(self.listen)
         server.listen(64)
         self._server = server
-        threading.Thread(target=self._accept, args=(server,), name="api-relay", daemon=True).start()
+        threading.Thread(
+            target=accept_in_threads,
+            args=(server, self._serve),
+            kwargs={"alive": lambda: self._server is server},
+            name="api-relay",
+            daemon=True,
+        ).start()
 
     def stop(self) -> None:
         server, self._server = self._server, None
@@ -47,14 +53,6 @@ class ApiRelay:
             with contextlib.suppress(OSError):
                 server.shutdown(socket.SHUT_RDWR)
             server.close()
-
-    def _accept(self, server: socket.socket) -> None:
-        while self._server is server:
-            try:
-                client, _ = server.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
 
     def _serve(self, client: socket.socket) -> None:
         with client:
@@ -66,8 +64,4 @@ class ApiRelay:
                 )
                 return
             with upstream:
-                upstream.settimeout(None)
-                pump = threading.Thread(target=copy_until_closed, args=(upstream, client), daemon=True)
-                pump.start()
-                copy_until_closed(client, upstream)
-                pump.join()
+                relay_both_ways(client, upstream)

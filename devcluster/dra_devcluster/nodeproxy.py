@@ -14,6 +14,7 @@ import contextlib
 import logging
 import socket
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,13 @@ class NodeProxy:
         server.bind(str(self.path))
         server.listen(64)
         self._server = server
-        self._thread = threading.Thread(target=self._accept, name="node-proxy", daemon=True)
+        self._thread = threading.Thread(
+            target=accept_in_threads,
+            args=(server, self._serve),
+            kwargs={"alive": lambda: self._server is server},
+            name="node-proxy",
+            daemon=True,
+        )
         self._thread.start()
 
     def stop(self) -> None:
@@ -57,15 +64,6 @@ class NodeProxy:
             self._server.close()
             self._server = None
         self.path.unlink(missing_ok=True)
-
-    def _accept(self) -> None:
-        server = self._server
-        while server is not None and self._server is server:
-            try:
-                client, _ = server.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
 
     def _serve(self, client: socket.socket) -> None:
         with client:
@@ -93,14 +91,32 @@ class NodeProxy:
                 )
                 return
             with upstream:
-                upstream.settimeout(None)
                 client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
                 if rest:
                     upstream.sendall(rest)
-                pump = threading.Thread(target=copy_until_closed, args=(upstream, client), daemon=True)
-                pump.start()
-                copy_until_closed(client, upstream)
-                pump.join()
+                relay_both_ways(client, upstream)
+
+
+def accept_in_threads(
+    server: socket.socket, serve: Callable[[socket.socket], None], *, alive: Callable[[], bool]
+) -> None:
+    """Hand each connection ``server`` accepts to ``serve``, in a thread of its own, while ``alive()``
+    (closing the server ends the loop too)."""
+    while alive():
+        try:
+            client, _ = server.accept()
+        except OSError:
+            return
+        threading.Thread(target=serve, args=(client,), daemon=True).start()
+
+
+def relay_both_ways(client: socket.socket, upstream: socket.socket) -> None:
+    """Copy each side to the other until both have ended."""
+    upstream.settimeout(None)
+    pump = threading.Thread(target=copy_until_closed, args=(upstream, client), daemon=True)
+    pump.start()
+    copy_until_closed(client, upstream)
+    pump.join()
 
 
 def copy_until_closed(source: socket.socket, sink: socket.socket) -> None:
