@@ -242,6 +242,7 @@ class LocalCluster:
         for node in reversed(self._real_nodes):
             self._drain(node)
             node.stop()
+            self._release_root(node)
         self._real_nodes.clear()
         for component in reversed(self._components):
             proc = component.process
@@ -663,10 +664,28 @@ class LocalCluster:
         for node in [n for n in self._real_nodes if n.name == name]:
             self._drain(node)
             node.stop()
+            self._release_root(node)
             self._real_nodes.remove(node)
         if self._node_proxy is not None:
             self._node_proxy.remove_routes(name)
         self.kubectl("delete", "node", name, "--ignore-not-found", "--wait=false", check=False)
+
+    def _release_root(self, node: RealNode) -> None:
+        """A stopped node's folder outside the workdir (a short temporary one, see
+        :meth:`add_real_node`) is removed, its logs copied into the workdir first, so that
+        removing the workdir leaves nothing behind."""
+        link = self.workdir / "nodes" / node.name
+        if not link.is_symlink() or link.resolve() != node.root.resolve():
+            return
+        link.unlink()
+        link.mkdir()
+        for part in (node.logs_dir, node.pod_logs_dir):
+            with contextlib.suppress(OSError):
+                shutil.copytree(part, link / part.name, symlinks=True)
+        if node.mounts():
+            log.warning("node %s: %s stays, something is still mounted in it", node.name, node.root)
+            return
+        shutil.rmtree(node.root.parent, ignore_errors=True)
 
     def delete_node(self, name: str) -> None:
         self.kubectl("delete", "node", name, "--wait=true")

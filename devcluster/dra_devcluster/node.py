@@ -15,6 +15,7 @@ so the Node authorizer and NodeRestriction apply to it as in a real cluster. Ima
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import logging
 import os
@@ -35,6 +36,8 @@ from dra_devcluster.images import SANDBOX_IMAGE, ImageArchive
 from dra_devcluster.pki import CertPair, issue_client_cert
 
 log = logging.getLogger(__name__)
+
+_MNT_DETACH = 2  # linux/fs.h; lazy, so a mount still in use goes as soon as it is not
 
 
 class NodeStartError(RuntimeError):
@@ -148,6 +151,9 @@ class RealNode:
             self._ctr("tasks", "delete", "--force", task, check=False)
         self._stop_process("containerd")
         self._kill_leftovers()
+        self._unmount_all()
+        # Images and container layers (about 1 GB a node); logs and configuration stay for reading.
+        shutil.rmtree(self.root / "containerd", ignore_errors=True)
         if self._api_relay is not None:
             self._api_relay.stop()
             self._api_relay = None
@@ -404,6 +410,31 @@ class RealNode:
         raise self.start_error("kubelet", f"its healthz did not answer within {timeout:.0f} s")
 
     # -- cleanup ---------------------------------------------------------------------------------
+
+    def mounts(self) -> list[str]:
+        """Mount points under the node's folder: the kubelet bind-mounts its root dir onto itself
+        (to make it shared), and pod volumes the kubelet did not tear down stay mounted."""
+        root = str(self.root.resolve())
+        found = []
+        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+            # Field 5 is the mount point, with space, tab, newline and backslash octal-escaped.
+            point = line.split()[4].encode().decode("unicode_escape")
+            if point == root or point.startswith(root + "/"):
+                found.append(point)
+        return found
+
+    def _unmount_all(self) -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        for _ in range(8):  # stacked mounts on one point come off one at a time
+            points = self.mounts()
+            if not points:
+                return
+            for point in sorted(points, key=len, reverse=True):
+                if libc.umount2(point.encode(), _MNT_DETACH) != 0:
+                    log.warning(
+                        "node %s: cannot unmount %s: %s", self.name, point, os.strerror(ctypes.get_errno())
+                    )
+        log.warning("node %s: still mounted under %s: %s", self.name, self.root, self.mounts())
 
     def _kill_leftovers(self) -> None:
         """Shims and containers outlive containerd by design; a stopped test node must not."""

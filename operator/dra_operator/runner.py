@@ -23,17 +23,15 @@ carries a resourceVersion precondition, so even two active instances could not d
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import logging
+import os
 import signal
 import threading
 import time
-from pathlib import Path
 from typing import Any, cast
 
 import kopf
-import yaml
 
 from dra_api.kube import make_api_client, preferred_resource_version
 from dra_api.names import PROJECT_DOMAIN
@@ -44,6 +42,7 @@ from dra_operator.deviceclasses import DeviceClassKeeper
 from dra_operator.handlers import OperatorParts, build_registry
 from dra_operator.health import Health, make_app, serve
 from dra_operator.kubeapi import KubeApi
+from dra_operator.login import kubeconfig_login, service_account_login
 from dra_operator.metrics import Metrics
 from dra_operator.peering import Peering, PeeringTimes
 from dra_operator.placement import Placer
@@ -83,36 +82,6 @@ def configure_kopf(kopf_settings: kopf.OperatorSettings, settings: Settings) -> 
     # The operator posts its own Events (with reasons users can filter on); Kopf's handler
     # chatter would only add noise on every claim.
     kopf_settings.posting.enabled = False
-
-
-def _data(user: dict[str, Any], key: str) -> str | None:
-    raw = user.get(f"{key}-data")
-    return base64.b64decode(raw).decode() if raw else None
-
-
-def kubeconfig_login(path: str) -> kopf.ConnectionInfo:
-    """Kopf's connection from a kubeconfig file (current context; certificates, or a token)."""
-    config = yaml.safe_load(Path(path).read_text()) or {}
-    context_name = config.get("current-context")
-    contexts = {c["name"]: c.get("context") or {} for c in config.get("contexts", [])}
-    if context_name not in contexts:
-        raise kopf.LoginError(f"kubeconfig {path}: current-context {context_name!r} is not defined")
-    context = contexts[context_name]
-    cluster = {c["name"]: c.get("cluster") or {} for c in config.get("clusters", [])}[context["cluster"]]
-    user = {u["name"]: u.get("user") or {} for u in config.get("users", [])}.get(context.get("user"), {})
-    return kopf.ConnectionInfo(
-        server=cluster["server"],
-        ca_path=cluster.get("certificate-authority"),
-        ca_data=_data(cluster, "certificate-authority"),
-        insecure=cluster.get("insecure-skip-tls-verify"),
-        token=user.get("token"),
-        scheme="Bearer" if user.get("token") else None,
-        certificate_path=user.get("client-certificate"),
-        certificate_data=_data(user, "client-certificate"),
-        private_key_path=user.get("client-key"),
-        private_key_data=_data(user, "client-key"),
-        default_namespace=context.get("namespace"),
-    )
 
 
 async def run(
@@ -166,8 +135,7 @@ async def run(
     def login(kopf_settings: kopf.OperatorSettings) -> kopf.ConnectionInfo | None:
         if settings.kubeconfig:
             return kubeconfig_login(settings.kubeconfig)
-        result: kopf.ConnectionInfo | None = kopf.login_with_service_account(settings=kopf_settings)
-        return result
+        return service_account_login(os.environ)
 
     parts = OperatorParts(
         settings=settings,

@@ -165,6 +165,15 @@ def test_operator_and_agent_run_as_pods_under_their_service_accounts(install: In
         "deviceclasses", "-l", "app.kubernetes.io/managed-by=accel-dra-operator"
     )
     assert {c["metadata"]["name"] for c in classes["items"]} >= {"gpu.nvidia.com", "tpu.google.com"}
+    # Kopf's watches reached the API server where the pod's service variables say, at the first try.
+    for operator in operators:
+        name = operator["metadata"]["name"]
+        text = "".join(
+            p.read_text(errors="replace")
+            for p in install.node.pod_logs_dir.glob(f"{NAMESPACE}_{name}_*/*/*.log")
+        )
+        assert "dra_operator.runner: starting" in text, text[-3000:]
+        assert "failed; will retry" not in text, text[-3000:]
 
 
 def run_example(install: Install) -> list[str]:
