@@ -106,7 +106,8 @@ def mig_profile_name(
     """
     total_gb = math.ceil(total_bytes / GIB)
     eighths = math.ceil(memory_mib * MIB / total_bytes * 8)
-    gb = round(eighths / 8 * total_gb)
+    # Halves round up, as Go's math.Round does (Python's round() would make the H200's 3g.71gb 3g.70gb).
+    gb = math.floor(eighths / 8 * total_gb + 0.5)
     base = f"{gi_slices}g.{gb}gb"
     if ci_slices != gi_slices:
         base = f"{ci_slices}c.{base}"

@@ -262,6 +262,37 @@ def test_mig_profile_names_follow_nvidia() -> None:
     )
 
 
+# An H200's GPU-instance profiles as NVML reported them on the device machine (2026-11-26, driver
+# 580.159.04): (profile index, slices, memorySizeMB) and the name the driver gives each.
+H200_MEMORY = 150754820096
+H200_PROFILES = [
+    (0, 1, 16384, "1g.18gb"),
+    (1, 2, 33280, "2g.35gb"),
+    (2, 3, 71424, "3g.71gb"),
+    (3, 4, 71424, "4g.71gb"),
+    (4, 7, 143360, "7g.141gb"),
+    (7, 1, 16384, "1g.18gb+me"),
+    (9, 1, 33280, "1g.35gb"),
+]
+
+
+@pytest.mark.parametrize(("index", "slices", "memory_mib", "name"), H200_PROFILES)
+def test_h200_profile_names_round_halves_up_as_nvidia_does(
+    index: int, slices: int, memory_mib: int, name: str
+) -> None:
+    # 3g and 4g are exactly half of the GPU's 141 GB: 70.5 is named 71.
+    assert (
+        mig_profile_name(
+            gi_slices=slices,
+            ci_slices=slices,
+            memory_mib=memory_mib,
+            total_bytes=H200_MEMORY,
+            profile_index=index,
+        )
+        == name
+    )
+
+
 def test_nvml_library_is_found_under_the_driver_root(tmp_path: Path) -> None:
     assert find_nvml_library(tmp_path) is None
     library = tmp_path / "usr" / "lib" / "x86_64-linux-gnu" / "libnvidia-ml.so.1"
