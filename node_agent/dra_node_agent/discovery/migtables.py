@@ -74,6 +74,16 @@ H100_80GB: Final = (
     _row(3, 5, 4, 40448, 64, 4, 4, 4, 0, 1, (0,), 4),  # 4g.40gb
     _row(4, 0, 7, 81152, 132, 8, 7, 7, 1, 1, (0,), 8),  # 7g.80gb
 )
+# As NVML reported it on an H200 (driver 580.159.04, 2026-11-26; tests/hardware).
+H200_141GB: Final = (
+    _row(0, 19, 1, 16384, 16, 1, 1, 1, 0, 7, ONE_SLICE, 1),  # 1g.18gb
+    _row(7, 20, 1, 16384, 16, 1, 1, 1, 1, 1, ONE_SLICE, 1),  # 1g.18gb+me
+    _row(9, 15, 1, 33280, 26, 1, 1, 1, 0, 4, (0, 2, 4, 6), 2),  # 1g.35gb
+    _row(1, 14, 2, 33280, 32, 2, 2, 2, 0, 3, (0, 2, 4), 2),  # 2g.35gb
+    _row(2, 9, 3, 71424, 60, 3, 3, 3, 0, 2, (0, 4), 4),  # 3g.71gb
+    _row(3, 5, 4, 71424, 64, 4, 4, 4, 0, 1, (0,), 4),  # 4g.71gb
+    _row(4, 0, 7, 143360, 132, 8, 7, 7, 1, 1, (0,), 8),  # 7g.141gb
+)
 
 # By the product name NVML reports.
 MIG_TABLES: Final[dict[str, tuple[FakeMigProfile, ...]]] = {
@@ -82,4 +92,5 @@ MIG_TABLES: Final[dict[str, tuple[FakeMigProfile, ...]]] = {
     "NVIDIA A100-SXM4-80GB": A100_80GB,
     "NVIDIA A100 80GB PCIe": A100_80GB,
     "NVIDIA H100 80GB HBM3": H100_80GB,
+    "NVIDIA H200": H200_141GB,
 }

@@ -1,5 +1,5 @@
 """Dynamic MIG: the published placements and counter sets, and creating and destroying instances,
-against the fake NVML with the real profile tables (A100 40GB/80GB, H100 80GB)."""
+against the fake NVML with the real profile tables (A100 40GB/80GB, H100 80GB, H200)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from dra_node_agent.discovery.base import DiscoveredDevice, check_inventory
 from dra_node_agent.discovery.fakehw import MIG_INSTANCES_FILE, FakeGpu, FakeMigProfile, FakeNvml
-from dra_node_agent.discovery.migtables import A100_40GB, A100_80GB, H100_80GB
+from dra_node_agent.discovery.migtables import A100_40GB, A100_80GB, H100_80GB, H200_141GB
 from dra_node_agent.discovery.nvml import NvmlBackend
 from dra_node_agent.dynamic_mig import DynamicMig, MigError
 
@@ -85,6 +85,21 @@ def by_name(backend: NvmlBackend) -> dict[str, DiscoveredDevice]:
                 "3g.40gb": 2,
                 "4g.40gb": 1,
                 "7g.80gb": 1,
+            },
+        ),
+        (
+            # Half the GPU is 70.5 GB: the driver names it 71.
+            "NVIDIA H200",
+            143771,
+            H200_141GB,
+            {
+                "1g.18gb": 7,
+                "1g.18gb+me": 7,
+                "1g.35gb": 4,
+                "2g.35gb": 3,
+                "3g.71gb": 2,
+                "4g.71gb": 1,
+                "7g.141gb": 1,
             },
         ),
     ],
