@@ -46,6 +46,7 @@ START_TIMEOUT_SECONDS: Final = 15.0
 STOP_TIMEOUT_SECONDS: Final = 10.0
 COMMAND_TIMEOUT_SECONDS: Final = 10.0
 MIB: Final = 1 << 20
+UNIX_SOCKET_PATH_MAX: Final = 107  # sun_path is 108 bytes with the terminating NUL
 
 
 class MpsError(SharingError):
@@ -183,6 +184,15 @@ class MpsDaemons:
     async def _start(self, uid: str, limits: MpsLimits) -> None:
         assert self._control is not None
         folder = self.claim_dir(uid)
+        # The daemon's sockets live in the pipe folder; one path too long for a unix socket and it
+        # exits with status 1, saying nothing.
+        longest = folder / "pipe" / "control_privileged"
+        if len(os.fsencode(longest)) > UNIX_SOCKET_PATH_MAX:
+            raise MpsError(
+                f"the MPS pipe folder {folder / 'pipe'} is too long a path for the daemon's sockets "
+                f"({len(os.fsencode(longest))} bytes for {longest.name}, at most {UNIX_SOCKET_PATH_MAX}): "
+                "choose a shorter --state-dir"
+            )
         await asyncio.to_thread(_make_dirs, folder)
         # A daemon that was killed leaves its control FIFO: the new one's is the sign it is up.
         await asyncio.to_thread((folder / "pipe" / "control").unlink, True)
@@ -216,10 +226,10 @@ class MpsDaemons:
         control = folder / "pipe" / "control"
         while not await asyncio.to_thread(control.exists):
             if process.returncode is not None:
-                tail = await asyncio.to_thread(_tail, log)
+                tail = await asyncio.to_thread(_daemon_said, folder)
                 raise MpsError(f"MPS control daemon exited with status {process.returncode}: {tail}")
             if time.monotonic() > deadline:
-                tail = await asyncio.to_thread(_tail, log)
+                tail = await asyncio.to_thread(_daemon_said, folder)
                 raise MpsError(
                     f"MPS control daemon did not create {control} in {START_TIMEOUT_SECONDS:.0f} s: {tail}"
                 )
@@ -322,15 +332,28 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 
 def _alive(pid: int, tool: str) -> bool:
-    """The process exists, is not a zombie, and runs the recorded tool (not a reused PID)."""
+    """The process exists, is not a zombie, and runs the recorded tool (not a reused PID).
+
+    By name: the path the daemon was started by may not be the one its command line shows (on an
+    H200 host, /usr/bin/nvidia-cuda-mps-control ran as /usr/local/nvidia/bin/nvidia-cuda-mps-control),
+    and a script stand-in shows its interpreter first.
+    """
     try:
         status = Path(f"/proc/{pid}/stat").read_text()
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
     except OSError:
         return False
     if status.rsplit(")", 1)[-1].split()[0] == "Z":
         return False
-    return tool in cmdline
+    return any(Path(arg).name == Path(tool).name for arg in argv[:2])
+
+
+def _daemon_said(folder: Path) -> str:
+    """What a failed daemon said: its own output, and its control log (the daemon logs its errors
+    there, under CUDA_MPS_LOG_DIRECTORY, and may print nothing)."""
+    said = _tail(folder / "log" / "daemon.out")
+    logged = _tail(folder / "log" / "control.log")
+    return said if logged == "no output" else f"{said}; control.log: {logged}"
 
 
 def _tail(path: Path) -> str:

@@ -22,8 +22,8 @@ import pynvml
 
 from dra_api.names import GPU_DRIVER, STANDARD_ATTRIBUTE_DOMAIN
 
+from .. import mps  # the module, not its names: mps imports discovery, which imports this
 from ..gpu_sharing import GpuSharing
-from ..mps import MpsDaemons, find_control_tool
 from .base import (
     Attribute,
     ContainerEdits,
@@ -236,11 +236,11 @@ class NvmlBackend:
             env=self.tool_env(),
         )
 
-    def mps_daemons(self, root: Path) -> MpsDaemons:
+    def mps_daemons(self, root: Path) -> mps.MpsDaemons:
         """Per-claim MPS daemons from the driver root's tools, kept under ``root`` (blocking)."""
-        return MpsDaemons(
+        return mps.MpsDaemons(
             root=root,
-            control=find_control_tool(self._driver_root),
+            control=mps.find_control_tool(self._driver_root),
             driver_root=self._driver_root,
             env=self.tool_env(),
         )

@@ -25,8 +25,8 @@ import yaml
 
 from dra_api.names import GPU_DRIVER, TPU_DRIVER
 
+from .. import mps  # the module, not its names: mps imports discovery, which imports this
 from ..gpu_sharing import GpuSharing, install_simulated_nvidia_smi
-from ..mps import CONTROL_TOOL_PATHS, MpsDaemons, install_simulated_mps_control
 from . import simtools
 from .base import DiscoveredInventory
 from .fakehw import (
@@ -486,7 +486,7 @@ class SimulatedBackend:
         backend = self.hardware().backend
         return backend.mig_instances() if isinstance(backend, NvmlBackend) else None
 
-    def mps_daemons(self, root: Path) -> MpsDaemons | None:
+    def mps_daemons(self, root: Path) -> mps.MpsDaemons | None:
         """MPS daemons from the simulated driver root's stand-in (None for TPU and NIC profiles)."""
         backend = self.hardware().backend
         return backend.mps_daemons(root) if isinstance(backend, NvmlBackend) else None
@@ -521,7 +521,7 @@ class SimulatedBackend:
             install_simulated_nvidia_smi(
                 root / SIMULATED_DRIVER_ROOT / NVIDIA_SMI_PATHS[0], root / GPU_STATE_DIR
             )
-            install_simulated_mps_control(root / SIMULATED_DRIVER_ROOT / CONTROL_TOOL_PATHS[0])
+            mps.install_simulated_mps_control(root / SIMULATED_DRIVER_ROOT / mps.CONTROL_TOOL_PATHS[0])
             backend: NvmlBackend | TpuBackend = NvmlBackend(
                 driver=driver,
                 nvml=nvml,

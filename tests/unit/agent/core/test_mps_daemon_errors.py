@@ -1,0 +1,44 @@
+"""What a claim's MPS daemon failing to start says, seen on an H200: a pipe folder too long for the
+daemon's unix sockets (it exits 1 and prints nothing), and errors it only writes to its control log."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import pytest
+
+from dra_node_agent.mps import MpsDaemons, MpsError, MpsLimits
+
+CLAIM = "0f3c4b1e-7a52-4d1c-9e0b-5c2d8e6f7a10"
+LIMITS = MpsLimits(uuids=("GPU-1",))
+
+
+def control_tool(folder: Path, script: str) -> Path:
+    tool = folder / "nvidia-cuda-mps-control"
+    tool.write_text("#!/bin/sh\n" + script)
+    tool.chmod(0o755)
+    return tool
+
+
+def test_a_pipe_folder_too_long_for_the_sockets_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    root = tmp_path / ("x" * 60)
+    daemons = MpsDaemons(root=root, control=control_tool(tmp_path, "exit 1\n"), driver_root=Path("/"), env={})
+    with pytest.raises(MpsError, match=r"too long a path .* choose a shorter --state-dir"):
+        asyncio.run(daemons.start(CLAIM, LIMITS))
+    assert not daemons.claim_dir(CLAIM).exists()
+
+
+def test_a_daemon_that_exits_says_what_its_control_log_says(tmp_path: Path) -> None:
+    short = Path("/tmp") / f"mpsu-{tmp_path.name[-8:]}"
+    script = 'echo "[Control] Failed to start: no GPU" > "$CUDA_MPS_LOG_DIRECTORY/control.log"\nexit 1\n'
+    tool = control_tool(tmp_path, script)
+    # Without unshare's namespace the wrapper still runs the tool: only what it says matters here.
+    daemons = MpsDaemons(root=short, control=tool, driver_root=Path("/"), env={})
+    try:
+        with pytest.raises(MpsError, match=r"status 1: .*control.log: \[Control\] Failed to start: no GPU"):
+            asyncio.run(daemons.start(CLAIM, LIMITS))
+        assert not daemons.claim_dir(CLAIM).exists()
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
