@@ -1,5 +1,7 @@
-"""What a claim's MPS daemon failing to start says, seen on an H200: a pipe folder too long for the
-daemon's unix sockets (it exits 1 and prints nothing), and errors it only writes to its control log."""
+"""A claim's MPS daemon on hosts as an H200 machine had them: a driver whose
+``/usr/bin/nvidia-cuda-mps-control`` is a wrapper script running the real tool from elsewhere, a pipe
+folder too long for the daemon's unix sockets (it exits 1 and prints nothing), and errors the daemon
+only writes to its control log."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dra_node_agent.mps import MpsDaemons, MpsError, MpsLimits
+from dra_node_agent.mps import MpsDaemons, MpsError, MpsLimits, install_simulated_mps_control
 
 CLAIM = "0f3c4b1e-7a52-4d1c-9e0b-5c2d8e6f7a10"
 LIMITS = MpsLimits(uuids=("GPU-1",))
@@ -40,5 +42,30 @@ def test_a_daemon_that_exits_says_what_its_control_log_says(tmp_path: Path) -> N
         with pytest.raises(MpsError, match=r"status 1: .*control.log: \[Control\] Failed to start: no GPU"):
             asyncio.run(daemons.start(CLAIM, LIMITS))
         assert not daemons.claim_dir(CLAIM).exists()
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
+
+
+def test_a_daemon_started_through_a_wrapper_script_is_found_running_and_stopped(tmp_path: Path) -> None:
+    real = tmp_path / "driver" / "bin" / "nvidia-cuda-mps-control"
+    install_simulated_mps_control(real)
+    wrapper = tmp_path / "usr" / "bin" / "nvidia-cuda-mps-control"
+    wrapper.parent.mkdir(parents=True)
+    wrapper.write_text(f'#!/bin/sh\nexec "{real}" "$@"\n')
+    wrapper.chmod(0o755)
+    short = Path("/tmp") / f"mpsw-{tmp_path.name[-8:]}"
+    try:
+
+        async def scenario() -> tuple[bool, bool]:
+            daemons = MpsDaemons(root=short, control=wrapper, driver_root=tmp_path, env={})
+            await daemons.start(CLAIM, LIMITS)
+            up = daemons.running(CLAIM)
+            await daemons.stop(CLAIM)
+            return up, daemons.running(CLAIM)
+
+        up, after = asyncio.run(scenario())
+        assert up  # its command line names the real tool's path, not the wrapper's
+        assert not after
+        assert not (short / CLAIM).exists()
     finally:
         shutil.rmtree(short, ignore_errors=True)
