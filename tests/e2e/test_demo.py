@@ -55,6 +55,9 @@ def _run_demo(workdir: Path, *extra: str) -> str:
         ["pgrep", "-f", str(workdir)], capture_output=True, text=True, check=False
     ).stdout.split()
     assert leftovers == []
+    # Nor is anything still mounted there (the kubelets' root dirs, pod volumes).
+    mounted = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+    assert [m for m in mounted if m.startswith(str(workdir))] == []
     return output
 
 
