@@ -63,7 +63,7 @@ def in_cluster_server(environ: Mapping[str, str]) -> str:
 
 
 def service_account_login(
-    environ: Mapping[str, str], *, directory: Path = SERVICE_ACCOUNT_DIR
+    environ: Mapping[str, str], *, directory: Path = SERVICE_ACCOUNT_DIR, trust_env: bool = False
 ) -> kopf.ConnectionInfo | None:
     """The pod's ServiceAccount token, read again on every login (Kopf logs in again on a 401,
     and the kubelet rotates projected tokens), or None outside a pod."""
@@ -80,4 +80,5 @@ def service_account_login(
         token=token or None,
         scheme="Bearer" if token else None,
         default_namespace=namespace or None,
+        trust_env=trust_env,  # Kopf's setting: whether proxy variables apply
     )

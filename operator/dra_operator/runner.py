@@ -135,7 +135,7 @@ async def run(
     def login(kopf_settings: kopf.OperatorSettings) -> kopf.ConnectionInfo | None:
         if settings.kubeconfig:
             return kubeconfig_login(settings.kubeconfig)
-        return service_account_login(os.environ)
+        return service_account_login(os.environ, trust_env=kopf_settings.networking.trust_env)
 
     parts = OperatorParts(
         settings=settings,
