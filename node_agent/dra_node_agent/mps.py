@@ -140,9 +140,17 @@ class MpsDaemons:
     """Starts, finds and stops the per-claim daemons of one driver on this node."""
 
     def __init__(
-        self, *, root: Path, control: Path | None, driver_root: Path, env: Mapping[str, str]
+        self,
+        *,
+        root: Path,
+        control: Path | None,
+        driver_root: Path,
+        env: Mapping[str, str],
+        socket_path_max: int | None = UNIX_SOCKET_PATH_MAX,
     ) -> None:
+        """``socket_path_max`` None: the tool makes no unix sockets (the simulated stand-in)."""
         self.root = root
+        self._socket_path_max = socket_path_max
         self._control = control
         self._driver_root = driver_root
         self._env = dict(env)
@@ -187,10 +195,11 @@ class MpsDaemons:
         # The daemon's sockets live in the pipe folder; one path too long for a unix socket and it
         # exits with status 1, saying nothing.
         longest = folder / "pipe" / "control_privileged"
-        if len(os.fsencode(longest)) > UNIX_SOCKET_PATH_MAX:
+        limit = self._socket_path_max
+        if limit is not None and len(os.fsencode(longest)) > limit:
             raise MpsError(
                 f"the MPS pipe folder {folder / 'pipe'} is too long a path for the daemon's sockets "
-                f"({len(os.fsencode(longest))} bytes for {longest.name}, at most {UNIX_SOCKET_PATH_MAX}): "
+                f"({len(os.fsencode(longest))} bytes for {longest.name}, at most {limit}): "
                 "choose a shorter --state-dir"
             )
         await asyncio.to_thread(_make_dirs, folder)

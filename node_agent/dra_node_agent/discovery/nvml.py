@@ -243,6 +243,8 @@ class NvmlBackend:
             control=mps.find_control_tool(self._driver_root),
             driver_root=self._driver_root,
             env=self.tool_env(),
+            # The simulated stand-in makes a FIFO, not unix sockets: its paths may be long.
+            socket_path_max=None if self._simulated else mps.UNIX_SOCKET_PATH_MAX,
         )
 
     def mig_instances(self) -> DynamicMig | None:
