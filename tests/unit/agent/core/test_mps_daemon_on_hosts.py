@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -69,3 +71,9 @@ def test_a_daemon_started_through_a_wrapper_script_is_found_running_and_stopped(
         assert not (short / CLAIM).exists()
     finally:
         shutil.rmtree(short, ignore_errors=True)
+
+
+def test_the_mps_module_imports_on_its_own() -> None:
+    # It imports discovery, whose backends refer back to it: a fresh interpreter shows a cycle.
+    run = subprocess.run([sys.executable, "-c", "import dra_node_agent.mps"], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
