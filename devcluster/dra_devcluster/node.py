@@ -40,6 +40,18 @@ log = logging.getLogger(__name__)
 _MNT_DETACH = 2  # linux/fs.h; lazy, so a mount still in use goes as soon as it is not
 
 
+def mounts_under(folder: Path) -> list[str]:
+    """This process's mount points at or below ``folder`` (symbolic links in it resolved)."""
+    root = str(folder.resolve())
+    found = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        # Field 5 is the mount point, with space, tab, newline and backslash octal-escaped.
+        point = line.split()[4].encode().decode("unicode_escape")
+        if point == root or point.startswith(root + "/"):
+            found.append(point)
+    return found
+
+
 class NodeStartError(RuntimeError):
     """A real node did not start; the message names the part, why, and its log tail."""
 
@@ -414,14 +426,7 @@ class RealNode:
     def mounts(self) -> list[str]:
         """Mount points under the node's folder: the kubelet bind-mounts its root dir onto itself
         (to make it shared), and pod volumes the kubelet did not tear down stay mounted."""
-        root = str(self.root.resolve())
-        found = []
-        for line in Path("/proc/self/mountinfo").read_text().splitlines():
-            # Field 5 is the mount point, with space, tab, newline and backslash octal-escaped.
-            point = line.split()[4].encode().decode("unicode_escape")
-            if point == root or point.startswith(root + "/"):
-                found.append(point)
-        return found
+        return mounts_under(self.root)
 
     def _unmount_all(self) -> None:
         libc = ctypes.CDLL(None, use_errno=True)

@@ -195,11 +195,11 @@ class MpsDaemons:
         # The daemon's sockets live in the pipe folder; one path too long for a unix socket and it
         # exits with status 1, saying nothing.
         longest = folder / "pipe" / "control_privileged"
-        limit = self._socket_path_max
-        if limit is not None and len(os.fsencode(longest)) > limit:
+        length = len(os.fsencode(longest))
+        if self._socket_path_max is not None and length > self._socket_path_max:
             raise MpsError(
                 f"the MPS pipe folder {folder / 'pipe'} is too long a path for the daemon's sockets "
-                f"({len(os.fsencode(longest))} bytes for {longest.name}, at most {limit}): "
+                f"({length} bytes for {longest.name}, at most {self._socket_path_max}): "
                 "choose a shorter --state-dir"
             )
         await asyncio.to_thread(_make_dirs, folder)
@@ -362,15 +362,17 @@ def _daemon_said(folder: Path) -> str:
     there, under CUDA_MPS_LOG_DIRECTORY, and may print nothing)."""
     said = _tail(folder / "log" / "daemon.out")
     logged = _tail(folder / "log" / "control.log")
-    return said if logged == "no output" else f"{said}; control.log: {logged}"
+    parts = [said, f"control.log: {logged}" if logged else ""]
+    return "; ".join(p for p in parts if p) or "no output"
 
 
 def _tail(path: Path) -> str:
+    """The last three lines of a file, joined; empty when there are none."""
     try:
         lines = path.read_text(errors="replace").strip().splitlines()
     except OSError:
-        return "no output"
-    return " / ".join(lines[-3:]) or "no output"
+        return ""
+    return " / ".join(lines[-3:])
 
 
 # The simulated node's nvidia-cuda-mps-control, installed under the simulated driver root. With -f

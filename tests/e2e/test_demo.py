@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from dra_devcluster.node import mounts_under
+
 
 @pytest.fixture
 def workdir() -> Iterator[Path]:
@@ -56,8 +58,7 @@ def _run_demo(workdir: Path, *extra: str) -> str:
     ).stdout.split()
     assert leftovers == []
     # Nor is anything still mounted there (the kubelets' root dirs, pod volumes).
-    mounted = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
-    assert [m for m in mounted if m.startswith(str(workdir))] == []
+    assert mounts_under(workdir) == []
     return output
 
 

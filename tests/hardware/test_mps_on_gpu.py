@@ -49,17 +49,6 @@ def driver_root() -> Path:
 def show(folder: Path) -> None:
     for path in sorted((folder / "log").glob("*")):
         print(f"--- {path.name}:\n{path.read_text(errors='replace')[-1500:]}")
-    record = json.loads((folder / "daemon.json").read_text()) if (folder / "daemon.json").exists() else {}
-    print("daemon.json:", record, "pipe:", sorted(p.name for p in (folder / "pipe").glob("*")))
-    if "pid" in record:
-        proc = Path(f"/proc/{record['pid']}")
-        for name in ("cmdline", "stat"):
-            try:
-                print(f"/proc/pid/{name}:", (proc / name).read_bytes()[:300])
-            except OSError as err:
-                print(f"/proc/pid/{name}:", err)
-    ps = subprocess.run(["ps", "-eo", "pid,ppid,stat,args"], capture_output=True, text=True).stdout
-    print("\n".join(line for line in ps.splitlines() if "mps" in line))
 
 
 def run_client(folder: Path, limits: MpsLimits, uuid: str) -> subprocess.CompletedProcess[str]:
