@@ -358,8 +358,16 @@ def test_rolling_the_agent_to_the_previous_release_and_back_keeps_a_running_clai
             # Updated in place, never recreated: the scheduler never sees the node's devices vanish.
             assert [(n, u) for n, u, _, _ in now] == [(n, u) for n, u, _, _ in slices], "slices recreated"
         # Back on the current release: the same devices as before the downgrade. (The previous
-        # release publishes its own attributes; each version rewrites the slices to its own.)
-        assert [d for *_, d in slices_of_node(install)] == [d for *_, d in slices]
+        # release publishes its own attributes; each version rewrites the slices to its own.) Ready
+        # means both drivers registered with the kubelet; each driver's slice is rewritten on its
+        # own schedule, so the TPU slice may still be the previous release's for a moment.
+        wanted = [d for *_, d in slices]
+        cluster.wait_for(
+            lambda: [d for *_, d in slices_of_node(install)] == wanted,
+            timeout=60,
+            what="the current release's devices in the node's slices",
+        )
+        assert [d for *_, d in slices_of_node(install)] == wanted
 
         cluster.kubectl("delete", "pod", "held", "-n", WORKLOAD_NS, "--wait=true", "--timeout=60s")
         cluster.wait_for(
