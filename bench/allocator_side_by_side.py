@@ -24,10 +24,7 @@ from __future__ import annotations
 
 import argparse
 import gc
-import hashlib
 import json
-import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -36,10 +33,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from bench import gobuild
 from bench.allocator_bench import MIXES, capacity, claim, device_class, node_slice, place_claims
 
-GO_SOURCE = Path(__file__).resolve().parent / "go_allocator"
-GO_FILES = ("go.mod", "go.sum", "main.go")
 # Claims per mix (at most the cluster's room). The Go emulation tries nodes in order, so its cost
 # per claim grows with the nodes earlier claims filled: 1000 keeps 100,1000,5000 at about 3 min.
 DEFAULT_CLAIMS = 1000
@@ -59,38 +55,9 @@ def scenario(nodes: int, claims_per_mix: int) -> dict[str, Any]:
     }
 
 
-def go_binary_dir() -> Path:
-    """Where the built program is kept: per user, per version of its sources."""
-    digest = hashlib.sha256()
-    for name in GO_FILES:
-        digest.update((GO_SOURCE / name).read_bytes())
-    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    return base / "accel-dra" / "bench" / f"go_allocator-{digest.hexdigest()[:12]}"
-
-
 def build_go(*, into: Path | None = None) -> tuple[Path, float]:
-    """``go build`` the Go program into ``into`` (default: its cache folder); returns the binary
-    and the seconds the build took (seconds when the Go build cache already holds the Kubernetes
-    packages, as after the control-plane build, which uses the same flags; about a minute with an
-    empty one)."""
-    go = shutil.which("go")
-    if go is None:
-        raise RuntimeError("no `go` on PATH: the Go side needs a Go toolchain (go 1.26+)")
-    out = (into or go_binary_dir()) / "go_allocator"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, CGO_ENABLED="0", GOFLAGS="-mod=readonly")
-    started = time.monotonic()
-    result = subprocess.run(
-        [go, "build", "-trimpath", "-buildvcs=false", "-o", str(out), "."],
-        cwd=GO_SOURCE,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if result.returncode != 0:
-        raise RuntimeError(f"go build failed:\n{result.stderr.strip()}")
-    return out, time.monotonic() - started
+    """Build ``bench/go_allocator`` (see :func:`bench.gobuild.build`)."""
+    return gobuild.build("go_allocator", into=into)
 
 
 def run_go(binary: Path, input_path: Path, mix: str) -> dict[str, Any]:

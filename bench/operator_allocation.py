@@ -16,12 +16,17 @@ Then, for scale, from the same API server in the same run:
 
 - the reference allocator: both scenarios again with the benchmark itself writing each claim's
   allocation the operator's way, with no placement work (:class:`ReferenceAllocator`);
+- the compiled reference: the burst again with ``bench/go_writer`` in the operator's place, a Go
+  process on client-go with the operator's identity that watches the claims and writes the same
+  allocations the operator's way, once talking JSON as the operator does and once protobuf as
+  kube-scheduler does: how close an allocator whose own client costs almost nothing comes to the
+  bound (``--no-go`` leaves it out; it needs a Go toolchain);
 - the raw rates at which it takes claim creations and claim status updates from one client with
   nothing else running, and from them the burst bound: no allocator, however cheap, can end the
   burst before the server has taken every creation and every allocation write at those rates.
 
     .venv/bin/python -m bench.operator_allocation [--nodes 100] [--gpus 8] [--claims 1000] [--writes 8]
-        [--no-policy]
+        [--no-policy] [--no-go]
 
 The claim finalizer policy (``manifests/optional/claim-finalizer-policy``, Kubernetes 1.36+) is
 applied, as an installation on 1.36 would, unless ``--no-policy``: with it the API server adds the
@@ -48,6 +53,7 @@ from typing import Any
 
 from kubernetes_asyncio import client, watch
 
+from bench import gobuild
 from dra_api.kube import make_api_client
 from dra_devcluster import LocalCluster
 from dra_devcluster.cluster import free_port
@@ -120,11 +126,13 @@ class CpuMeter:
         self.self_pid = os.getpid()
         self._start: dict[str, float] = {}
 
-    def start(self, operator_pid: int | None) -> None:
-        if operator_pid is None:
-            self.pids.pop("operator", None)
-        else:
-            self.pids["operator"] = operator_pid
+    def start(self, operator_pid: int | None, *, name: str = "operator") -> None:
+        """Start the window; ``operator_pid`` is the allocator's process (``name`` in the figures),
+        None when the allocator runs in the benchmark's own process."""
+        for allocator in ("operator", "go writer"):
+            self.pids.pop(allocator, None)
+        if operator_pid is not None:
+            self.pids[name] = operator_pid
         self._start = {name: _cpu_s(pid) for name, pid in self.pids.items()}
         self._start["benchmark client"] = time.process_time()
 
@@ -392,6 +400,78 @@ async def _reference_run(
     return rate
 
 
+async def _compiled_run(
+    api: Any,
+    meter: CpuMeter,
+    *,
+    binary: Path,
+    kubeconfig: Path,
+    protobuf: bool,
+    claims: int,
+    allocatable: int,
+    gpus: int,
+    writes: int,
+) -> float:
+    """The burst with ``bench/go_writer`` in the operator's place (the operator's identity, its
+    way of writing, ``writes`` in flight), measured as the operator's burst is; returns its
+    claims/s."""
+    custom: Any = client.CustomObjectsApi(api)
+    core: Any = client.CoreV1Api(api)
+    ns = "bench-go-protobuf" if protobuf else "bench-go-json"
+    await core.create_namespace({"metadata": {"name": ns}})
+    run = Run(custom, ns, allocatable)
+    argv = [
+        str(binary),
+        f"-kubeconfig={kubeconfig}",
+        f"-namespace={ns}",
+        f"-allocatable={allocatable}",
+        f"-gpus={gpus}",
+        f"-writes={writes}",
+        f"-protobuf={str(protobuf).lower()}",
+    ]
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    stdin, stdout, stderr = proc.stdin, proc.stdout, proc.stderr
+    if stdin is None or stdout is None or stderr is None:
+        raise RuntimeError("go_writer: no pipes")  # not reached: both are asked for
+    try:
+        ready = await asyncio.wait_for(stdout.readline(), timeout=60)
+        if ready.strip() != b"ready":
+            raise RuntimeError(f"go_writer did not start: {(await stderr.read()).decode().strip()}")
+        watcher = asyncio.create_task(run.watch())
+        await asyncio.sleep(1.0)
+        start = time.monotonic()
+        meter.start(proc.pid, name="go writer")
+        patches = await _claim_patches(api)
+        created_in = await run.create(claims)
+        await asyncio.wait_for(run.done.wait(), timeout=1200)
+        cpu = meter.used()  # before it exits: it stays until its stdin closes
+        patches = await _claim_patches(api) - patches
+        stdin.close()
+        if await proc.wait() != 0:
+            raise RuntimeError(f"go_writer failed: {(await stderr.read()).decode().strip()}")
+        figures = json.loads(await stdout.readline())
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    encoding = "protobuf" if protobuf else "JSON"
+    rate, _ = _report(
+        f"compiled reference ({encoding}), burst: bench/go_writer in the operator's place",
+        run,
+        claims=claims,
+        start=start,
+        cpu=cpu,
+        rss=None,
+        patches=patches,
+        extra=f"claims created in {created_in:.1f} s; it wrote {figures['written']} allocations",
+    )
+    print(f"go writer CPU per allocated claim: {1000 * cpu['go writer'] / run.expected:.2f} ms")
+    watcher.cancel()
+    return rate
+
+
 MANIFESTS = Path(__file__).resolve().parent.parent / "manifests" / "base"
 
 
@@ -439,7 +519,7 @@ def apply_claim_finalizer_policy(cluster: LocalCluster) -> None:
 
 
 async def bench(
-    cluster: LocalCluster, *, nodes: int, gpus: int, claims: int, writes: int, policy: bool
+    cluster: LocalCluster, *, nodes: int, gpus: int, claims: int, writes: int, policy: bool, go: bool
 ) -> None:
     operator_kubeconfig, client_kubeconfig = service_account_kubeconfigs(cluster)
     if policy:
@@ -462,6 +542,10 @@ async def bench(
         32,
     )
     meter = CpuMeter(cluster)
+    go_writer: Path | None = None
+    if go:
+        go_writer, build_s = gobuild.build("go_writer")
+        print(f"go build of bench/go_writer: {build_s:.1f} s")
     allocatable = min(claims, nodes * gpus)  # more claims than GPUs: the rest must be explained
     proc = start_operator(operator_kubeconfig, writes=writes)
     try:
@@ -547,6 +631,22 @@ async def bench(
             )
             for backlog in (False, True)
         ]
+        # 4. The burst with the compiled reference, JSON then protobuf.
+        compiled = [
+            await _compiled_run(
+                api,
+                meter,
+                binary=go_writer,
+                kubeconfig=operator_kubeconfig,
+                protobuf=protobuf,
+                claims=claims,
+                allocatable=allocatable,
+                gpus=gpus,
+                writes=writes,
+            )
+            for protobuf in (False, True)
+            if go_writer is not None
+        ]
 
         raw = [await _raw_rates(custom, claims, 16, round_=i) for i in range(3)]
         rounds = [status for _, status in raw]
@@ -588,6 +688,13 @@ async def bench(
             f"burst {vs(burst_rate, reference[0])}, backlog {vs(backlog_rate, reference[1])}"
         )
         print(f"operator burst claims/s vs the burst bound: {vs(burst_rate, bound)}")
+        print(f"reference allocator burst claims/s vs the burst bound: {vs(reference[0], bound)}")
+        if compiled:
+            print(
+                "compiled reference burst claims/s vs the burst bound: "
+                f"JSON {vs(compiled[0], bound)}, protobuf {vs(compiled[1], bound)}"
+            )
+            print(f"operator burst claims/s vs the compiled reference (JSON): {vs(burst_rate, compiled[0])}")
     finally:
         stop_operator(proc)
         await api.close()
@@ -642,6 +749,12 @@ def main() -> None:
         action="store_false",
         help="leave out the claim finalizer policy (two writes per allocation)",
     )
+    parser.add_argument(
+        "--no-go",
+        dest="go",
+        action="store_false",
+        help="leave out the compiled reference (bench/go_writer, built with the Go toolchain)",
+    )
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="bench-cluster-"))
     with LocalCluster(workdir=workdir) as cluster:
@@ -654,6 +767,7 @@ def main() -> None:
                 claims=args.claims,
                 writes=args.writes,
                 policy=args.policy,
+                go=args.go,
             )
         )
 
