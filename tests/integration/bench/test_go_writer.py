@@ -58,10 +58,12 @@ def test_go_writer_allocates_new_claims_below_the_limit(local_cluster: LocalClus
     finally:
         if proc.poll() is None:
             proc.kill()
+        claims = json.loads(local_cluster.kubectl("get", "resourceclaims", "-n", NS, "-o", "json").stdout)
+        # The allocations name devices no slice publishes: leave none behind in the shared cluster.
+        local_cluster.kubectl("delete", "namespace", NS, "--timeout=120s", timeout=150)
     assert proc.returncode == 0
     assert figures["written"] == 3
     assert figures["protobuf"] is False
-    claims = json.loads(local_cluster.kubectl("get", "resourceclaims", "-n", NS, "-o", "json").stdout)
     allocations = {c["metadata"]["name"]: (c.get("status") or {}).get("allocation") for c in claims["items"]}
     assert allocations["c0003"] is None
     for i, (node, gpu) in enumerate([("bench-node-000", 0), ("bench-node-000", 1), ("bench-node-001", 0)]):

@@ -154,17 +154,20 @@ def test_kubectl_dra_devices_claims_and_explain(
         if key not in holders:
             assert (row["CLAIM"], row["POD"]) == ("<none>", "<none>"), row
     # Totals, from the cluster's own objects: the class takes gpu.nvidia.com devices of type gpu.
-    published = [
-        d
+    gpus = {
+        (s["spec"]["pool"]["name"], d["name"]): d
         for s in local_cluster.get_json("resourceslices")["items"]
         if s["spec"]["driver"] == "gpu.nvidia.com"
         for d in s["spec"].get("devices") or []
         if d.get("attributes", {}).get("type", {}).get("string") == "gpu"
-    ]
+    }
+    published = list(gpus.values())
+    # Only results on those devices: other tests of the session may leave allocations elsewhere.
     allocated = sum(
-        len(c["status"]["allocation"]["devices"]["results"])
+        1
         for c in local_cluster.get_json("resourceclaims", "-A")["items"]
-        if (c.get("status") or {}).get("allocation")
+        for r in ((c.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results", [])
+        if r["driver"] == "gpu.nvidia.com" and (r["pool"], r["device"]) in gpus
     )
     unhealthy = sum(1 for d in published if d.get("taints"))
     totals = {r["CLASS"]: r for r in second_table(result.stdout)}
