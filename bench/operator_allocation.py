@@ -48,6 +48,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -116,30 +117,40 @@ def _rss_mib(pid: int) -> float:
 
 
 class CpuMeter:
-    """CPU seconds used by each control-plane component and the operator over a window."""
+    """CPU seconds used by each control-plane component and the allocator over a window."""
 
     def __init__(self, cluster: LocalCluster) -> None:
-        self.pids: dict[str, int] = {}
+        self.cluster: dict[str, int] = {}
         for pid in cluster.pids():
             argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
-            self.pids[Path(argv0.decode()).name] = pid
-        self.self_pid = os.getpid()
+            self.cluster[Path(argv0.decode()).name] = pid
+        self.pids: dict[str, int] = {}
         self._start: dict[str, float] = {}
 
-    def start(self, operator_pid: int | None, *, name: str = "operator") -> None:
-        """Start the window; ``operator_pid`` is the allocator's process (``name`` in the figures),
+    def start(self, allocator_pid: int | None, *, name: str = "operator") -> None:
+        """Start the window; ``allocator_pid`` is the allocator's process (``name`` in the figures),
         None when the allocator runs in the benchmark's own process."""
-        for allocator in ("operator", "go writer"):
-            self.pids.pop(allocator, None)
-        if operator_pid is not None:
-            self.pids[name] = operator_pid
-        self._start = {name: _cpu_s(pid) for name, pid in self.pids.items()}
+        self.pids = dict(self.cluster)
+        if allocator_pid is not None:
+            self.pids[name] = allocator_pid
+        self._start = {process: _cpu_s(pid) for process, pid in self.pids.items()}
         self._start["benchmark client"] = time.process_time()
 
     def used(self) -> dict[str, float]:
-        now = {name: _cpu_s(pid) for name, pid in self.pids.items()}
+        now = {process: _cpu_s(pid) for process, pid in self.pids.items()}
         now["benchmark client"] = time.process_time()
-        return {name: now[name] - self._start[name] for name in now}
+        return {process: now[process] - self._start[process] for process in now}
+
+
+@dataclass(frozen=True)
+class Window:
+    """One burst as measured: when it started, how long the creations took, the CPU seconds of
+    each process and the claim PATCH requests the API server answered in it."""
+
+    start: float
+    created_in: float
+    cpu: dict[str, float]
+    patches: float
 
 
 class Run:
@@ -199,6 +210,21 @@ class Run:
         start = time.monotonic()
         await _bounded([one(i) for i in range(count)], 50)
         return time.monotonic() - start
+
+
+async def _burst(api: Any, meter: CpuMeter, run: Run, *, claims: int, pid: int, name: str) -> Window:
+    """Watch ``run``'s namespace, then create ``claims`` claims while the allocator in process
+    ``pid`` runs, until the expected ones are allocated; the time runs from the first creation."""
+    watcher = asyncio.create_task(run.watch())
+    await asyncio.sleep(1.0)
+    start = time.monotonic()
+    meter.start(pid, name=name)
+    patches = await _claim_patches(api)
+    created_in = await run.create(claims)
+    await asyncio.wait_for(run.done.wait(), timeout=1200)
+    cpu = meter.used()
+    watcher.cancel()
+    return Window(start, created_in, cpu, await _claim_patches(api) - patches)
 
 
 def _allocation(i: int, *, gpus: int) -> dict[str, Any]:
@@ -434,20 +460,13 @@ async def _compiled_run(
     )
     stdin, stdout, stderr = proc.stdin, proc.stdout, proc.stderr
     if stdin is None or stdout is None or stderr is None:
-        raise RuntimeError("go_writer: no pipes")  # not reached: both are asked for
+        raise RuntimeError("go_writer: no pipes")  # not reached: all three are asked for
     try:
         ready = await asyncio.wait_for(stdout.readline(), timeout=60)
         if ready.strip() != b"ready":
             raise RuntimeError(f"go_writer did not start: {(await stderr.read()).decode().strip()}")
-        watcher = asyncio.create_task(run.watch())
-        await asyncio.sleep(1.0)
-        start = time.monotonic()
-        meter.start(proc.pid, name="go writer")
-        patches = await _claim_patches(api)
-        created_in = await run.create(claims)
-        await asyncio.wait_for(run.done.wait(), timeout=1200)
-        cpu = meter.used()  # before it exits: it stays until its stdin closes
-        patches = await _claim_patches(api) - patches
+        # Measured before it exits: it stays until its stdin closes.
+        window = await _burst(api, meter, run, claims=claims, pid=proc.pid, name="go writer")
         stdin.close()
         if await proc.wait() != 0:
             raise RuntimeError(f"go_writer failed: {(await stderr.read()).decode().strip()}")
@@ -461,14 +480,13 @@ async def _compiled_run(
         f"compiled reference ({encoding}), burst: bench/go_writer in the operator's place",
         run,
         claims=claims,
-        start=start,
-        cpu=cpu,
+        start=window.start,
+        cpu=window.cpu,
         rss=None,
-        patches=patches,
-        extra=f"claims created in {created_in:.1f} s; it wrote {figures['written']} allocations",
+        patches=window.patches,
+        extra=f"claims created in {window.created_in:.1f} s; it wrote {figures['written']} allocations",
     )
-    print(f"go writer CPU per allocated claim: {1000 * cpu['go writer'] / run.expected:.2f} ms")
-    watcher.cancel()
+    print(f"go writer CPU per allocated claim: {1000 * window.cpu['go writer'] / run.expected:.2f} ms")
     return rate
 
 
@@ -568,27 +586,19 @@ async def bench(
         # 1. Burst: the claims are created while the operator runs; creation and allocation share
         # the API server.
         burst = Run(custom, NS, allocatable)
-        watcher = asyncio.create_task(burst.watch())
-        await asyncio.sleep(1.0)
-        start = time.monotonic()
-        meter.start(proc.pid)
-        patches = await _claim_patches(api)
-        created_in = await burst.create(claims)
-        await asyncio.wait_for(burst.done.wait(), timeout=1200)
-        cpu, rss = meter.used(), _rss_mib(proc.pid)
-        patches = await _claim_patches(api) - patches
+        window = await _burst(api, meter, burst, claims=claims, pid=proc.pid, name="operator")
+        rss = _rss_mib(proc.pid)
         events = await _event_count(core, NS)
         burst_rate, burst_writes = _report(
             "burst: claims created while the operator runs (time from the first creation)",
             burst,
             claims=claims,
-            start=start,
-            cpu=cpu,
+            start=window.start,
+            cpu=window.cpu,
             rss=rss,
-            patches=patches,
-            extra=f"claims created in {created_in:.1f} s; Events posted in the window: {events}",
+            patches=window.patches,
+            extra=f"claims created in {window.created_in:.1f} s; Events posted in the window: {events}",
         )
-        watcher.cancel()
         # Free the devices for the second run: delete the burst's claims and let the operator
         # release them (its finalizer), then stop it.
         await custom.delete_collection_namespaced_custom_object(GROUP, VERSION, NS, "resourceclaims")
@@ -603,7 +613,7 @@ async def bench(
         # 2. Backlog: the claims exist before the operator starts (a restart or an upgrade with
         # pending work); the time runs from the operator's process start.
         backlog = Run(custom, BACKLOG_NS, allocatable)
-        created_in = await backlog.create(claims)
+        await backlog.create(claims)
         watcher = asyncio.create_task(backlog.watch())
         await asyncio.sleep(1.0)
         start = time.monotonic()
