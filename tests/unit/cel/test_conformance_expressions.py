@@ -1,17 +1,14 @@
-"""Every CEL selector in the shared allocator conformance file compiles, or fails where expected."""
+"""Every CEL selector in the allocator conformance file compiles, or fails where expected."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
 from dra_operator.cel import CelCompileError, compile_selector
-
-# The same file the allocator's conformance test reads (next to the checkout).
-CASES_FILE = Path(__file__).resolve().parents[3].parent / "shared" / "conformance" / "allocator-cases.yaml"
+from tests.unit.allocator.conformance_loader import CASES_FILE
 
 
 def _selectors(node: Any) -> list[str]:
