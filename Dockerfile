@@ -38,11 +38,10 @@ FROM ${PYTHON_IMAGE}
 ARG VERSION=0.1.0
 ARG REVISION=unknown
 ARG CREATED=unknown
-ARG SOURCE="local checkout (no git remote)"
+# No org.opencontainers.image.source label: the project has no public URL to name.
 LABEL org.opencontainers.image.title=accel-dra \
       org.opencontainers.image.version=${VERSION} \
       org.opencontainers.image.revision=${REVISION} \
-      org.opencontainers.image.source=${SOURCE} \
       org.opencontainers.image.created=${CREATED}
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \

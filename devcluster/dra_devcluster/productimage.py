@@ -142,17 +142,9 @@ class _Inputs:
     tag: str
     revision: str
     epoch: int
-    origin: str
     key: str
     # An older revision: ``source`` is the repository, and the build exports the commit from it.
     from_commit: bool = False
-
-
-def _origin(source: Path) -> str:
-    origin = subprocess.run(
-        ["git", "-C", str(source), "config", "--get", "remote.origin.url"], capture_output=True, text=True
-    ).stdout.strip()
-    return origin or "local checkout (no git remote)"
 
 
 def _key(fields: list[object], *, source: Path, files: list[Path]) -> str:
@@ -173,8 +165,7 @@ def _inputs(source: Path) -> _Inputs:
     if _git(source, "status", "--porcelain", "--", *SOURCE_FILES, *SOURCE_DIRS):
         revision += "-dirty"
     epoch = int(os.environ.get("SOURCE_DATE_EPOCH") or _git(source, "log", "-1", "--format=%ct", "HEAD"))
-    origin = _origin(source)
-    key = _key([revision, epoch, origin, SUITE, PACKAGES, sys.version_info[:2]], source=source, files=files)
+    key = _key([revision, epoch, SUITE, PACKAGES, sys.version_info[:2]], source=source, files=files)
     version = project_version(source)
     return _Inputs(
         source=source,
@@ -182,7 +173,6 @@ def _inputs(source: Path) -> _Inputs:
         tag=version,
         revision=revision,
         epoch=epoch,
-        origin=origin,
         key=key,
     )
 
@@ -227,18 +217,14 @@ def _revision_inputs(repository: Path, revision: str) -> _Inputs:
     pyproject = _git(repository, "show", f"{commit}:pyproject.toml")
     version: str = tomllib.loads(pyproject)["project"]["version"]
     epoch = int(os.environ.get("SOURCE_DATE_EPOCH") or _git(repository, "log", "-1", "--format=%ct", commit))
-    origin = _origin(repository)
     # The commit fixes every source file, so it stands for them in the key: no tree to read.
-    key = _key(
-        ["commit", commit, epoch, origin, SUITE, PACKAGES, sys.version_info[:2]], source=repository, files=[]
-    )
+    key = _key(["commit", commit, epoch, SUITE, PACKAGES, sys.version_info[:2]], source=repository, files=[])
     return _Inputs(
         source=repository,
         version=version,
         tag=f"{version}-{commit[:SHORT_REVISION]}",
         revision=commit,
         epoch=epoch,
-        origin=origin,
         key=key,
         from_commit=True,
     )
@@ -430,7 +416,8 @@ def image_config(*, inputs: _Inputs, arch: str) -> dict[str, object]:
         "org.opencontainers.image.title": IMAGE_REPOSITORY,
         "org.opencontainers.image.version": inputs.version,
         "org.opencontainers.image.revision": inputs.revision,
-        "org.opencontainers.image.source": inputs.origin,
+        # No org.opencontainers.image.source: the project has no public URL, and a clone's
+        # remote.origin.url is often a local folder, which says nothing to whoever runs the image.
         "org.opencontainers.image.created": created,
         "org.opencontainers.image.base.name": f"debian:{SUITE} (mmdebstrap minbase)",
     }
