@@ -33,17 +33,16 @@ from typing import Any
 
 import yaml
 
+from dra_api.kubeletapi.socketpaths import MAX_SOCKET_PATH_BYTES, path_bytes
 from dra_devcluster.binaries import Binaries, ensure_binaries, ensure_node_binaries
 from dra_devcluster.images import ImageArchive, build_images
-from dra_devcluster.node import NodePorts, RealNode
+from dra_devcluster.node import NodeLayout, NodePorts, RealNode
 from dra_devcluster.nodeproxy import NodeProxy, egress_selector_config
 from dra_devcluster.pki import CertPair, ClusterPKI, generate_pki
 
 log = logging.getLogger(__name__)
 
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
-# Longest node folder path that leaves room for the kubelet's and the plugins' socket paths.
-_NODE_ROOT_LIMIT = 48
 
 # DRA feature gates that are beta in Kubernetes 1.36, all switched on (DRADeviceTaintRules is
 # beta but off by default upstream). GA gates are locked on and may not be named.
@@ -105,6 +104,23 @@ def _listen_range() -> range | None:
         return None
     start = max(1024, low - _LISTEN_PORTS)
     return range(start, low) if low - start >= 1000 else None
+
+
+def _node_root(root: Path) -> Path:
+    """``root`` if every unix socket of a node there fits the 107 bytes a socket path may have,
+    else a short temporary folder (``/tmp/dn*``, 15 bytes) linked from ``root``."""
+    if NodeLayout(root).fits():
+        return root
+    short = Path(tempfile.mkdtemp(prefix="dn", dir="/tmp"))
+    if not NodeLayout(short).fits():  # only if the layout grew: say so rather than fail in the kubelet
+        short.rmdir()
+        longest = NodeLayout(short).longest_socket()
+        raise ValueError(
+            f"a node's socket {longest} would be {path_bytes(longest)} bytes, more than the "
+            f"{MAX_SOCKET_PATH_BYTES} a unix socket path may have"
+        )
+    root.symlink_to(short)
+    return short
 
 
 def free_port() -> int:
@@ -591,8 +607,6 @@ class LocalCluster:
         binaries = ensure_node_binaries()
         if not self._images:
             self._images = build_images(self.workdir / "images")
-        # Unix socket paths are limited to 107 bytes: a node's folder sits under the cluster's when
-        # that path is short, else under a short temporary one linked from there.
         if any(n.name == name for n in self._real_nodes):
             raise ValueError(f"a real node named {name} is already running")
         (self.workdir / "nodes").mkdir(exist_ok=True)
@@ -600,10 +614,7 @@ class LocalCluster:
         if root.is_symlink() or root.exists():
             # A node of this name ran before and was removed: the new one starts afresh.
             root.rename(root.with_name(f"{name}.removed-{self._nodes_started}"))
-        if len(str(root)) > _NODE_ROOT_LIMIT:
-            # As short as it gets: an agent pod's socket names carry its UID (36 bytes).
-            root = Path(tempfile.mkdtemp(prefix="dn")) / name
-            (self.workdir / "nodes" / name).symlink_to(root)
+        root = _node_root(root)
         # Never reused, so a node added after a removal gets a subnet and bridge of its own.
         self._nodes_started += 1
         node = RealNode(
@@ -685,7 +696,7 @@ class LocalCluster:
         if node.mounts():
             log.warning("node %s: %s stays, something is still mounted in it", node.name, node.root)
             return
-        shutil.rmtree(node.root.parent, ignore_errors=True)
+        shutil.rmtree(node.root, ignore_errors=True)
 
     def delete_node(self, name: str) -> None:
         self.kubectl("delete", "node", name, "--wait=true")

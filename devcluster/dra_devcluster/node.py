@@ -4,8 +4,7 @@ Each node has its own directory (``<cluster workdir>/nodes/<name>``) holding con
 state and socket, the kubelet's root dir (plugin registry, plugin sockets, its DRA checkpoint), the
 pod logs, a CNI configuration (a bridge of its own with a /24 of its own) and the directory the
 node's CDI specs go to (the agent's ``--cdi-dir``). Settings without which a node does not start on
-this machine class (cgroup v1, no CAP_SYS_RESOURCE) are explained where they are set; see also
-``shared/reference/real-node.md``.
+this machine class (cgroup v1, no CAP_SYS_RESOURCE) are explained where they are set.
 
 The kubelet authenticates as ``system:node:<name>`` with a client certificate from the cluster CA,
 so the Node authorizer and NodeRestriction apply to it as in a real cluster. Images come from
@@ -30,6 +29,13 @@ from pathlib import Path
 
 import yaml
 
+from dra_api.kubeletapi.socketpaths import (
+    MAX_SOCKET_PATH_BYTES,
+    POD_UID_BYTES,
+    longest_socket_path,
+    path_bytes,
+)
+from dra_api.names import GPU_DRIVER, TPU_DRIVER
 from dra_devcluster.apirelay import ApiRelay
 from dra_devcluster.binaries import NodeBinaries
 from dra_devcluster.images import SANDBOX_IMAGE, ImageArchive
@@ -50,6 +56,53 @@ def mounts_under(folder: Path) -> list[str]:
         if point == root or point.startswith(root + "/"):
             found.append(point)
     return found
+
+
+@dataclass(frozen=True)
+class NodeLayout:
+    """Where a node laid out at ``root`` keeps what the kubelet and containerd need a path for."""
+
+    root: Path
+
+    @property
+    def containerd_socket(self) -> Path:
+        return self.root / "containerd" / "containerd.sock"
+
+    @property
+    def kubelet_root(self) -> Path:
+        return self.root / "kubelet"
+
+    @property
+    def registry_dir(self) -> Path:
+        """Where the kubelet's plugin watcher looks for registration sockets."""
+        return self.kubelet_root / "plugins_registry"
+
+    @property
+    def plugins_dir(self) -> Path:
+        """Where DRA drivers put their service sockets (``<dir>/<driver>/dra.sock``)."""
+        return self.kubelet_root / "plugins"
+
+    def longest_socket(self) -> Path:
+        """The longest unix socket path the node holds: containerd's, the kubelet's own, and those of
+        an agent serving both drivers with per-pod names (a DaemonSet's agent adds its pod UID)."""
+        return max(
+            (
+                self.containerd_socket.with_name(self.containerd_socket.name + ".ttrpc"),
+                self.kubelet_root / "pod-resources" / "kubelet.sock",
+                self.kubelet_root / "device-plugins" / "kubelet.sock",
+                longest_socket_path(
+                    drivers=(GPU_DRIVER, TPU_DRIVER),
+                    registry_dir=self.registry_dir,
+                    plugins_dir=self.plugins_dir,
+                    instance="u" * POD_UID_BYTES,
+                ),
+            ),
+            key=path_bytes,
+        )
+
+    def fits(self) -> bool:
+        """Whether every socket of the node fits a unix socket path."""
+        return path_bytes(self.longest_socket()) <= MAX_SOCKET_PATH_BYTES
 
 
 class NodeStartError(RuntimeError):
@@ -81,22 +134,24 @@ class RealNode:
     # -- where things are ------------------------------------------------------------------------
 
     @property
+    def layout(self) -> NodeLayout:
+        return NodeLayout(self.root)
+
+    @property
     def containerd_socket(self) -> Path:
-        return self.root / "containerd" / "containerd.sock"
+        return self.layout.containerd_socket
 
     @property
     def kubelet_root(self) -> Path:
-        return self.root / "kubelet"
+        return self.layout.kubelet_root
 
     @property
     def registry_dir(self) -> Path:
-        """Where the kubelet's plugin watcher looks for registration sockets."""
-        return self.kubelet_root / "plugins_registry"
+        return self.layout.registry_dir
 
     @property
     def plugins_dir(self) -> Path:
-        """Where DRA drivers put their service sockets (``<dir>/<driver>/dra.sock``)."""
-        return self.kubelet_root / "plugins"
+        return self.layout.plugins_dir
 
     @property
     def pod_logs_dir(self) -> Path:
@@ -229,7 +284,7 @@ class RealNode:
             "[grpc]",
             f'  address = "{self.containerd_socket}"',
             "[ttrpc]",
-            f'  address = "{self.containerd_socket}.ttrpc"',
+            f'  address = "{self.containerd_socket}.ttrpc"',  # as NodeLayout.longest_socket says
             f'[plugins."{images}"]',
             # No overlay assumptions about the machine's filesystems.
             '  snapshotter = "native"',

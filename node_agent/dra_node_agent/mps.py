@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from dra_api.kubeletapi.socketpaths import MAX_SOCKET_PATH_BYTES
 from dra_api.quantity import Quantity
 from dra_node_agent.discovery.base import ContainerEdits, DiscoveredDevice, Mount
 from dra_node_agent.gpu_sharing import SharingError, run_tool
@@ -46,7 +47,6 @@ START_TIMEOUT_SECONDS: Final = 15.0
 STOP_TIMEOUT_SECONDS: Final = 10.0
 COMMAND_TIMEOUT_SECONDS: Final = 10.0
 MIB: Final = 1 << 20
-UNIX_SOCKET_PATH_MAX: Final = 107  # sun_path is 108 bytes with the terminating NUL
 
 
 class MpsError(SharingError):
@@ -146,7 +146,7 @@ class MpsDaemons:
         control: Path | None,
         driver_root: Path,
         env: Mapping[str, str],
-        socket_path_max: int | None = UNIX_SOCKET_PATH_MAX,
+        socket_path_max: int | None = MAX_SOCKET_PATH_BYTES,
     ) -> None:
         """``socket_path_max`` None: the tool makes no unix sockets (the simulated stand-in)."""
         self.root = root

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import pynvml
 
+from dra_api.kubeletapi.socketpaths import MAX_SOCKET_PATH_BYTES
 from dra_api.names import GPU_DRIVER, STANDARD_ATTRIBUTE_DOMAIN
 
 from .. import mps  # the module, not its names: mps imports discovery, which imports this
@@ -244,7 +245,7 @@ class NvmlBackend:
             driver_root=self._driver_root,
             env=self.tool_env(),
             # The simulated stand-in makes a FIFO, not unix sockets: its paths may be long.
-            socket_path_max=None if self._simulated else mps.UNIX_SOCKET_PATH_MAX,
+            socket_path_max=None if self._simulated else MAX_SOCKET_PATH_BYTES,
         )
 
     def mig_instances(self) -> DynamicMig | None:

@@ -6,9 +6,10 @@ which work on the plain dataclasses re-exported here.
 """
 
 from dra_api.kubeletapi.model import ClaimRef, DeviceHealth, HealthStatus, PreparedDevice, PrepareResult
+from dra_api.kubeletapi.socketpaths import PluginPaths, plugin_paths
 from dra_node_agent.plugin.handler import DRAHandler, HealthSource
 from dra_node_agent.plugin.server import DEFAULT_GRACE_PERIOD, RunningPlugin, serve_plugin, supported_versions
-from dra_node_agent.plugin.sockets import DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR, PluginPaths, plugin_paths
+from dra_node_agent.plugin.sockets import DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR
 
 __all__ = [
     "DEFAULT_GRACE_PERIOD",

@@ -22,6 +22,7 @@ from dra_api.kubeletapi.model import (
     HEALTH_V1ALPHA1_SERVICE,
     PluginInfo,
 )
+from dra_api.kubeletapi.socketpaths import PluginPaths, plugin_paths
 from dra_node_agent.plugin import sockets
 from dra_node_agent.plugin.dra_service import ClaimService, DRAPluginV1beta1Servicer, DRAPluginV1Servicer
 from dra_node_agent.plugin.handler import DRAHandler, HealthSource
@@ -46,7 +47,7 @@ class RunningPlugin:
         self,
         *,
         driver: str,
-        paths: sockets.PluginPaths,
+        paths: PluginPaths,
         info: PluginInfo,
         dra_server: grpc.aio.Server,
         dra_inode: int,
@@ -159,7 +160,7 @@ async def serve_plugin(
     last, since its appearance is what makes kubelet connect. ``instance`` (a pod UID) switches to
     per-instance socket names for rolling updates. Stale files at either path are removed first.
     """
-    paths = sockets.plugin_paths(
+    paths = plugin_paths(
         driver=driver, registry_dir=Path(registry_dir), plugins_dir=Path(plugins_dir), instance=instance
     )
     await asyncio.to_thread(sockets.make_directory, paths.plugin_dir, force_mode=True)

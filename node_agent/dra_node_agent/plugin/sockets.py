@@ -7,9 +7,10 @@ import os
 import secrets
 import socket
 import stat
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
+
+from dra_api.kubeletapi.socketpaths import MAX_SOCKET_PATH_BYTES, PluginPaths, path_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -18,34 +19,6 @@ DEFAULT_PLUGINS_DIR: Final = Path("/var/lib/kubelet/plugins")
 
 DIRECTORY_MODE: Final = 0o750
 SOCKET_MODE: Final = 0o600
-# sun_path holds 108 bytes including the terminating NUL.
-MAX_SOCKET_PATH_BYTES: Final = 107
-
-
-@dataclass(frozen=True)
-class PluginPaths:
-    """Where one driver's sockets live; ``plugin_dir`` is the driver's own folder."""
-
-    registration_socket: Path
-    plugin_dir: Path
-    dra_socket: Path
-
-
-def plugin_paths(
-    *, driver: str, registry_dir: Path, plugins_dir: Path, instance: str | None = None
-) -> PluginPaths:
-    """Conventional socket paths; ``instance`` (a pod UID) gives per-instance names for rolling updates."""
-    if not driver:
-        raise ValueError("plugin driver name is empty")
-    if "/" in driver or driver.startswith("."):
-        raise ValueError(f"plugin driver name {driver!r} cannot name a socket (no '/', no leading '.')")
-    suffix = f"-{instance}" if instance else ""
-    plugin_dir = Path(os.path.abspath(plugins_dir / driver))
-    return PluginPaths(
-        registration_socket=Path(os.path.abspath(registry_dir / f"{driver}{suffix}-reg.sock")),
-        plugin_dir=plugin_dir,
-        dra_socket=plugin_dir / f"dra{suffix}.sock",
-    )
 
 
 def make_directory(path: Path, *, force_mode: bool) -> None:
@@ -65,7 +38,7 @@ def make_directory(path: Path, *, force_mode: bool) -> None:
 
 
 def _check_length(path: Path) -> None:
-    size = len(os.fsencode(path))
+    size = path_bytes(path)
     if size > MAX_SOCKET_PATH_BYTES:
         raise ValueError(
             f"plugin socket path {path} is {size} bytes, more than the {MAX_SOCKET_PATH_BYTES} allowed"
@@ -74,7 +47,7 @@ def _check_length(path: Path) -> None:
 
 def staging_path(path: Path) -> Path:
     """Where to bind before moving the socket into place; hidden, so kubelet ignores it meanwhile."""
-    staging = path.with_name(f".{secrets.token_hex(4)}.sock")
+    staging = path.with_name(f".{secrets.token_hex(4)}.sock")  # STAGING_NAME_BYTES long
     _check_length(path)
     _check_length(staging)
     if path.is_dir():

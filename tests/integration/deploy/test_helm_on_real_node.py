@@ -34,7 +34,7 @@ from tests.unit.deploy.render import REPO_ROOT
 
 pytestmark = pytest.mark.cluster
 
-NODE = "hm-1"  # short: see test_overlay_on_real_node.py
+NODE = "hm-1"
 NAMESPACE = "accel-dra-hook"
 RELEASE = "accel-dra"
 CLAIMS_NS = "hook-claims"

@@ -30,9 +30,6 @@ from tests.unit.deploy.render import CRDS_DIR, EXAMPLES_DIR, NAMESPACE, REPO_ROO
 
 pytestmark = pytest.mark.cluster
 
-# Short: the node folder is /tmp/dn<8>/<node>/ and the agent pod's socket names carry its UID;
-# /tmp/dn<8>/ov-1/kubelet/plugins_registry/gpu.nvidia.com-<UID>-reg.sock is 106 of the 107 bytes a
-# Unix socket path may have.
 NODE = "ov-1"
 AGENT = "accel-dra-node-agent"
 OPERATOR = "accel-dra-operator"
