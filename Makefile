@@ -3,6 +3,13 @@ PYTHON ?= python3
 VENV := .venv
 
 .PHONY: demo test image venv clean
+# The machine is checked before the venv or any build, so the order of prerequisites matters.
+.NOTPARALLEL:
+
+# Python, Go, root, disk, then the Debian packages (installed when root): one line and exit 1 on
+# what is missing, seconds into the command rather than after minutes of building.
+prereqs-%:
+	@$(PYTHON) devcluster/dra_devcluster/prerequisites.py $*
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -12,14 +19,14 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed
 
-demo: venv
+demo: prereqs-demo venv
 	$(VENV)/bin/dra-local-cluster demo $(DEMO_ARGS)
 
 # The product image as an OCI archive in dist/ (mmdebstrap, no Docker daemon, no registry).
-image: venv
+image: prereqs-image venv
 	$(VENV)/bin/dra-local-cluster image --out dist
 
-test: venv
+test: prereqs-test venv
 	$(VENV)/bin/tox run -e lint,types,tests,e2e
 
 clean:

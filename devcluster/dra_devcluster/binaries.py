@@ -10,7 +10,8 @@ Order of preference, per binary:
    (Kubernetes, etcd), ``gomod/containerd/`` (containerd, whose dependencies differ) and
    ``gomod/helm/`` (helm; cache ``.../accel-dra/helm/<version>/bin``).
 
-runc and the CNI plugins come from Debian packages (``runc``, ``containernetworking-plugins``).
+runc and the CNI plugins come from Debian packages (``runc``, ``containernetworking-plugins``), found
+as :mod:`dra_devcluster.prerequisites` says (the table ``make`` checks and installs them from).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+
+from dra_devcluster import prerequisites
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +85,8 @@ _VERSION_LDFLAGS = {
 }
 # containerd's build tags for a static binary without the snapshotters that need cgo or kernel headers.
 _BUILD_TAGS = {"containerd": "no_btrfs no_devmapper no_zfs urfave_cli_no_docs"}
-RUNC_PACKAGE, CNI_PACKAGE = "runc", "containernetworking-plugins"
-CNI_PLUGIN_DIRS = (Path("/usr/lib/cni"), Path("/opt/cni/bin"))
+# What a real node takes from Debian rather than from a Go build.
+_NODE_PACKAGES_DEBIAN = (prerequisites.RUNC, prerequisites.CNI_PLUGINS)
 
 
 class BinariesUnavailable(RuntimeError):
@@ -256,16 +259,12 @@ def _node_unavailable_message(missing: list[str], reason: str) -> str:
 def ensure_node_binaries(*, allow_build: bool = True) -> NodeBinaries:
     """Paths to what a real node runs, building the Go binaries that are missing when allowed;
     runc and the CNI plugins must be installed from Debian's packages."""
-    runc = shutil.which("runc") or ("/usr/sbin/runc" if _usable(Path("/usr/sbin/runc")) else None)
-    cni_dir = next((d for d in CNI_PLUGIN_DIRS if _usable(d / "bridge")), None)
-    absent = [pkg for pkg, found in ((RUNC_PACKAGE, runc), (CNI_PACKAGE, cni_dir)) if found is None]
-    if absent:
-        raise NodeUnavailable(
-            f"a real node needs the Debian packages {', '.join(absent)}: "
-            f"apt-get install -y {' '.join(absent)}"
-        )
-    assert runc is not None
-    assert cni_dir is not None
+    runc, cni_bridge = (prerequisites.locate(p) for p in _NODE_PACKAGES_DEBIAN)
+    if runc is None or cni_bridge is None:
+        absent = [p.name for p in _NODE_PACKAGES_DEBIAN if prerequisites.locate(p) is None]
+        install = prerequisites.install_command(absent)
+        raise NodeUnavailable(f"a real node needs the Debian packages {' '.join(absent)}: {install}")
+    cni_dir = Path(cni_bridge).parent
     found: dict[str, Path] = {}
     assets = os.environ.get(ASSETS_ENV)
     bin_dir = node_cache_dir() / "bin"

@@ -20,13 +20,12 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import shutil
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-BUSYBOX_PACKAGE = "busybox-static"
-BUSYBOX_PATHS = (Path("/bin/busybox"), Path("/usr/bin/busybox"))
+from dra_devcluster import prerequisites
+
 WORKLOAD_IMAGE = "registry.local/accel-dra/busybox:1"
 SANDBOX_IMAGE = "registry.local/accel-dra/pause:1"
 VECTOR_ADD_IMAGE = "registry.local/accel-dra/example-vector-add:1"
@@ -49,14 +48,10 @@ class ImageArchive:
 
 
 def busybox() -> Path:
-    for path in BUSYBOX_PATHS:
-        if path.is_file():
-            return path
-    found = shutil.which("busybox")
+    found = prerequisites.locate(prerequisites.BUSYBOX)
     if found is None:
-        raise ImageUnavailable(
-            f"building the local images needs a static busybox: apt-get install -y {BUSYBOX_PACKAGE}"
-        )
+        install = prerequisites.install_command([prerequisites.BUSYBOX.name])
+        raise ImageUnavailable(f"building the local images needs a static busybox: {install}")
     return Path(found)
 
 

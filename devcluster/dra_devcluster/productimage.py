@@ -51,7 +51,7 @@ import tomllib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from dra_devcluster import ociarchive
+from dra_devcluster import ociarchive, prerequisites
 from dra_devcluster.binaries import cache_dir
 
 log = logging.getLogger(__name__)
@@ -114,7 +114,9 @@ def _run(step: str, argv: list[str], *, env: dict[str, str] | None = None, cwd: 
 
 
 def _hint(program: str) -> str:
-    return "apt-get install -y mmdebstrap" if program == "mmdebstrap" else "install it"
+    return (
+        prerequisites.install_command([program]) if program == prerequisites.MMDEBSTRAP.name else "install it"
+    )
 
 
 def _git(source: Path, *args: str) -> str:

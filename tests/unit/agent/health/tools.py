@@ -6,7 +6,9 @@ import shutil
 
 import pytest
 
-PACKAGE = "prometheus"
+from dra_devcluster.prerequisites import PROMETHEUS, install_command
+
+PACKAGE = PROMETHEUS.name
 
 
 def require(binary: str) -> str:
@@ -14,7 +16,7 @@ def require(binary: str) -> str:
     if path is None:
         pytest.fail(
             f"{binary} is not installed: install the Debian package '{PACKAGE}' "
-            f"(apt-get install -y {PACKAGE}), which provides /usr/bin/prometheus and /usr/bin/promtool",
+            f"({install_command([PACKAGE])}), which provides /usr/bin/prometheus and /usr/bin/promtool",
             pytrace=False,
         )
     return path
