@@ -1,4 +1,10 @@
-"""``dra-local-cluster``: build the control-plane binaries or the product image, or run a local cluster."""
+"""``dra-local-cluster``: build the control-plane binaries or the product image, or run a local cluster.
+
+Arguments are checked before anything is built or started. Errors, a bad argument or a missing
+prerequisite alike, are one line on stderr starting ``dra-local-cluster:`` with exit status 2;
+an error that carries a log or command output tail (a component or build step that failed) has
+it below that line, indented. Errors of no known kind are bugs and keep their traceback.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +16,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NoReturn
 
 from dra_devcluster.binaries import (
     BINARY_NAMES,
@@ -27,38 +34,92 @@ from dra_devcluster.binaries import (
     node_cache_dir,
 )
 from dra_devcluster.cluster import ControlPlaneError, LocalCluster
+from dra_devcluster.images import ImageUnavailable
 from dra_devcluster.node import NodeStartError
 
+PROG = "dra-local-cluster"
 _FAKE_NODES_HINT = (
-    "A machine that cannot run a kubelet can still run the control plane with Node objects that have "
-    "none: dra-local-cluster up --fake-nodes."
+    "a machine that cannot run a kubelet can still run the control plane with Node objects that have "
+    "none: dra-local-cluster up --fake-nodes"
 )
+EXIT_STATUS = """\
+exit status: 0 done (up, demo: stopped with Ctrl-C or SIGTERM, or --exit); 1 demo: not every
+example pod ran; 2 a bad argument, a missing prerequisite (Debian packages, Go, a static busybox)
+or a component that did not start, one line on stderr; 130 interrupted while starting."""
+
+
+class _UsageError(Exception):
+    """A bad argument found after parsing (a folder that cannot be created): one line."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # One line, like every other error of the command (argparse's own adds the usage).
+        self.exit(2, f"{PROG}: {message} (see '{self.prog} --help')\n")
+
+
+def _node_count(text: str) -> int:
+    try:
+        count = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if count < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {count}")
+    return count
+
+
+def _writable_folder(path: Path, *, flag: str) -> Path:
+    """``path``, created if need be and shown writable, so that a folder the command could not use
+    is refused before anything is built or started."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        raise _UsageError(f"{flag} {path}: cannot create or write to it: {exc.strerror or exc}") from None
+    return path
+
+
+def _fail(message: object, *, hint: str = "") -> int:
+    """The error's first line on stderr; the rest of a message (a log tail) indented below it."""
+    first, _, detail = str(message).strip().partition("\n")
+    print(f"{PROG}: {first}{'; ' + hint if hint else ''}", file=sys.stderr)
+    for line in detail.splitlines():
+        print(f"  {line}", file=sys.stderr)
+    return 2
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="dra-local-cluster",
+    parser = _Parser(
+        prog=PROG,
         description=f"A real Kubernetes {KUBERNETES_VERSION} control plane (etcd {ETCD_VERSION}) on loopback",
+        epilog=EXIT_STATUS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser(
-        "build", help="find or build the control-plane and node binaries and helm; print where they are"
-    )
-    image = sub.add_parser(
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    def command(name: str, *, help: str) -> argparse.ArgumentParser:
+        # Every command's --help ends with the exit status, as the top level's does.
+        return sub.add_parser(
+            name, help=help, epilog=EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter
+        )
+
+    command("build", help="find or build the control-plane and node binaries and helm; print where they are")
+    image = command(
         "image",
         help="build the product image accel-dra:<version> as an OCI archive (mmdebstrap, no Docker)",
     )
     image.add_argument("--out", type=Path, help="copy the archive into this directory (e.g. dist)")
     image.add_argument("--rebuild", action="store_true", help="build even when the cache has it")
-    up = sub.add_parser("up", help="start a control plane and keep it running until Ctrl-C")
+    up = command("up", help="start a control plane and keep it running until Ctrl-C")
     up.add_argument(
         "--workdir", type=Path, help="directory for certs, data and logs (default: a new temp dir)"
     )
     up.add_argument(
         "--nodes",
-        type=int,
+        type=_node_count,
         default=1,
-        help="number of real nodes (kubelet + containerd) to start (default 1)",
+        help="number of real nodes (kubelet + containerd) to start, 0 or more (default 1)",
     )
     up.add_argument(
         "--fake-nodes",
@@ -66,7 +127,7 @@ def _parser() -> argparse.ArgumentParser:
         help="create Node objects without a kubelet instead (for machines that cannot run one)",
     )
     up.add_argument("--exit", action="store_true", help="stop again right after start-up (smoke test)")
-    demo = sub.add_parser(
+    demo = command(
         "demo",
         help="the full demo: control plane, real nodes, operator, agents (simulated GPUs, TPUs), examples",
     )
@@ -95,15 +156,15 @@ def _stop_on_signals() -> None:
 def _image(*, out: Path | None, rebuild: bool) -> int:
     from dra_devcluster.productimage import ImageBuildError, ensure_product_image
 
+    if out is not None:
+        _writable_folder(out, flag="--out")
     started = time.monotonic()
     try:
         image = ensure_product_image(rebuild=rebuild)
     except ImageBuildError as err:
-        print(f"error: building the image: {err}", file=sys.stderr)
-        return 2
+        return _fail(f"building the image: {err}")
     path = image.path
     if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
         path = out / image.path.name
         shutil.copyfile(image.path, path)
     how = "from the cache" if image.cached else f"built in {time.monotonic() - started:.0f} s"
@@ -117,6 +178,15 @@ def _image(*, out: Path | None, rebuild: bool) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    workdir: Path | None = None
+    if args.command in ("up", "demo"):
+        # Before anything starts: a folder the cluster could not write its first file to.
+        try:
+            workdir = _writable_folder(
+                args.workdir or Path(tempfile.mkdtemp(prefix="accel-dra-cluster-")), flag="--workdir"
+            )
+        except (_UsageError, OSError) as err:  # OSError: mkdtemp in an unusable TMPDIR
+            return _fail(err)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     try:
         if args.command == "build":
@@ -143,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "image":
             return _image(out=args.out, rebuild=args.rebuild)
-        workdir = args.workdir or Path(tempfile.mkdtemp(prefix="accel-dra-cluster-"))
+        assert workdir is not None
         _stop_on_signals()
         if args.command == "demo":
             from dra_devcluster.demo import run_demo
@@ -168,13 +238,13 @@ def main(argv: list[str] | None = None) -> int:
             except KeyboardInterrupt:
                 print("\nstopping")
         return 0
-    except NodeStartError as err:
-        print(f"error: {err}\n{_FAKE_NODES_HINT}", file=sys.stderr)
-        return 2
-    except (BinariesUnavailable, ControlPlaneError) as err:
-        hint = f"\n{_FAKE_NODES_HINT}" if isinstance(err, NodeUnavailable) else ""
-        print(f"error: {err}{hint}", file=sys.stderr)
-        return 2
+    except _UsageError as err:
+        return _fail(err)
+    # The known ways a missing prerequisite or a failed start shows; anything else is a bug.
+    except (NodeStartError, NodeUnavailable) as err:
+        return _fail(err, hint=_FAKE_NODES_HINT)
+    except (BinariesUnavailable, ControlPlaneError, ImageUnavailable) as err:
+        return _fail(err)
     except KeyboardInterrupt:
         # Everything started was stopped on the way out of the cluster's context manager.
         print("stopped", file=sys.stderr)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ from typing import Any
 
 from kubernetes_asyncio import client
 
-from dra_api.kube import UnsupportedServer, make_api_client, preferred_resource_version
+from dra_api.kube import UnsupportedServer, first_resource_version, make_api_client
 from dra_node_agent.checkpoint_report import CorruptionReporter
 from dra_node_agent.claims import ClaimReader
 from dra_node_agent.discovery.base import DiscoveredInventory, DiscoveryBackend
@@ -34,7 +35,7 @@ from dra_node_agent.http_endpoints import HttpEndpoints
 from dra_node_agent.plugin import RunningPlugin, serve_plugin
 from dra_node_agent.prepare import PrepareHandler
 from dra_node_agent.publisher import SlicePublisher
-from dra_node_agent.settings import Settings, describe
+from dra_node_agent.settings import Settings, SettingsError, describe
 from dra_node_agent.tpu_multihost import KubeWorkloads, PodEvents, TpuWorkerResolver
 
 logger = logging.getLogger(__name__)
@@ -241,18 +242,22 @@ async def _stop_driver(runtime: DriverRuntime) -> None:
         await runtime.handler.tpu_workers.aclose()
 
 
-async def _served_version(api: client.ApiClient, *, stop: asyncio.Event) -> str | None:
-    """The resource.k8s.io version to use, retried while the API server is unreachable.
+async def _served_version(
+    api: client.ApiClient, *, stop: asyncio.Event, request_timeout_s: float
+) -> str | None:
+    """The resource.k8s.io version to use, retried while the API server is unreachable: a node
+    agent (re)started during an API outage waits for it rather than crash-looping, since the
+    kubelet's growing restart back-off would delay it long after the API server is back.
 
     None when asked to stop first. A server that serves no known version is a permanent error.
     """
     backoff = 1.0
     while not stop.is_set():
         try:
-            return await preferred_resource_version(api)
+            return await first_resource_version(api, request_timeout_s=request_timeout_s)
         except UnsupportedServer:
             raise
-        except Exception as exc:  # connection refused, TLS, 5xx: the API server may be starting
+        except Exception as exc:  # unreachable, TLS, 5xx: the API server may be starting
             logger.warning("API server discovery failed, retrying in %.0f s: %s", backoff, exc)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=backoff)
@@ -284,12 +289,21 @@ async def run_agent(settings: Settings, *, stop: asyncio.Event | None = None) ->
         stop = asyncio.Event()
         _install_signal_handlers(stop)
     logger.info("starting node agent: %s", ", ".join(describe(settings)))
-    endpoints = HttpEndpoints(address=settings.metrics_address)
-    await endpoints.start()
+    # First what cannot work at all (ClusterConfigError), before anything listens.
     api = await make_api_client(kubeconfig=settings.kubeconfig)
+    endpoints = HttpEndpoints(address=settings.metrics_address)
+    try:
+        await endpoints.start()
+    except OSError as exc:
+        await api.close()
+        # asyncio's strerror repeats the address; the errno's own text does not.
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise SettingsError(
+            f"setting metrics_address: cannot listen on {settings.metrics_address}: {reason}"
+        ) from exc
     runtimes: list[DriverRuntime] = []
     try:
-        api_version = await _served_version(api, stop=stop)
+        api_version = await _served_version(api, stop=stop, request_timeout_s=settings.api_request_timeout)
         if api_version is None:
             return 0
         backends = await select_backends(discovery_config(settings))

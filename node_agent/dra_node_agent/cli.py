@@ -13,6 +13,7 @@ import asyncio
 import logging
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from dra_node_agent import lean_imports
 from dra_node_agent import settings as settings_module
@@ -30,16 +31,30 @@ are undisturbed by a restart.
 Each flag can also be set by environment variable (shown per flag); a flag wins over the
 environment, the environment over the default."""
 
+_RUN_EPILOG = """\
+exit status: 0 stopped by SIGTERM or SIGINT; 2 a bad flag or environment variable (an unknown
+simulated profile, a folder it cannot write, a metrics address it cannot listen on), an unusable
+kubeconfig (none outside a pod, missing, malformed), or an API server that serves no
+resource.k8s.io version this driver speaks. Each error is one line on stderr. An API server that
+cannot be reached is retried, at start-up too, with a warning per attempt."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # One line, like every other error of the command (argparse's own adds the usage).
+        self.exit(2, f"{self.prog}: {message} (see '{self.prog} --help')\n")
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="dra-node-agent", description="Kubernetes DRA node agent for NVIDIA GPUs and Google TPUs."
     )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     run = commands.add_parser(
         "run",
         help="run the agent",
         description=_RUN_DESCRIPTION,
+        epilog=_RUN_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     settings_module.add_arguments(run)
@@ -78,18 +93,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(arguments)
     if args.command == "profiles":
         return _profiles()
+    from dra_api import kube  # imports kubernetes_asyncio: only after lean_imports.install()
+
     try:
         settings = settings_module.load_settings(args=args)
-    except settings_module.SettingsError as exc:
-        print(f"dra-node-agent: {exc}", file=sys.stderr)
-        return 2
+        _check_before_start(settings)
+    except (settings_module.SettingsError, kube.ClusterConfigError) as exc:
+        return _fail(exc)
     _configure_logging(settings.log_level)
     from dra_node_agent.agent import run_agent
 
     try:
         return asyncio.run(run_agent(settings))
+    except (settings_module.SettingsError, kube.ClusterConfigError, kube.UnsupportedServer) as exc:
+        return _fail(exc)
     except KeyboardInterrupt:
         return 130
+
+
+def _fail(message: object) -> int:
+    print(f"dra-node-agent: {' '.join(str(message).split())}", file=sys.stderr)
+    return 2
+
+
+def _check_before_start(settings: settings_module.Settings) -> None:
+    """What would otherwise fail only after the agent logged in and started serving: the simulated
+    profiles, the folders it writes, the kubeconfig (or the pod it runs in)."""
+    from dra_api import kube
+    from dra_node_agent.agent import discovery_config
+    from dra_node_agent.discovery.detect import simulated_profiles
+
+    try:
+        simulated_profiles(discovery_config(settings))
+    except ValueError as exc:  # ProfileError included
+        raise settings_module.SettingsError(f"setting simulate_profile: {exc}") from None
+    settings_module.check_folders(settings)
+    kube.check_connection_config(settings.kubeconfig)
 
 
 if __name__ == "__main__":

@@ -373,10 +373,37 @@ def validate(settings: Settings) -> None:
         raise SettingsError(
             f"setting additional_xids_to_ignore: {bad_xids[0].strip()!r} is not a non-negative integer"
         )
+    if settings.metrics_address:
+        from dra_node_agent.http_endpoints import split_address
+
+        try:
+            _, port = split_address(settings.metrics_address)
+        except ValueError as exc:
+            raise SettingsError(f"setting metrics_address: {exc}") from None
+        if port > 65535:
+            raise SettingsError(f"setting metrics_address: port {port} is not a port number (0-65535)")
     if settings.claim_read_attempts < 1:
         raise SettingsError(f"setting claim_read_attempts: {settings.claim_read_attempts} is less than 1")
     if settings.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise SettingsError(f"setting log_level: {settings.log_level!r} is not DEBUG, INFO, WARNING or ERROR")
+
+
+WRITTEN_FOLDERS: Final = ("state_dir", "cdi_dir", "kubelet_plugins_dir", "kubelet_registry_dir")
+
+
+def check_folders(settings: Settings) -> None:
+    """Reject a folder the agent writes that it could neither create nor write, naming the field.
+    Nothing is created here: the nearest existing folder on the path must be writable. Without
+    this check the agent would fail only after logging in, at its first checkpoint or socket."""
+    for name in WRITTEN_FOLDERS:
+        path: Path = getattr(settings, name)
+        existing = path
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        if not existing.is_dir():
+            raise SettingsError(f"setting {name}: {path}: {existing} is not a folder")
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise SettingsError(f"setting {name}: {path}: {existing} is not writable")
 
 
 def describe(settings: Settings) -> Sequence[str]:

@@ -22,16 +22,27 @@ commands:
   simulate  allocate claims offline and explain the result (if installed)
   release-claims  before an uninstall: list (or --release) the claims holding the operator's finalizer
 
-'dra-operator <command> --help' shows a command's flags.
+'dra-operator <command> --help' shows a command's flags and exit status; errors are one line on
+stderr with exit status 2 (for run: bad flags, an unusable kubeconfig, an API server that cannot be
+reached at start).
 """
 
 
+def _fail(message: object) -> int:
+    print(f"dra-operator run: {' '.join(str(message).split())}", file=sys.stderr)
+    return 2
+
+
 def _run(argv: Sequence[str]) -> int:
+    """Flags and the kubeconfig are checked before anything starts; what can only fail at start-up
+    (the first request, the metrics port) is one line too. See EXIT_STATUS in settings."""
+    from dra_api import kube  # kubernetes_asyncio: half a second that simulate need not pay
+
     try:
         settings = settings_mod.parse(argv)
-    except ValueError as exc:
-        print(f"dra-operator run: {exc}", file=sys.stderr)
-        return 2
+        kube.check_connection_config(settings.kubeconfig)
+    except (ValueError, kube.ClusterConfigError) as exc:
+        return _fail(exc)
     logging.basicConfig(
         level=getattr(logging, settings.log_level.upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -42,6 +53,15 @@ def _run(argv: Sequence[str]) -> int:
 
     try:
         asyncio.run(runner.run(settings))
+    except (
+        kube.ClusterConfigError,
+        kube.ClusterUnreachable,
+        kube.UnsupportedServer,
+        runner.StartupError,
+    ) as exc:
+        # Not retried here: in a pod the kubelet restarts the operator, as it did before these
+        # errors had a line of their own; at a terminal the user fixes the cause.
+        return _fail(exc)
     except KeyboardInterrupt:
         return 130
     return 0

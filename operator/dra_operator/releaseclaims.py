@@ -29,7 +29,13 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.config import ConfigException
 
-from dra_api.kube import make_api_client, preferred_resource_version
+from dra_api.kube import (
+    ClusterConfigError,
+    ClusterUnreachable,
+    UnsupportedServer,
+    first_resource_version,
+    make_api_client,
+)
 from dra_api.names import OPERATOR_FINALIZER, RESOURCE_GROUP
 
 PLURAL: Final = "resourceclaims"
@@ -138,6 +144,8 @@ async def _release(custom: Any, version: str, claim: HeldClaim) -> None:
 
 
 STOP_TIMEOUT_S: Final = 120.0
+FIRST_REQUEST_TIMEOUT_S: Final = 60.0
+"""An API server that does not answer the first request in this long is reported as unreachable."""
 
 
 async def _stop_operator(api: client.ApiClient, target: str) -> None:
@@ -166,7 +174,7 @@ async def _held(custom: Any, version: str) -> list[HeldClaim]:
 async def run(*, release: bool, kubeconfig: str | None, stop_operator: str | None = None) -> int:
     api = await make_api_client(kubeconfig=kubeconfig)
     try:
-        version = await preferred_resource_version(api)
+        version = await first_resource_version(api, request_timeout_s=FIRST_REQUEST_TIMEOUT_S)
         custom: Any = client.CustomObjectsApi(api)
         held = await _held(custom, version)
         if not held:
@@ -226,6 +234,9 @@ def main(argv: Sequence[str]) -> int:
         return asyncio.run(
             run(release=args.release, kubeconfig=args.kubeconfig, stop_operator=args.stop_operator)
         )
+    except (ClusterConfigError, ClusterUnreachable, UnsupportedServer) as exc:
+        print(f"dra-operator release-claims: {exc}", file=sys.stderr)
+        return 2
     except ApiException as exc:
         body = exc.body.decode(errors="replace") if isinstance(exc.body, bytes) else str(exc.body)
         print(

@@ -33,7 +33,7 @@ from typing import Any, cast
 
 import kopf
 
-from dra_api.kube import make_api_client, preferred_resource_version
+from dra_api.kube import first_resource_version, make_api_client
 from dra_api.names import PROJECT_DOMAIN
 from dra_operator import kopfwatchlog
 from dra_operator.claimwatch import ClaimWatch
@@ -60,6 +60,10 @@ logger = logging.getLogger(__name__)
 KOPF_FINALIZER = f"{PROJECT_DOMAIN}/kopf"
 STOP_GRACE_S = 10.0
 """After SIGTERM or SIGINT, how long Kopf may take to stop before the operator stops anyway."""
+
+
+class StartupError(RuntimeError):
+    """Something the operator needs to start cannot be had (the metrics port); one line."""
 
 
 def configure_kopf(kopf_settings: kopf.OperatorSettings, settings: Settings) -> None:
@@ -93,7 +97,11 @@ async def run(
 ) -> None:
     identity = settings.resolved_identity()
     api_client = await make_api_client(kubeconfig=settings.kubeconfig)
-    version = await preferred_resource_version(api_client)
+    try:
+        version = await first_resource_version(api_client, request_timeout_s=settings.request_timeout_s)
+    except BaseException:
+        await api_client.close()  # an unclosed session would add a warning to the one-line error
+        raise
     api = KubeApi(api_client, resource_version=version, instance=identity)
     model = ClusterModel()
     metrics = Metrics()
@@ -157,9 +165,13 @@ async def run(
             host=settings.metrics_host,
             port=settings.metrics_port,
         )
-    except OSError:
+    except OSError as exc:
         await api_client.close()
-        raise
+        # asyncio's strerror repeats the address; the errno's own text does not.
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise StartupError(
+            f"cannot serve /healthz and /metrics on {settings.metrics_host}:{settings.metrics_port}: {reason}"
+        ) from exc
     watch = ClaimWatch(api=api, claims=claims, health=health, metrics=metrics, settings=settings)
     stop = stop_flag if stop_flag is not None else asyncio.Event()
     kopf_ready = asyncio.Event()

@@ -10,11 +10,12 @@ import argparse
 import dataclasses
 import enum
 import itertools
+import logging
 import os
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from dra_api.names import GPU_CLASS, GPU_DRIVER, MIG_CLASS, TPU_CLASS, TPU_DRIVER
 
@@ -265,7 +266,22 @@ def from_sources(*, args: argparse.Namespace | None = None, env: Mapping[str, st
     _check_watch_times(values)
     if values.get("max_concurrent_writes", 1) < 1:
         raise ValueError(f"max_concurrent_writes: must be at least 1, got {values['max_concurrent_writes']}")
+    _check_ranges(values)
     return Settings(**values)
+
+
+def _check_ranges(values: Mapping[str, Any]) -> None:
+    """What would otherwise fail only once the operator is running (the port at its bind, the
+    timeout at the first request) or be ignored (an unknown log level reads as INFO)."""
+    port = values.get("metrics_port", 0)
+    if not 0 <= port <= 65535:
+        raise ValueError(f"metrics_port: {port} is not a port number (0-65535)")
+    timeout = values.get("request_timeout_s", 1.0)
+    if timeout <= 0:
+        raise ValueError(f"request_timeout: must be positive, got {timeout:g} s")
+    level = values.get("log_level", "INFO")
+    if not isinstance(logging.getLevelName(level.upper()), int):
+        raise ValueError(f"log_level: {level!r} is not one of DEBUG, INFO, WARNING, ERROR")
 
 
 def _check_peering_times(values: Mapping[str, Any]) -> None:
@@ -299,8 +315,25 @@ def _check_watch_times(values: Mapping[str, Any]) -> None:
         )
 
 
+EXIT_STATUS = """\
+exit status: 0 stopped by SIGTERM or SIGINT; 2 a bad flag or environment variable, an unusable
+kubeconfig (none outside a pod, missing, malformed), an API server that does not answer the first
+request within --request-timeout-seconds or serves no resource.k8s.io version this driver speaks,
+a metrics port that cannot be bound. Each error is one line on stderr. Once running, the operator
+retries an API server that goes away instead of exiting."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # One line, like every other error of the command (argparse's own adds the usage).
+        raise ValueError(f"{message} (see '{self.prog} --help')")
+
+
 def parse(argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> Settings:
-    parser = argparse.ArgumentParser(prog="dra-operator run")
+    """Settings from ``argv`` and ``env``; ``ValueError`` (one line) for anything unusable."""
+    parser = _Parser(
+        prog="dra-operator run", epilog=EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_arguments(parser)
     return from_sources(args=parser.parse_args(list(argv)), env=env)
 

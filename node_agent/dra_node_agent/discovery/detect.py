@@ -16,7 +16,7 @@ from dra_api.names import GPU_DRIVER, TPU_DRIVER
 
 from .base import DiscoveryBackend
 from .nvml import NvmlBackend
-from .simulated import SimulatedBackend, load_profile
+from .simulated import Profile, SimulatedBackend, load_profile
 from .tpu import TpuBackend, google_tpu_present
 
 log = logging.getLogger(__name__)
@@ -103,10 +103,12 @@ def _tpu_backend(config: DiscoveryConfig) -> TpuBackend:
     )
 
 
-def _simulated_backends(config: DiscoveryConfig) -> list[DiscoveryBackend]:
-    backends: list[DiscoveryBackend] = []
-    drivers: set[str] = set()
-    for index, ref in enumerate(config.simulated_profiles):
+def simulated_profiles(config: DiscoveryConfig) -> list[tuple[Profile, str]]:
+    """Each simulated profile with the driver it publishes for (blocking: reads the files).
+    ``ValueError`` (a ``ProfileError`` for one profile) when one cannot be loaded or two publish
+    for one driver; the command line calls it to refuse such settings before it starts anything."""
+    chosen: list[tuple[Profile, str]] = []
+    for ref in config.simulated_profiles:
         profile = load_profile(ref)
         if profile.nvidia is not None:
             driver = config.gpu_driver
@@ -114,9 +116,15 @@ def _simulated_backends(config: DiscoveryConfig) -> list[DiscoveryBackend]:
             driver = config.tpu_driver
         else:
             driver = profile.driver  # the simulated NIC driver's name is the profile's
-        if driver in drivers:
+        if any(driver == taken for _, taken in chosen):
             raise ValueError(f"simulated profiles: two profiles publish for driver {driver!r}; use one")
-        drivers.add(driver)
+        chosen.append((profile, driver))
+    return chosen
+
+
+def _simulated_backends(config: DiscoveryConfig) -> list[DiscoveryBackend]:
+    backends: list[DiscoveryBackend] = []
+    for index, (profile, driver) in enumerate(simulated_profiles(config)):
         state_dir = Path(config.simulation_dir) / f"{index}-{profile.name}" if config.simulation_dir else None
         backends.append(
             SimulatedBackend(
