@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from dra_api.kubeletapi.socketpaths import MAX_SOCKET_PATH_BYTES, longest_socket_path, path_bytes
 from dra_api.names import GPU_DRIVER, TPU_DRIVER
 
 ENV_PREFIX: Final = "DRA_AGENT_"
@@ -382,10 +383,30 @@ def validate(settings: Settings) -> None:
             raise SettingsError(f"setting metrics_address: {exc}") from None
         if port > 65535:
             raise SettingsError(f"setting metrics_address: port {port} is not a port number (0-65535)")
+    _check_socket_paths(settings)
     if settings.claim_read_attempts < 1:
         raise SettingsError(f"setting claim_read_attempts: {settings.claim_read_attempts} is less than 1")
     if settings.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise SettingsError(f"setting log_level: {settings.log_level!r} is not DEBUG, INFO, WARNING or ERROR")
+
+
+def _check_socket_paths(settings: Settings) -> None:
+    """Every socket the agent will bind fits a unix socket path, or the folder that makes it too
+    long is named: a kubelet whose --root-dir is deep leaves less room than /var/lib/kubelet."""
+    drivers = settings.driver_names().values()
+    instance = settings.instance or None
+    for name, registry, plugins in (
+        ("kubelet_registry_dir", settings.kubelet_registry_dir, Path("/")),
+        ("kubelet_plugins_dir", Path("/"), settings.kubelet_plugins_dir),
+    ):
+        longest = longest_socket_path(
+            drivers=drivers, registry_dir=registry, plugins_dir=plugins, instance=instance
+        )
+        if path_bytes(longest) > MAX_SOCKET_PATH_BYTES:
+            raise SettingsError(
+                f"setting {name}: the socket {longest} would be {path_bytes(longest)} bytes, more than the "
+                f"{MAX_SOCKET_PATH_BYTES} a unix socket path may have; choose a shorter {_flag(name)}"
+            )
 
 
 WRITTEN_FOLDERS: Final = ("state_dir", "cdi_dir", "kubelet_plugins_dir", "kubelet_registry_dir")

@@ -81,3 +81,55 @@ def test_instance_comes_from_the_pod_uid() -> None:
     assert load([], {"NODE_NAME": "n"}).instance == ""
     assert load([], {"NODE_NAME": "n", "POD_UID": "1234"}).instance == "1234"
     assert load([], {"NODE_NAME": "n", "POD_UID": "1234", "DRA_AGENT_INSTANCE": "5678"}).instance == "5678"
+
+
+UID = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
+# A kubelet root at the edge: <root>/plugins_registry/gpu.nvidia.com-<UID>-reg.sock adds
+# 18 + 15 + 36 + 9 bytes to a 29-byte root, exactly the 107 a unix socket path may have.
+EDGE_ROOT = "/r" + "x" * 27
+
+
+def test_the_longest_socket_path_fits_at_the_edge() -> None:
+    settings = load(
+        [
+            f"--kubelet-registry-dir={EDGE_ROOT}/plugins_registry",
+            f"--kubelet-plugins-dir={EDGE_ROOT}/plugins",
+        ],
+        {"NODE_NAME": "n", "POD_UID": UID},
+    )
+    assert settings.instance == UID
+
+
+@pytest.mark.parametrize(
+    ("registry", "plugins", "setting", "size"),
+    [
+        (f"{EDGE_ROOT}x/plugins_registry", f"{EDGE_ROOT}/plugins", "kubelet_registry_dir", 108),
+        (f"{EDGE_ROOT}/plugins_registry", "/" + "p" * 60, "kubelet_plugins_dir", 122),
+    ],
+)
+def test_a_socket_path_too_long_names_the_setting_to_shorten(
+    registry: str, plugins: str, setting: str, size: int
+) -> None:
+    with pytest.raises(SettingsError) as caught:
+        load(
+            [f"--kubelet-registry-dir={registry}", f"--kubelet-plugins-dir={plugins}"],
+            {"NODE_NAME": "n", "POD_UID": UID},
+        )
+    message = str(caught.value)
+    flag = "--" + setting.replace("_", "-")
+    assert message.startswith(f"setting {setting}: the socket ")
+    assert (
+        f" would be {size} bytes, more than the 107 a unix socket path may have; choose a shorter {flag}"
+        in message
+    )
+
+
+def test_without_a_pod_uid_the_same_folders_leave_room() -> None:
+    settings = load(
+        [
+            f"--kubelet-registry-dir={EDGE_ROOT}x/plugins_registry",
+            f"--kubelet-plugins-dir={EDGE_ROOT}/plugins",
+        ],
+        {"NODE_NAME": "n"},
+    )
+    assert settings.instance == ""
