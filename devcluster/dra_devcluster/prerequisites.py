@@ -32,7 +32,7 @@ PURPOSES = ("demo", "test", "image")
 MIN_PYTHON = (3, 11)
 GO_MOD = Path(__file__).resolve().parent / "gomod" / "go.mod"
 # A cold first build: control-plane and node binaries 0.7 GiB, Go's module cache 1.1 GiB and its
-# build cache 3.6 GiB (measured; the README's "5.5 GiB of disk with Go's caches").
+# build cache 3.6 GiB (measured; bench/RESULTS.md: "5.5 GiB of disk with Go's caches").
 FIRST_BUILD_GIB = 5.5
 # What builds from Go modules (control plane, nodes, bench's Go programs); the image holds no Go.
 _BUILDS_GO = ("demo", "test")

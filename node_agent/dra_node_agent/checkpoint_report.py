@@ -27,7 +27,7 @@ from dra_node_agent.checkpoint import CheckpointCorrupt
 logger = logging.getLogger(__name__)
 
 REASON: Final = "CheckpointCorrupted"  # NVIDIA's driver names the Event so (its PR #1259)
-RECOVERY_SECTION: Final = "'Recovering from a corrupt checkpoint' in the accel-dra README"
+RECOVERY_SECTION: Final = "'Recovering from a corrupt checkpoint' in accel-dra's docs/operations.md"
 REPEAT_AFTER: Final = 600.0
 # The corruption detail is cut to this many characters, so the message (Events keep 1024) still
 # ends with what is refused and where the recovery is described.

@@ -2,7 +2,7 @@
 per DeviceClass.
 
 A device's health is its taints (the agent taints a faulty device in its ResourceSlice, see the
-README's "Device health and Prometheus"): ``Healthy`` without a NoSchedule or NoExecute taint,
+docs/operations.md, "Device health and Prometheus"): ``Healthy`` without a NoSchedule or NoExecute taint,
 ``Unhealthy`` with one. A device's classes are the DeviceClasses whose selectors it satisfies (the
 allocator's own check, :func:`dra_operator.allocator.class_matches`).
 """

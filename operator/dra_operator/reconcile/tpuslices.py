@@ -1,10 +1,11 @@
 """Multi-host TPU Jobs whose pods landed on hosts of more than one physical slice: a Warning Event.
 
 Hosts of one multi-host TPU slice publish the same ``sliceId`` (see the node agent's TPU discovery
-and README "Multi-host TPU slices"). The pods of an Indexed Job (or of one Job of a JobSet) running
-such a slice must all be on hosts of one slice: libtpu on hosts of two slices never forms one, and
-the workers wait for each other until the Job's deadline. kube-scheduler places each pod's claim on
-its own, so a claim template that does not select on ``sliceId`` can spread a Job across slices.
+and docs/compatibility.md, "Multi-host TPU slices"). The pods of an Indexed Job (or of one Job of a
+JobSet) running such a slice must all be on hosts of one slice: libtpu on hosts of two slices never
+forms one, and the workers wait for each other until the Job's deadline. kube-scheduler places each
+pod's claim on its own, so a claim template that does not select on ``sliceId`` can spread a Job
+across slices.
 
 The node agent cannot see this (it reads only the pod it prepares); the operator's model has every
 pod, claim and slice. :meth:`MixedSliceReporter.sweep` groups bound pods by Job, maps each pod's

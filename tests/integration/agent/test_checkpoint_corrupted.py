@@ -63,7 +63,7 @@ async def test_corrupt_checkpoint_warns_on_the_node_and_in_metrics_until_reset(
     message = event["message"]
     assert f"Checkpoint {checkpoint} of driver {GPU} cannot be trusted: checksum mismatch" in message
     assert f"Every prepare and unprepare of {GPU} claims on this node fails closed" in message
-    assert "'Recovering from a corrupt checkpoint' in the accel-dra README" in message
+    assert "'Recovering from a corrupt checkpoint' in accel-dra's docs/operations.md" in message
     assert checkpoint.read_bytes() == bytes(raw)  # never discarded by the agent
 
     # The documented reset: move the file aside, restart the agent.
