@@ -41,7 +41,6 @@ REPEAT_UNCHANGED_S = 1800.0
 """An unchanged explanation is posted again after this long: the API server keeps Events for an
 hour by default, so a claim that waits for hours keeps one in view without an Event every interval."""
 MAX_PER_SWEEP = 20
-_TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,9 +55,8 @@ class Waiting:
 
 
 def waiting_for_scheduler(pod: PodInfo) -> bool:
-    """Whether kube-scheduler should be placing this pod and has not: it is not bound, not gated
-    (a gated pod waits by design), not being deleted and not finished."""
-    return not pod.node_name and not pod.gated and not pod.deleting and pod.phase not in _TERMINAL_PHASES
+    """Whether kube-scheduler should be placing this pod and has not (:meth:`PodInfo.awaits_scheduler`)."""
+    return pod.awaits_scheduler()
 
 
 def parse_time(text: str) -> float | None:
