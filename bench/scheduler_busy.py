@@ -44,6 +44,7 @@ from typing import Any
 from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from bench.operator_allocation import CpuMeter
 from dra_api.kube import make_api_client
 from dra_devcluster import LocalCluster
 from dra_devcluster.cluster import free_port
@@ -87,6 +88,8 @@ class BusyReport:
     """Allocations checked for double booking (all claims, kube-scheduler's included)."""
     double_bookings: list[str] = field(default_factory=list)
     refused: int = 0
+    cpu_s: dict[str, float] = field(default_factory=dict)
+    """CPU seconds of each process while the stream ran (when measured)."""
 
     def claim_stats(self) -> dict[str, float | None]:
         return stats(list(self.waits.values()))
@@ -102,7 +105,12 @@ class BusyReport:
             f"pods: {len(self.pod_latencies)} of {self.pods_created} bound, latency p50 {_s(p['p50'])} "
             f"p99 {_s(p['p99'])} max {_s(p['max'])}, never bound {self.pods_unbound}; allocations checked "
             f"{self.allocations_seen}, double bookings {len(self.double_bookings)}"
+            + (f"; CPU s in the stream: {_cpu_text(self.cpu_s)}" if self.cpu_s else "")
         )
+
+
+def _cpu_text(cpu: dict[str, float]) -> str:
+    return ", ".join(f"{name} {seconds:.1f}" for name, seconds in sorted(cpu.items(), key=lambda kv: -kv[1]))
 
 
 def _s(value: float | None) -> str:
@@ -212,8 +220,15 @@ class Holdings:
 class BusyRound:
     """One round: the pod stream, the standalone claims, the watches that time them."""
 
-    def __init__(self, *, api: client.ApiClient, config: BusyConfig) -> None:
+    def __init__(
+        self,
+        *,
+        api: client.ApiClient,
+        config: BusyConfig,
+        cpu: Callable[[], Callable[[], dict[str, float]]] | None = None,
+    ) -> None:
         self.config = config
+        self.cpu = cpu
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.report = BusyReport()
@@ -237,11 +252,14 @@ class BusyRound:
         watchers = [asyncio.create_task(self._watch_claims()), asyncio.create_task(self._watch_pods())]
         await asyncio.wait_for(asyncio.gather(self._claims_watching.wait(), self._pods_watching.wait()), 30)
         stop = asyncio.Event()
+        used = self.cpu() if self.cpu is not None else None
         makers = [asyncio.create_task(self._make_pods(stop))]
         if cfg.claim_every_s > 0:
             makers.append(asyncio.create_task(self._make_claims(stop)))
         await asyncio.sleep(cfg.duration_s)
         stop.set()
+        if used is not None:
+            self.report.cpu_s = used()
         await asyncio.gather(*makers)
         # Let the last pods live out their time, and the claims still waiting get their chance.
         deadline = time.monotonic() + max(cfg.pod_lifetime_s, 0.0) + 1.0
@@ -415,10 +433,13 @@ class BusyRound:
                 raise
 
 
-async def run_round(*, kubeconfig: Path, config: BusyConfig) -> BusyReport:
+async def run_round(
+    *, kubeconfig: Path, config: BusyConfig, cpu: Callable[[], Callable[[], dict[str, float]]] | None = None
+) -> BusyReport:
+    """One round; ``cpu``, if given, starts a CPU meter and returns what reads it at the end."""
     api = await make_api_client(kubeconfig=kubeconfig)
     try:
-        return await BusyRound(api=api, config=config).run()
+        return await BusyRound(api=api, config=config, cpu=cpu).run()
     finally:
         await api.close()
 
@@ -493,9 +514,15 @@ def main() -> None:
         os.environ.pop("KUBECONFIG", None)
         base = BusyConfig(namespace="busy", gpu_class="gpu.nvidia.com", nodes=nodes, gpus=args.gpus)
         prepare_cluster(cluster, config=base)
+        meter = CpuMeter(cluster)
         proc = operator_process(
             kubeconfig=cluster.kubeconfig, log=log, config=base, extra=tuple(args.operator_arg)
         )()
+
+        def start_meter() -> Callable[[], dict[str, float]]:
+            meter.start(proc.pid)
+            return meter.used
+
         try:
             cluster.wait_for(
                 lambda: cluster.kubectl("get", "deviceclass", base.gpu_class, check=False).returncode == 0,
@@ -514,7 +541,9 @@ def main() -> None:
                         claim_every_s=args.claim_every if with_claims else 0.0,
                         duration_s=duration,
                     )
-                    report = asyncio.run(run_round(kubeconfig=cluster.kubeconfig, config=config))
+                    report = asyncio.run(
+                        run_round(kubeconfig=cluster.kubeconfig, config=config, cpu=start_meter)
+                    )
                     label = f"{rate:g} pods/s, {'with' if with_claims else 'without'} standalone claims"
                     print(f"{label}: {report.summary()}", flush=True)
                     results.append(
@@ -531,6 +560,7 @@ def main() -> None:
                             "allocations_checked": report.allocations_seen,
                             "double_bookings": report.double_bookings[:20],
                             "refused": report.refused,
+                            "cpu_s": {k: round(v, 1) for k, v in report.cpu_s.items()},
                         }
                     )
         finally:

@@ -8,6 +8,7 @@ free for a moment and could be given to a second claim.
 
 from __future__ import annotations
 
+import datetime
 import logging
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
@@ -67,6 +68,8 @@ class PodInfo:
     unschedulable: bool = False
     """Whether kube-scheduler tried and parked it (PodScheduled False, reason Unschedulable): it
     tries again when the cluster changes in a way that may help, such as devices being freed."""
+    created: str = ""
+    """metadata.creationTimestamp (RFC 3339)."""
     unresolved_claims: int = 0
     """Entries of ``spec.resourceClaims`` naming a template whose claim the pod's status does not
     name yet (the claim controller has not made it, or the update is still on its way)."""
@@ -96,6 +99,15 @@ def newer_or_equal(new: str, old: str) -> bool:
         return int(new) >= int(old)
     except ValueError:
         return True
+
+
+def parse_time(text: str) -> float | None:
+    """Seconds since the epoch of an RFC 3339 UTC time as the API server writes it; None if not one."""
+    try:
+        stamp = datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
+    except ValueError:
+        return None
+    return stamp.timestamp()
 
 
 def claim_key_of(obj: Mapping[str, Any]) -> ClaimKey:
@@ -257,6 +269,7 @@ class ClusterModel:
             ),
             scheduled_at=str(scheduled[0].get("lastTransitionTime") or "") if scheduled else "",
             unresolved_claims=unresolved,
+            created=str(meta.get("creationTimestamp") or ""),
             unschedulable=bool(scheduled) and scheduled[0].get("reason") == "Unschedulable",
         )
         if (info.claims or info.unresolved_claims) and info.awaits_scheduler():

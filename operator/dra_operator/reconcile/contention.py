@@ -24,19 +24,22 @@ most 10 s by default) before its next try. A pod parked for good (for its CPU, i
 does not keep the operator off the devices for good. A request counts against a device only if it could use
 it (class and selectors) and fits on the device's node at all (enough matching devices free there),
 so a pod that cannot fit anywhere does not stop the operator. Claims of waiting pods that the
-operator has not seen yet count one device each, and ``headroom`` devices more are left for what
-either side has not seen yet (the watch delay).
+operator has not seen yet count one device each while the pod is young (:data:`UNSEEN_CLAIM_WINDOW_S`:
+the claim controller makes a template's claim at once; a claim missing for longer belongs to a pod
+kube-scheduler cannot place either, such as one naming a template that does not exist), and
+``headroom`` devices more are left for what either side has not seen yet (the watch delay).
 """
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from dra_api.model import ALL, AllocationResult, ResourceClaim
 from dra_operator.allocator import DeviceEntry, SliceIndex
-from dra_operator.clustermodel import ClaimKey, ClusterModel, DeviceID
+from dra_operator.clustermodel import ClaimKey, ClusterModel, DeviceID, parse_time
 from dra_operator.planner.demand import DemandKey, key_of, request_specs
 from dra_operator.planner.index import key_matches
 from dra_operator.reconcile.ownership import is_ours
@@ -45,6 +48,9 @@ from dra_operator.settings import Ownership
 PARKED_RETRY_WINDOW_S = 10.0
 """How long after a change that may help them parked pods may still be tried again:
 kube-scheduler's longest back-off per pod (``podMaxBackoffSeconds``, 10 s by default)."""
+
+UNSEEN_CLAIM_WINDOW_S = 30.0
+"""How long after a pod's creation its claims that the operator has not seen still count."""
 
 RequestShape = tuple[DemandKey, int, bool]
 """(devices it can use, how many it takes, whether it takes all of them on a node)."""
@@ -70,10 +76,17 @@ NO_DEMAND = SchedulerDemand(pods=0, requests={})
 
 
 def scheduler_demand(
-    model: ClusterModel, *, ownership: Ownership, classes: Collection[str], parked: bool = True
+    model: ClusterModel,
+    *,
+    ownership: Ownership,
+    classes: Collection[str],
+    parked: bool = True,
+    now: float | None = None,
 ) -> SchedulerDemand:
     """The demand of the pods kube-scheduler has yet to place, from the model as it is now (parked
-    pods only with ``parked``). Costs one pass over those pods and over the unallocated claims."""
+    pods only with ``parked``; ``now``: wall-clock seconds, for the age of pods). Costs one pass
+    over those pods and over the unallocated claims."""
+    now = time.time() if now is None else now
     requests: Counter[RequestShape] = Counter()
     counted: set[ClaimKey] = set()
     pods = unknown = 0
@@ -104,20 +117,21 @@ def scheduler_demand(
     for (namespace, _), pod in model.unscheduled.items():
         if pod.unschedulable and not parked:
             continue
-        needs = pod.unresolved_claims > 0
-        unknown += pod.unresolved_claims
+        created = parse_time(pod.created)
+        young = created is None or now - created < UNSEEN_CLAIM_WINDOW_S
+        missing = pod.unresolved_claims if young else 0
+        needs = False
         for name in pod.claims:
             key = ClaimKey(namespace, name)
             if key in counted:
                 continue  # a claim several pods share
             claim = model.claims.get(key)
             if claim is None:
-                if key not in model.invalid_claims:
-                    unknown += 1
-                    needs = True
+                missing += young and key not in model.invalid_claims
                 continue
             needs |= add(claim)
-        pods += needs
+        unknown += missing
+        pods += needs or missing > 0
     # Claims made for pods the model has not seen yet (the pod watch is a stream of its own).
     for claim in model.pending_claims():
         if ClaimKey(claim.namespace, claim.name) in counted:

@@ -22,12 +22,11 @@ oldest first), so a large cluster with many waiting pods does not hold the event
 
 from __future__ import annotations
 
-import datetime
 import logging
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
-from dra_operator.clustermodel import ClaimKey, ClusterModel, PodInfo
+from dra_operator.clustermodel import ClaimKey, ClusterModel, PodInfo, parse_time
 from dra_operator.placement import Unallocatable
 from dra_operator.planner import truncate
 from dra_operator.reconcile.claims import ClaimReconciler, involved
@@ -57,15 +56,6 @@ class Waiting:
 def waiting_for_scheduler(pod: PodInfo) -> bool:
     """Whether kube-scheduler should be placing this pod and has not (:meth:`PodInfo.awaits_scheduler`)."""
     return pod.awaits_scheduler()
-
-
-def parse_time(text: str) -> float | None:
-    """Seconds since the epoch of an RFC 3339 UTC time as the API server writes it; None if not one."""
-    try:
-        stamp = datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
-    except ValueError:
-        return None
-    return stamp.timestamp()
 
 
 def waiting_claims(

@@ -8,17 +8,25 @@ at this rate the hold never ended: one standalone claim of thirty was allocated 
 
 The bound is the issue's: every standalone claim allocated within 10 s of its creation. Every change
 of every claim in the namespace, kube-scheduler's included, is checked for a device held twice.
+
+A claim that does wait for kube-scheduler says so: a WaitingForScheduler condition and one Event,
+which ``kubectl dra explain`` shows, until it is allocated.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 from bench.operator_chaos import OperatorControl
 from bench.scheduler_busy import BusyConfig, operator_process, prepare_cluster, run_round
 from dra_devcluster import LocalCluster
-from tests.integration.operator.conftest import INDEX_DISAGREES
+from tests.integration.operator.conftest import INDEX_DISAGREES, Operators, events_for, wait_seconds
+from tests.integration.operator.objects import CONDITION_ANNOTATION, add_gpu_node, claim, pod
 
 BOUND_S = 10.0
 
@@ -85,3 +93,80 @@ def test_standalone_claims_are_allocated_within_the_bound_while_pods_stream_in(
     assert report.allocations_seen >= report.pods_created + report.claims_created - 5, summary
     assert report.double_bookings == [], summary
     assert operator.log_count(INDEX_DISAGREES) == 0, summary
+
+
+def test_a_claim_that_waits_for_kube_scheduler_says_so_once_and_goes_when_the_pods_do(
+    local_cluster: LocalCluster, operators: Operators, scratch: list[tuple[str, ...]]
+) -> None:
+    # Two pods whose template claims kube-scheduler is waiting for (the template is missing, so the
+    # claims never come; for the operator they are claims it has not seen yet, one GPU each, which
+    # count for a while after the pod's creation). With the headroom of 2 they could take 4 GPUs
+    # ahead of any the operator takes: on a node of 4 there is none it may take.
+    ns = "op-sched-wait"
+    local_cluster.create_namespace(ns)
+    scratch.append(("namespace", ns))
+    add_gpu_node(local_cluster, scratch, "op-sw-a", 4)
+    op = operators.start()
+    local_cluster.wait_for(
+        lambda: local_cluster.kubectl("get", "deviceclass", operators.gpu_class, check=False).returncode == 0,
+        what="the operator's GPU class",
+    )
+    local_cluster.apply([pod(f"p{i}", ns, template="not-made") for i in range(2)])
+    local_cluster.apply([claim("c", ns, cls=operators.gpu_class)])
+
+    def condition() -> dict[str, Any]:
+        obj = local_cluster.get_json("resourceclaim", "c", "-n", ns)
+        text = (obj["metadata"].get("annotations") or {}).get(CONDITION_ANNOTATION)
+        return dict(json.loads(text)) if text else {}
+
+    waiting = local_cluster.wait_for(
+        lambda: (c := condition()).get("reason") == "WaitingForScheduler" and c,
+        timeout=20,
+        what="the WaitingForScheduler condition",
+    )
+    assert waiting["status"] == "False"
+    assert "kube-scheduler is placing 2 pods" in waiting["message"]
+    local_cluster.wait_for(
+        lambda: [e for e in events_for(local_cluster, ns, "c") if e["reason"] == "WaitingForScheduler"],
+        timeout=20,
+        what="the WaitingForScheduler Event",
+    )
+    assert op.metric("dra_operator_claims", 'state="waiting_for_scheduler"') == 1
+    explained = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "kubectl-dra"),
+            "explain",
+            "c",
+            "-n",
+            ns,
+            f"--kubeconfig={local_cluster.kubeconfig}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert explained.returncode == 0, explained.stderr  # the allocator alone would place it
+    assert "the operator is waiting for kube-scheduler (since " in explained.stdout
+    assert waiting["message"] in explained.stdout
+
+    # Another pod comes and goes: the claim is placed again, and says nothing new.
+    local_cluster.apply([pod("p2", ns, template="not-made")])
+    local_cluster.kubectl("delete", "pod", "p2", "-n", ns, "--grace-period=0", "--force")
+    wait_seconds(2)
+    assert local_cluster.get_json("resourceclaim", "c", "-n", ns).get("status", {}).get("allocation") is None
+    said = [e for e in events_for(local_cluster, ns, "c") if e["reason"] == "WaitingForScheduler"]
+    assert len(said) == 1
+
+    # The pods go: the claim is allocated, its condition gone, its wait counted as kube-scheduler's.
+    local_cluster.kubectl("delete", "pod", "p0", "p1", "-n", ns, "--grace-period=0", "--force")
+    allocated = local_cluster.wait_for(
+        lambda: (
+            (c := local_cluster.get_json("resourceclaim", "c", "-n", ns)).get("status", {}).get("allocation")
+            and c
+        ),
+        timeout=30,
+        what="claim c allocated",
+    )
+    assert CONDITION_ANNOTATION not in (allocated["metadata"].get("annotations") or {})
+    assert op.metric("dra_operator_allocation_wait_seconds_count", 'reason="scheduler_busy"') == 1
+    assert op.metric("dra_operator_claims", 'state="waiting_for_scheduler"') == 0

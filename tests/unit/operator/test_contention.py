@@ -99,6 +99,20 @@ def test_demand_counts_what_the_operator_has_not_seen_yet() -> None:
     assert sum(demand.requests.values()) == 1
 
 
+def test_claims_still_missing_long_after_the_pod_was_made_do_not_count() -> None:
+    # A pod naming a template that does not exist never gets its claim: kube-scheduler cannot place
+    # it either, so after a while it stops counting.
+    model = model_with(nodes={"n1": 8})
+    old = pod("a", templates=1)
+    old["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
+    model.upsert_pod(old)
+    made = 1767225600.0  # 2026-01-01T00:00:00Z
+    young = scheduler_demand(model, ownership=Ownership.STANDALONE, classes=CLASSES, now=made + 5)
+    assert (young.pods, young.unknown) == (1, 1)
+    later = scheduler_demand(model, ownership=Ownership.STANDALONE, classes=CLASSES, now=made + 60)
+    assert later.empty
+
+
 def test_parked_pods_count_only_when_asked() -> None:
     model = model_with(nodes={"n1": 8})
     model.upsert_claim(pod_claim("p-a", pod_name="a"))
