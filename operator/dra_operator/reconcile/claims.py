@@ -239,6 +239,8 @@ class ClaimReconciler:
         self._tasks: set[asyncio.Task[None]] = set()
         self.clearance = Clearance()
         self._waits: dict[ClaimKey, _Wait] = {}
+        # Claims giving way to kube-scheduler now: placed again on every change (they stay in the
+        # set meanwhile), until allocated, unallocatable, deleted or no longer ours.
         self._waiting: set[ClaimKey] = set()
         self._recheck_timer: asyncio.TimerHandle | None = None
         # When devices were last freed or slices, classes or nodes changed (time.monotonic()):
@@ -301,6 +303,8 @@ class ClaimReconciler:
         if result is None:
             return  # older than what we have
         if isinstance(result, ResourceClaim):
+            if result.status.allocation is not None or result.metadata.deletion_timestamp is not None:
+                self._waiting.discard(key)
             if result.status.reserved_for:
                 self._was_reserved.add(key)
             if held_before and result.status.allocation is None:
@@ -396,7 +400,6 @@ class ClaimReconciler:
         self._recheck_timer = None
         for key in self._waiting:
             self._dirty[key] = None
-        self._waiting.clear()
         self._wake.set()
 
     def scheduler_demand(self) -> SchedulerDemand:
@@ -682,6 +685,7 @@ class ClaimReconciler:
                 await self._maintain_allocated(claim)
             return
         if not is_ours(claim, ownership=self.settings.ownership, classes=self.classes):
+            self._waiting.discard(key)
             if ours_by_finalizer:
                 await self._patch_meta(claim, finalizer=False, condition=None)
             return
@@ -757,6 +761,7 @@ class ClaimReconciler:
         self.on_claim_event(obj, deleted=False)
         self.model.forget_assumed(key)
         waited = self._waits.pop(key, None)
+        self._waiting.discard(key)
         unallocatable = self._failing.pop(key, None)
         self.metrics.allocations.inc()
         age = _age_seconds(self.model.claim_created.get(key, ""), now=self.clock())
@@ -817,6 +822,7 @@ class ClaimReconciler:
 
     async def _fail(self, claim: ResourceClaim, why: Unallocatable) -> None:
         key = ClaimKey(claim.namespace, claim.name)
+        self._waiting.discard(key)
         self.metrics.allocation_failures.labels(why.reason).inc()
         previous = self._failing.get(key)
         self._failing[key] = _Failure(why.reason, why.message)

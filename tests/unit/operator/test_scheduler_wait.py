@@ -231,3 +231,25 @@ async def test_parked_pods_count_only_for_a_while_after_devices_are_freed(
     finally:
         worker.cancel()
     assert _devices(model, KEY) == ["n1/gpu-2"]
+
+
+async def test_a_waiting_claim_allocated_by_someone_else_stops_waiting() -> None:
+    reconciler, model, api, metrics = _setup({"n1": 4})
+    _waiting_pods(reconciler, model, 2)
+    _add_claim(reconciler, api, h.claim("c"))
+    worker = await _worker(reconciler)
+    try:
+        await _until(lambda: KEY in reconciler.waiting())
+        # A user (or another allocator) writes an allocation: the claim no longer waits, and the
+        # gauge of the longest wait, which an alert watches, does not keep growing.
+        other = copy.deepcopy(api.objects["c"])
+        other["metadata"]["resourceVersion"] = str(int(other["metadata"]["resourceVersion"]) + 1)
+        other["status"] = {"allocation": h.allocation("n1", "gpu-3")}
+        reconciler.on_claim_event(other, deleted=False)
+        assert reconciler.waiting() == frozenset()
+        assert reconciler.longest_wait() == 0
+        assert (
+            metrics.registry.get_sample_value("dra_operator_claims", {"state": "waiting_for_scheduler"}) == 0
+        )
+    finally:
+        worker.cancel()
