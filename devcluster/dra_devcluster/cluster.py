@@ -175,6 +175,9 @@ class LocalCluster:
     workdir: Path
     binaries: Binaries | None = None
     feature_gates: Mapping[str, bool] = field(default_factory=lambda: dict(BETA_DRA_FEATURE_GATES))
+    component_args: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    """Extra flags per component ("kube-apiserver", "kube-controller-manager", "kube-scheduler"),
+    after the cluster's own: a benchmark raising the controller-manager's API rate limits, say."""
     _components: list[_Component] = field(default_factory=list, init=False)
     _pki: ClusterPKI | None = field(default=None, init=False)
     _real_nodes: list[RealNode] = field(default_factory=list, init=False)
@@ -415,6 +418,8 @@ class LocalCluster:
             log_path=self.logs_dir / "kube-scheduler.log",
             health_url=f"https://127.0.0.1:{sched_port}/healthz",
         )
+        for component in (apiserver, controller_manager, scheduler):
+            component.argv += list(self.component_args.get(component.name, ()))
         deadline = time.monotonic() + timeout
         self._launch(etcd)
         self._wait_ready(etcd, deadline=deadline)

@@ -8,6 +8,7 @@ free for a moment and could be given to a second claim.
 
 from __future__ import annotations
 
+import datetime
 import logging
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
@@ -28,6 +29,7 @@ logger = logging.getLogger(__name__)
 
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+_TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 DeviceID = tuple[str, str, str]
 """(driver, pool, device): how an allocation result names a device."""
@@ -63,6 +65,21 @@ class PodInfo:
     """The Job the pod belongs to (label ``batch.kubernetes.io/job-name``), if any."""
     completion_index: int | None = None
     """The pod's completion index in an Indexed Job, if it has one."""
+    unschedulable: bool = False
+    """Whether kube-scheduler tried and parked it (PodScheduled False, reason Unschedulable): it
+    tries again when the cluster changes in a way that may help, such as devices being freed."""
+    created: str = ""
+    """metadata.creationTimestamp (RFC 3339)."""
+    unresolved_claims: int = 0
+    """Entries of ``spec.resourceClaims`` naming a template whose claim the pod's status does not
+    name yet (the claim controller has not made it, or the update is still on its way)."""
+
+    def awaits_scheduler(self) -> bool:
+        """Whether kube-scheduler should be placing this pod and has not: not bound, not gated (a
+        gated pod waits by design), not being deleted, not finished."""
+        return (
+            not self.node_name and not self.gated and not self.deleting and self.phase not in _TERMINAL_PHASES
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +101,15 @@ def newer_or_equal(new: str, old: str) -> bool:
         return True
 
 
+def parse_time(text: str) -> float | None:
+    """Seconds since the epoch of an RFC 3339 UTC time as the API server writes it; None if not one."""
+    try:
+        stamp = datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
+    except ValueError:
+        return None
+    return stamp.timestamp()
+
+
 def claim_key_of(obj: Mapping[str, Any]) -> ClaimKey:
     meta = obj.get("metadata") or {}
     return ClaimKey(str(meta.get("namespace", "")), str(meta.get("name", "")))
@@ -100,6 +126,12 @@ class ClusterModel:
         self.claims: dict[ClaimKey, ResourceClaim] = {}
         self.invalid_claims: dict[ClaimKey, InvalidClaim] = {}
         self.claim_created: dict[ClaimKey, str] = {}
+        # Claims without an allocation that are not being deleted, and pods with claims that
+        # kube-scheduler has yet to place: kept as they change, so that what kube-scheduler may be
+        # allocating now is known without a pass over every claim and pod.
+        self._pending: dict[ClaimKey, None] = {}
+        self.unscheduled: dict[tuple[str, str], PodInfo] = {}
+        """Pods that use claims and await kube-scheduler (:meth:`PodInfo.awaits_scheduler`)."""
         self._in_use: dict[DeviceID, set[ClaimKey]] = defaultdict(set)
         # Allocations decided but not yet written (or not yet seen back): they hold their devices
         # so that the next placement cannot pick them, as the scheduler's assume cache does.
@@ -214,7 +246,13 @@ class ClusterModel:
         ]
         labels = meta.get("labels") or {}
         index = (meta.get("annotations") or {}).get(COMPLETION_INDEX, labels.get(COMPLETION_INDEX))
-        self.pods[key] = PodInfo(
+        generated = {str(r.get("name", "")) for r in status.get("resourceClaimStatuses") or []}
+        unresolved = sum(
+            1
+            for r in spec.get("resourceClaims") or []
+            if r.get("resourceClaimTemplateName") and str(r.get("name", "")) not in generated
+        )
+        info = self.pods[key] = PodInfo(
             job=str(labels.get(JOB_NAME_LABEL) or ""),
             completion_index=int(index) if isinstance(index, str) and index.isdigit() else None,
             uid=str(meta.get("uid", "")),
@@ -230,10 +268,18 @@ class ClusterModel:
                 if isinstance(m, dict)
             ),
             scheduled_at=str(scheduled[0].get("lastTransitionTime") or "") if scheduled else "",
+            unresolved_claims=unresolved,
+            created=str(meta.get("creationTimestamp") or ""),
+            unschedulable=bool(scheduled) and scheduled[0].get("reason") == "Unschedulable",
         )
+        if (info.claims or info.unresolved_claims) and info.awaits_scheduler():
+            self.unscheduled[key] = info
+        else:
+            self.unscheduled.pop(key, None)
 
     def remove_pod(self, *, namespace: str, name: str) -> None:
         self.pods.pop((namespace, name), None)
+        self.unscheduled.pop((namespace, name), None)
 
     # -- claims ---------------------------------------------------------------------------------
 
@@ -250,6 +296,7 @@ class ClusterModel:
             claim = ResourceClaim.from_json(obj)
         except ModelError as exc:
             self.claims.pop(key, None)
+            self._pending.pop(key, None)
             invalid = InvalidClaim(
                 key=key, uid=str(meta.get("uid", "")), resource_version=rv, message=str(exc)
             )
@@ -259,6 +306,10 @@ class ClusterModel:
         self.invalid_claims.pop(key, None)
         self.claims[key] = claim
         allocation = claim.status.allocation
+        if allocation is None and claim.metadata.deletion_timestamp is None:
+            self._pending[key] = None
+        else:
+            self._pending.pop(key, None)
         if allocation is not None or claim.metadata.deletion_timestamp is not None:
             self.forget_assumed(key)
         if allocation is not None:
@@ -271,6 +322,7 @@ class ClusterModel:
         self.forget_assumed(key)
         self._release(key)
         self.claims.pop(key, None)
+        self._pending.pop(key, None)
         self.invalid_claims.pop(key, None)
         self.claim_created.pop(key, None)
         self._forget("claim", str(key), deleted_at=resource_version)
@@ -400,11 +452,8 @@ class ClusterModel:
         return out
 
     def pending_claims(self) -> Iterator[ResourceClaim]:
-        return (
-            c
-            for c in self.claims.values()
-            if c.status.allocation is None and c.metadata.deletion_timestamp is None
-        )
+        """Claims without an allocation that are not being deleted."""
+        return (self.claims[key] for key in list(self._pending))
 
     def slices_of_node(self, node: str) -> list[ResourceSlice]:
         return [s for s in self.slices.values() if s.node_name == node]

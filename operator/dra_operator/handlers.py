@@ -22,7 +22,6 @@ from dra_operator.health import Health
 from dra_operator.metrics import Metrics
 from dra_operator.peering import HEARTBEAT_ANNOTATION
 from dra_operator.reconcile.claims import ClaimReconciler
-from dra_operator.reconcile.ownership import pod_being_scheduled
 from dra_operator.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -122,10 +121,9 @@ def build_registry(parts: OperatorParts) -> kopf.OperatorRegistry:
         else:
             obj = _plain(body)
             model.upsert_pod(obj)
-            if pod_being_scheduled(obj):
-                parts.claims.scheduler_busy()
             if (body.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
                 parts.claims.on_pod_gone(namespace=namespace, name=name)
+        parts.claims.on_pod_change()
 
     if not parts.settings.standalone:
         peering = parts.settings.peering_name

@@ -20,11 +20,17 @@ from dra_operator.clustermodel import ClusterModel
 _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
-def claim_state(*, allocated: bool, deleting: bool, ours: bool, failing: bool) -> str:
+WAIT_REASONS = ("none", "scheduler_busy", "unallocatable")
+"""Reasons of ``dra_operator_allocation_wait_seconds``: what held the claim before its allocation."""
+
+
+def claim_state(*, allocated: bool, deleting: bool, ours: bool, failing: bool, waiting: bool = False) -> str:
     if deleting:
         return "deleting"
     if allocated:
         return "allocated_by_operator" if ours else "allocated_by_others"
+    if waiting:
+        return "waiting_for_scheduler"
     return "unallocatable" if failing else "pending"
 
 
@@ -59,9 +65,15 @@ def devices_per_class(model: ClusterModel) -> dict[str, int]:
 
 
 class _ModelCollector(Collector):
-    def __init__(self, model: ClusterModel, failing: Callable[[], frozenset[object]]) -> None:
+    def __init__(
+        self,
+        model: ClusterModel,
+        failing: Callable[[], frozenset[object]],
+        waiting: Callable[[], frozenset[object]],
+    ) -> None:
         self.model = model
         self.failing = failing
+        self.waiting = waiting
         self._per_class: tuple[int, dict[str, int]] | None = None
 
     def _class_totals(self) -> dict[str, int]:
@@ -73,6 +85,7 @@ class _ModelCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         model = self.model
         failing = self.failing()
+        waiting = self.waiting()
         states: Counter[str] = Counter()
         for key, claim in model.claims.items():
             states[
@@ -81,12 +94,20 @@ class _ModelCollector(Collector):
                     deleting=claim.metadata.deletion_timestamp is not None,
                     ours=OPERATOR_FINALIZER in claim.metadata.finalizers,
                     failing=key in failing,
+                    waiting=key in waiting,
                 )
             ] += 1
         claims = GaugeMetricFamily(
             "dra_operator_claims", "ResourceClaims the operator knows, by state.", labels=["state"]
         )
-        for state in ("pending", "unallocatable", "allocated_by_operator", "allocated_by_others", "deleting"):
+        for state in (
+            "pending",
+            "waiting_for_scheduler",
+            "unallocatable",
+            "allocated_by_operator",
+            "allocated_by_others",
+            "deleting",
+        ):
             claims.add_metric([state], states[state])
         yield claims
 
@@ -149,6 +170,17 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self.allocation_wait = Histogram(
+            "dra_operator_allocation_wait_seconds",
+            "Time from a claim's creation to its allocation by the operator, by what held it: "
+            "'scheduler_busy' (it gave way to pods kube-scheduler was placing), 'unallocatable' (no "
+            "device fitted for a while) or 'none'.",
+            ["reason"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        for reason in WAIT_REASONS:
+            self.allocation_wait.labels(reason)  # every series exported from the start
         self.allocations = PromCounter(
             "dra_operator_allocations",
             "Claims the operator allocated.",
@@ -221,8 +253,25 @@ class Metrics:
             registry=self.registry,
         )
 
-    def attach_model(self, model: ClusterModel, failing: Callable[[], frozenset[object]]) -> None:
-        self.registry.register(_ModelCollector(model, failing))
+    def attach_model(
+        self,
+        model: ClusterModel,
+        failing: Callable[[], frozenset[object]],
+        waiting: Callable[[], frozenset[object]] = frozenset,
+    ) -> None:
+        self.registry.register(_ModelCollector(model, failing, waiting))
+
+    def attach_scheduler_wait(self, longest: Callable[[], float]) -> None:
+        """``dra_operator_scheduler_wait_longest_seconds``: how long the claim that has waited
+        longest for kube-scheduler has waited so far (a claim that waits for good is never observed
+        by the histogram, which counts allocations)."""
+        gauge = Gauge(
+            "dra_operator_scheduler_wait_longest_seconds",
+            "How long the claim that has waited longest for kube-scheduler (condition "
+            "WaitingForScheduler) has waited so far; 0 when none waits.",
+            registry=self.registry,
+        )
+        gauge.set_function(longest)
 
     def attach_active(self, identity: str, active: Callable[[], bool]) -> None:
         """``dra_operator_active{identity}``: 1 on the instance that allocates, 0 on a standby."""

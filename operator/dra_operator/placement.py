@@ -33,7 +33,12 @@ class Unallocatable:
 
 
 class Placer(Protocol):
-    def place(self, *, claims: Sequence[ResourceClaim], model: ClusterModel) -> Placement | Unallocatable: ...
+    def place(
+        self, *, claims: Sequence[ResourceClaim], model: ClusterModel, policy: str | None = None
+    ) -> Placement | Unallocatable:
+        """Where ``claims`` go together, by the placer's own policy or by ``policy`` ('first-fit',
+        'bin-pack', 'spread') for this one call."""
+        ...
 
     def disagreements(self, model: ClusterModel) -> list[str]:
         """Where the placer's own view of free devices differs from ``model`` (empty: none)."""

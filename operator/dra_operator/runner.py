@@ -114,7 +114,8 @@ async def run(
         metrics=metrics,
         compiler=keeper.compiler,
     )
-    metrics.attach_model(model, claims.failing)
+    metrics.attach_model(model, claims.failing, claims.waiting)
+    metrics.attach_scheduler_wait(claims.longest_wait)
     peering = (
         None
         if settings.standalone

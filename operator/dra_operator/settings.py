@@ -137,10 +137,14 @@ class Settings:
     """How the operator picks a node for a claim: 'first-fit' (stable node order), 'bin-pack' (the
     node with the fewest free matching devices that still fits) or 'spread' (the most free)."""
 
-    scheduler_grace_s: float = 2.0
-    """How long the operator leaves devices to kube-scheduler after a pod with claims starts being
-    scheduled or devices are freed: two allocators writing different claims cannot be serialised by
-    the API server, so the operator gives way (pods first) instead of racing."""
+    scheduler_headroom: int = 2
+    """While pods wait for kube-scheduler, the operator allocates a device only where the free devices
+    ahead of it in its slice (kube-scheduler takes devices from the front, the operator from the
+    back) exceed what those pods could take on its node by at least this many: a margin for pods,
+    claims and allocations that one of the two allocators has not seen yet. Two allocators writing
+    different claims cannot be serialised by the API server; this keeps them apart instead. A claim
+    that finds no such device waits, says so (WaitingForScheduler) and is placed again as soon as
+    those pods, their claims or the devices change."""
 
     scheduler_pending_explain_after_s: float = 30.0
     """How long a claim of the operator's classes that kube-scheduler owns (the operator does not
@@ -264,6 +268,8 @@ def from_sources(*, args: argparse.Namespace | None = None, env: Mapping[str, st
         raise ValueError(f"placement_policy: {policy!r} is not one of {', '.join(PLACEMENT_POLICIES)}")
     _check_peering_times(values)
     _check_watch_times(values)
+    if values.get("scheduler_headroom", 0) < 0:
+        raise ValueError(f"scheduler_headroom: must not be negative, got {values['scheduler_headroom']}")
     if values.get("max_concurrent_writes", 1) < 1:
         raise ValueError(f"max_concurrent_writes: must be at least 1, got {values['max_concurrent_writes']}")
     _check_ranges(values)

@@ -7,6 +7,10 @@ writes in its Event and condition (``NoFit``: the explanation's one-line form). 
 same question for one node only (what if the claim went there); for an allocated claim it asks it
 as if the claim were pending, its own devices free.
 
+A pending claim the operator is holding back for kube-scheduler (its condition says
+``WaitingForScheduler``) also shows that condition: why it waits and since when. The what-if above
+it is the allocator's answer alone, which does not wait for anyone.
+
 An allocated claim shows the node, its devices with their health now, and the allocator's count of
 that node's devices through each check (class, selectors, free, untainted, counters, capacity),
 its own devices counted free: why it fits there.
@@ -24,7 +28,7 @@ from dra_operator.kubectl_dra.claims import allocator, consumers, state
 from dra_operator.kubectl_dra.cluster import ClaimObject, ClusterObjects, node_of
 from dra_operator.kubectl_dra.devices import health, taint_text
 from dra_operator.planner import NotPlaced, PlanError, Planner, PlanOutcome
-from dra_operator.reconcile.claims import describe_allocation
+from dra_operator.reconcile.claims import WAITING_REASON, describe_allocation
 from dra_operator.simulate import plan, render, result_of
 
 ALLOCATABLE = 0
@@ -83,6 +87,12 @@ def _what_if(
     if result["error"] and result["explanation"]:
         text += f"error: {result['error']}\n"
     reason, message = operator_message(outcome)
+    waiting = _waiting(obj) if node is None else None
+    if waiting is not None:
+        text += (
+            f"the operator is waiting for kube-scheduler (since {waiting['since'] or 'an unknown time'}): "
+            f"{waiting['message']}\n"
+        )
     data = {
         "claim": obj.claim.ref,
         "state": state(obj),
@@ -95,8 +105,20 @@ def _what_if(
         "message": message,
         "explanation": result["explanation"],
         "error": result["error"],
+        "waitingForScheduler": waiting,
     }
     return Explained(text=text, code=ALLOCATABLE if code == 0 else NOT_ALLOCATABLE, data=data)
+
+
+def _waiting(obj: ClaimObject) -> dict[str, str] | None:
+    """The operator's WaitingForScheduler condition on a pending claim, if it has one."""
+    condition = obj.condition
+    if obj.claim.status.allocation is not None or condition.get("reason") != WAITING_REASON:
+        return None
+    return {
+        "message": str(condition.get("message") or ""),
+        "since": str(condition.get("lastTransitionTime") or ""),
+    }
 
 
 def funnel_text(row: RequestFunnel) -> str:

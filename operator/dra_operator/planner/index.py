@@ -288,6 +288,13 @@ def _matches(*, key: DemandKey, device_class: DeviceClass, entry: DeviceEntry) -
         return True  # let the allocator meet (and report) the error on this device's node
 
 
+def key_matches(*, key: DemandKey, entry: DeviceEntry) -> bool:
+    """Whether a request of ``key`` could use the device: its class's and its own selectors (a CEL
+    runtime error counts as a match, as in the index). Results are cached on the entry."""
+    device_class = DeviceClass(metadata=ObjectMeta(name=key.class_name), selectors=key.class_selectors)
+    return _matches(key=key, device_class=device_class, entry=entry)
+
+
 def exclusive_devices(allocation: AllocationResult) -> Iterator[DeviceID]:
     """The devices ``allocation`` takes for itself (not admin access, not a share of a device)."""
     for result in allocation.devices:

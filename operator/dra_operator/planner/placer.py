@@ -106,8 +106,10 @@ class PlannerPlacer:
         problems += planner.index.count_problems()
         return problems
 
-    def place(self, *, claims: Sequence[ResourceClaim], model: ClusterModel) -> Placement | Unallocatable:
-        outcome = self.planner_for(model).plan(list(claims))
+    def place(
+        self, *, claims: Sequence[ResourceClaim], model: ClusterModel, policy: str | None = None
+    ) -> Placement | Unallocatable:
+        outcome = self.planner_for(model).plan(list(claims), policy=policy)
         if isinstance(outcome, PlanError):
             return Unallocatable(reason=outcome.reason, message=outcome.message[:1024])
         if isinstance(outcome, NotPlaced):

@@ -131,12 +131,17 @@ class Planner:
 
     # ---- placement -----------------------------------------------------------------------------
 
-    def plan(self, claims: Sequence[ResourceClaim], *, node: str | Node | None = None) -> PlanOutcome:
+    def plan(
+        self, claims: Sequence[ResourceClaim], *, node: str | Node | None = None, policy: str | None = None
+    ) -> PlanOutcome:
         """Choose a node and devices for ``claims`` (allocated together, like a pod's claims).
 
         With ``node`` only that node is tried (a name not among the planner's nodes is a node
-        without labels). Nothing is recorded: call :meth:`note_allocated` for what is committed.
+        without labels); ``policy`` overrides the planner's for this call. Nothing is recorded:
+        call :meth:`note_allocated` for what is committed.
         """
+        if policy is not None and policy not in POLICIES:
+            raise ValueError(f"unknown placement policy {policy!r}; expected one of {', '.join(POLICIES)}")
         claims = list(claims)
         if not claims:
             return PlanError("no claims to allocate", reason="NoClaims")
@@ -153,7 +158,7 @@ class Planner:
         if not self.nodes:
             return NotPlaced(explanation=Explanation.simple("the cluster has no nodes"), tried=0)
         demand = demand_of(claims=claims, classes=self.classes)
-        for rank in self.candidates(demand):
+        for rank in self.candidates(demand, policy=policy):
             outcome = self._try(self.nodes[rank], claims, search)
             if outcome is not None:
                 return outcome
@@ -187,10 +192,12 @@ class Planner:
                                 )
         return None
 
-    def candidates(self, demand: Demand) -> Iterator[int]:
-        """Ranks of the nodes that can possibly satisfy ``demand``, in policy order."""
+    def candidates(self, demand: Demand, *, policy: str | None = None) -> Iterator[int]:
+        """Ranks of the nodes that can possibly satisfy ``demand``, in the order of ``policy`` (by
+        default the planner's)."""
+        policy = policy or self.policy
         index = self.index
-        lazy = self.policy == FIRST_FIT  # other policies compare all nodes: evaluate them all
+        lazy = policy == FIRST_FIT  # other policies compare all nodes: evaluate them all
         counts = {key: index.counts(key, complete=not lazy) for key in demand.every_key()}
         need = demand.counts
         # The key whose node-local shortfall is largest drives the enumeration.
@@ -234,14 +241,14 @@ class Planner:
             if lazy:
                 ranks = c.ranks_in_order(driver_need, with_pending=True)
             elif simple:  # one key: bucket order is score order
-                ranks = c.ranks_with_at_least(driver_need, descending=self.policy == SPREAD)
+                ranks = c.ranks_with_at_least(driver_need, descending=policy == SPREAD)
             else:
                 ranks = c.ranks_in_order(driver_need)
         else:
             ranks = range(len(self.nodes))
-        if self.policy != FIRST_FIT and not simple:
+        if policy != FIRST_FIT and not simple:
             eligible = [r for r in ranks if fits(r)]
-            if self.policy == BIN_PACK:
+            if policy == BIN_PACK:
                 eligible.sort(key=lambda r: (score(r), r))
             else:
                 eligible.sort(key=lambda r: (-score(r), r))

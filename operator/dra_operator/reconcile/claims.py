@@ -16,6 +16,11 @@ the API round trips of different claims overlap. Step 1 has no ``await`` in it, 
 happen one at a time against a model that holds every claim in flight's devices: claims written
 together never share a device. A write that fails forgets its claim's assumed devices.
 
+While pods wait for kube-scheduler, which allocates from the same devices, a placement goes ahead
+only if kube-scheduler cannot reach its devices before it runs out of pods (see
+:mod:`dra_operator.reconcile.contention`); otherwise the claim waits, with a condition and one Event
+saying so, and is placed again when pods, claims or devices change.
+
 A 409 Conflict means someone changed the claim first (kube-scheduler allocating it, a user editing
 it): the claim is read again and reconsidered; a device is never written into two claims by this
 operator. A claim that cannot be allocated gets a Warning Event and a condition in the annotation
@@ -54,7 +59,15 @@ from dra_operator.kubeapi import (
 from dra_operator.logthrottle import LogThrottle, held_back
 from dra_operator.metrics import Metrics
 from dra_operator.placement import Placement, Placer, Unallocatable
+from dra_operator.planner import SPREAD
 from dra_operator.reconcile.backoff import Backoff
+from dra_operator.reconcile.contention import (
+    PARKED_RETRY_WINDOW_S,
+    Clearance,
+    Crowded,
+    SchedulerDemand,
+    scheduler_demand,
+)
 from dra_operator.reconcile.ownership import allocated_by_us, generated_from_template, is_ours
 from dra_operator.settings import Settings
 
@@ -62,6 +75,10 @@ logger = logging.getLogger(__name__)
 
 CONDITION_ANNOTATION = f"{PROJECT_DOMAIN}/condition"
 CONDITION_TYPE = "Allocated"
+WAITING_REASON = "WaitingForScheduler"
+RECHECK_DELAY_S = 0.1
+"""Claims waiting for kube-scheduler are placed again this long after a change of pods, claims or
+devices: one try for a burst of changes."""
 _TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 RELIST_KINDS = ("deviceclasses", "resourceslices", "resourceclaims", "nodes", "pods")
 
@@ -160,6 +177,30 @@ class _Failure:
     message: str
 
 
+@dataclass
+class _Wait:
+    """A claim that gave way to kube-scheduler, from its first wait until it is allocated."""
+
+    since: float
+    """time.monotonic() of the first wait."""
+    announced: bool = False
+    """Whether its condition and Event were written (once per claim, not per try)."""
+
+
+def waiting_message(*, demand: SchedulerDemand, crowded: Crowded) -> str:
+    """What the WaitingForScheduler condition and Event say."""
+    pods = f"{demand.pods} pod{'s' if demand.pods != 1 else ''}"
+    device = "/".join(crowded.device)
+    return (
+        f"kube-scheduler is placing {pods} that could use the devices this claim would get, and "
+        f"allocates from the same devices: {device} has {crowded.ahead} free device"
+        f"{'s' if crowded.ahead != 1 else ''} ahead of it, where those pods could take {crowded.needed}. "
+        "The operator gives way rather than risk both taking one device; it tries again whenever "
+        "those pods, their claims or the devices change, and allocates as soon as it finds devices "
+        "they cannot reach"
+    )
+
+
 _CLASS_SELECTOR_ERROR = re.compile(r"class (\S+): selector #(\d+) on device \S+:")
 
 
@@ -196,10 +237,17 @@ class ClaimReconciler:
         # await, and the event loop runs one task at a time.
         self._writes = asyncio.Semaphore(settings.max_concurrent_writes)
         self._tasks: set[asyncio.Task[None]] = set()
-        self._defer_until = 0.0
-        self._last_busy = 0.0
-        self._deferred: set[ClaimKey] = set()
-        self._defer_timer: asyncio.TimerHandle | None = None
+        self.clearance = Clearance()
+        self._waits: dict[ClaimKey, _Wait] = {}
+        # Claims giving way to kube-scheduler now: placed again on every change (they stay in the
+        # set meanwhile), until allocated, unallocatable, deleted or no longer ours.
+        self._waiting: set[ClaimKey] = set()
+        self._recheck_timer: asyncio.TimerHandle | None = None
+        # When devices were last freed or slices, classes or nodes changed (time.monotonic()):
+        # what sends parked pods back to kube-scheduler. -inf until then: nothing did yet.
+        self._helped_parked_at = float("-inf")
+        self._settle_timer: asyncio.TimerHandle | None = None
+        self._settle_at = 0.0
         self.backoff = Backoff()
         self._log_throttle = LogThrottle()
         self._index_reported: set[DeviceID] = set()
@@ -216,7 +264,17 @@ class ClaimReconciler:
         return not self._dirty and not self._busy
 
     def failing(self) -> frozenset[object]:
-        return frozenset(self._failing)
+        """Claims that cannot be allocated now (waiting for kube-scheduler is not failing)."""
+        return frozenset(k for k in self._failing if k not in self._waiting)
+
+    def waiting(self) -> frozenset[object]:
+        """Claims giving way to kube-scheduler now."""
+        return frozenset(self._waiting)
+
+    def longest_wait(self) -> float:
+        """Seconds the claim that has waited longest for kube-scheduler has waited so far; 0 if none."""
+        starts = [self._waits[k].since for k in self._waiting if k in self._waits]
+        return max(0.0, time.monotonic() - min(starts)) if starts else 0.0
 
     def mark(self, key: ClaimKey) -> None:
         self._dirty[key] = None
@@ -232,26 +290,33 @@ class ClaimReconciler:
             )
             self._failing.pop(key, None)
             self._was_reserved.discard(key)
+            self._waits.pop(key, None)
+            self._waiting.discard(key)
             self.backoff.forget(key)
             if held_before:
-                self.scheduler_busy()
+                self._helped_parked_at = time.monotonic()
                 self.retry_failing()
+            self._recheck_waiting()
             self._verify_after_event()
             return
         result = self.model.upsert_claim(obj)
         if result is None:
             return  # older than what we have
         if isinstance(result, ResourceClaim):
+            if result.status.allocation is not None or result.metadata.deletion_timestamp is not None:
+                self._waiting.discard(key)
             if result.status.reserved_for:
                 self._was_reserved.add(key)
             if held_before and result.status.allocation is None:
-                self.scheduler_busy()
+                self._helped_parked_at = time.monotonic()
                 self.retry_failing()  # devices were freed
         self.mark(key)
+        self._recheck_waiting()
         self._verify_after_event()
 
     def on_cluster_change(self) -> None:
         """Slices, classes or nodes changed: claims that could not be allocated get another try."""
+        self._helped_parked_at = time.monotonic()
         self.retry_failing()
         for claim in self.model.pending_claims():
             if is_ours(claim, ownership=self.settings.ownership, classes=self.classes):
@@ -305,25 +370,49 @@ class ClaimReconciler:
         if self._failing:
             self._wake.set()
 
-    def scheduler_busy(self) -> None:
-        """kube-scheduler may be allocating now (a pod with claims is being scheduled, or devices
-        were freed and parked pods get another try): hold new allocations for the grace period."""
-        now = time.monotonic()
-        self._last_busy = now
-        self._defer_until = max(self._defer_until, now + self.settings.scheduler_grace_s)
+    def on_pod_change(self) -> None:
+        """A pod changed (created, bound, deleted, ...): what kube-scheduler has yet to place may
+        have changed, so claims waiting for it get another try."""
+        self._recheck_waiting()
 
-    def _defer(self, key: ClaimKey) -> None:
-        self._deferred.add(key)
-        if self._defer_timer is None:
-            delay = max(0.05, self._defer_until - time.monotonic())
-            self._defer_timer = asyncio.get_running_loop().call_later(delay, self._release_deferred)
+    def _recheck_waiting(self) -> None:
+        if self._waiting and self._recheck_timer is None:
+            self._recheck_timer = asyncio.get_running_loop().call_later(
+                RECHECK_DELAY_S, self._release_waiting
+            )
 
-    def _release_deferred(self) -> None:
-        self._defer_timer = None
-        for key in self._deferred:
+    def _recheck_when_parked_settle(self) -> None:
+        """Parked pods stop counting a while after the last change that may help them, with no
+        event to say so: try the waiting claims again then."""
+        settle = self._helped_parked_at + PARKED_RETRY_WINDOW_S - time.monotonic()
+        if settle <= 0 or (self._settle_timer is not None and self._settle_at >= settle + time.monotonic()):
+            return
+        if self._settle_timer is not None:
+            self._settle_timer.cancel()
+        self._settle_at = time.monotonic() + settle
+        self._settle_timer = asyncio.get_running_loop().call_later(settle + 0.01, self._settled)
+
+    def _settled(self) -> None:
+        self._settle_timer = None
+        self._recheck_waiting()
+
+    def _release_waiting(self) -> None:
+        self._recheck_timer = None
+        for key in self._waiting:
             self._dirty[key] = None
-        self._deferred.clear()
         self._wake.set()
+
+    def scheduler_demand(self) -> SchedulerDemand:
+        """What the pods waiting for kube-scheduler could take now."""
+        parked = time.monotonic() - self._helped_parked_at < PARKED_RETRY_WINDOW_S
+        return scheduler_demand(
+            self.model, ownership=self.settings.ownership, classes=self.classes, parked=parked
+        )
+
+    def crowded(self, allocation: AllocationResult, demand: SchedulerDemand) -> Crowded | None:
+        return self.clearance.crowded(
+            model=self.model, allocation=allocation, demand=demand, headroom=self.settings.scheduler_headroom
+        )
 
     def on_pod_gone(self, *, namespace: str, name: str) -> None:
         """A pod vanished: claims we allocated that it reserved need their reservedFor cleaned."""
@@ -596,6 +685,7 @@ class ClaimReconciler:
                 await self._maintain_allocated(claim)
             return
         if not is_ours(claim, ownership=self.settings.ownership, classes=self.classes):
+            self._waiting.discard(key)
             if ours_by_finalizer:
                 await self._patch_meta(claim, finalizer=False, condition=None)
             return
@@ -612,14 +702,17 @@ class ClaimReconciler:
 
     async def _allocate(self, claim: ResourceClaim) -> None:
         key = ClaimKey(claim.namespace, claim.name)
-        placed_at = time.monotonic()
-        if placed_at < self._defer_until:
-            self._defer(key)
-            return
         outcome = self.assess(claim)
         if isinstance(outcome, Unallocatable):
             await self._fail(claim, outcome)
             return
+        demand = self.scheduler_demand()
+        if not demand.empty:
+            found = self._clear_of_scheduler(claim, outcome, demand)
+            if isinstance(found, Crowded):
+                await self._wait_for_scheduler(claim, demand, found)
+                return
+            outcome = found
         # kube-scheduler (1.34+ with DRADeviceBindingConditions and DRAResourceClaimDeviceStatus) stamps
         # allocationTimestamp when it reserves a claim whose allocation lacks one, which the API
         # server refuses (allocation is immutable): a pod could never use the claim. Set it here;
@@ -637,13 +730,14 @@ class ClaimReconciler:
             if current is None or current.status.allocation is not None:
                 self.model.forget_assumed(key)
                 return
-            # Another allocator (kube-scheduler) may have taken one of the devices while the
-            # finalizer was being written; its write shows up in the model through the watch.
-            # Checking again here shrinks the race to the status write itself.
-            if self._last_busy > placed_at:
-                # kube-scheduler started on a pod meanwhile: give way rather than race it.
+            # Pods may have come to kube-scheduler while the finalizer was being written, and it may
+            # have taken one of the devices (its write shows up in the model through the watch).
+            # Checking both again here shrinks the race to the status write itself.
+            demand = self.scheduler_demand()
+            crowded = self.crowded(allocation, demand)
+            if crowded is not None:
                 self.model.forget_assumed(key)
-                self._defer(key)
+                await self._wait_for_scheduler(current, demand, crowded)
                 return
             taken = self.model.taken_by_others(key, allocation)
             if taken:
@@ -666,11 +760,15 @@ class ClaimReconciler:
             raise
         self.on_claim_event(obj, deleted=False)
         self.model.forget_assumed(key)
-        self._failing.pop(key, None)
+        waited = self._waits.pop(key, None)
+        self._waiting.discard(key)
+        unallocatable = self._failing.pop(key, None)
         self.metrics.allocations.inc()
         age = _age_seconds(self.model.claim_created.get(key, ""), now=self.clock())
         if age is not None:
             self.metrics.allocation_latency.observe(age)
+            reason = "scheduler_busy" if waited else "unallocatable" if unallocatable else "none"
+            self.metrics.allocation_wait.labels(reason).observe(age)
         text = describe_allocation(allocation, outcome.node)
         logger.info("claim %s: %s", key, text)
         self.events.post(
@@ -680,8 +778,51 @@ class ClaimReconciler:
             message=text,
         )
 
+    def _clear_of_scheduler(
+        self, claim: ResourceClaim, placement: Placement, demand: SchedulerDemand
+    ) -> Placement | Crowded:
+        """``placement``, or one on other devices, that kube-scheduler cannot reach while it places
+        the waiting pods; or why the best found is not clear."""
+        crowded = self.crowded(placement.allocations[0], demand)
+        if crowded is None:
+            return placement
+        # The node with the most free devices has the most of them ahead of its last one.
+        spread = self.placer.place(claims=[claim], model=self.model, policy=SPREAD)
+        if not isinstance(spread, Placement):
+            return crowded
+        again = self.crowded(spread.allocations[0], demand)
+        return spread if again is None else again
+
+    async def _wait_for_scheduler(
+        self, claim: ResourceClaim, demand: SchedulerDemand, crowded: Crowded
+    ) -> None:
+        """Leave the claim until pods, claims or devices change; say why once per claim."""
+        key = ClaimKey(claim.namespace, claim.name)
+        wait = self._waits.get(key)
+        if wait is None:
+            wait = self._waits[key] = _Wait(since=time.monotonic())
+        self._waiting.add(key)
+        self._recheck_when_parked_settle()
+        if wait.announced:
+            return
+        message = waiting_message(demand=demand, crowded=crowded)
+        await self._patch_meta(
+            claim,
+            finalizer=OPERATOR_FINALIZER in claim.metadata.finalizers,
+            condition=condition_json(status="False", reason=WAITING_REASON, message=message),
+        )
+        wait.announced = True
+        logger.info("claim %s waits for kube-scheduler: %s", key, message)
+        self.events.post(
+            involved=involved(claim, api_version=self.api.api_version),
+            type_="Normal",
+            reason=WAITING_REASON,
+            message=message,
+        )
+
     async def _fail(self, claim: ResourceClaim, why: Unallocatable) -> None:
         key = ClaimKey(claim.namespace, claim.name)
+        self._waiting.discard(key)
         self.metrics.allocation_failures.labels(why.reason).inc()
         previous = self._failing.get(key)
         self._failing[key] = _Failure(why.reason, why.message)

@@ -19,10 +19,9 @@ import logging
 from collections.abc import Collection, Mapping
 from typing import Any, Protocol
 
-from dra_operator.clustermodel import ClaimKey, ClusterModel, PodInfo
+from dra_operator.clustermodel import ClaimKey, ClusterModel, PodInfo, parse_time
 from dra_operator.planner import truncate
 from dra_operator.reconcile.ownership import request_classes
-from dra_operator.reconcile.pending import parse_time
 
 logger = logging.getLogger(__name__)
 

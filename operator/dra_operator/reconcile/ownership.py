@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
-from typing import Any
+from collections.abc import Collection
 
 from dra_api.model import ResourceClaim
 from dra_api.names import OPERATOR_FINALIZER
@@ -46,20 +45,3 @@ def is_ours(claim: ResourceClaim, *, ownership: Ownership, classes: Collection[s
 
 def allocated_by_us(claim: ResourceClaim) -> bool:
     return claim.status.allocation is not None and OPERATOR_FINALIZER in claim.metadata.finalizers
-
-
-def pod_being_scheduled(pod: Mapping[str, Any]) -> bool:
-    """Whether kube-scheduler may be allocating devices for this pod right now: it uses resource
-    claims, is not bound, not gated, not finished, and not parked as unschedulable."""
-    spec = pod.get("spec") or {}
-    status = pod.get("status") or {}
-    if not spec.get("resourceClaims") or spec.get("nodeName") or spec.get("schedulingGates"):
-        return False
-    if (pod.get("metadata") or {}).get("deletionTimestamp"):
-        return False
-    if status.get("phase") in ("Succeeded", "Failed"):
-        return False
-    for condition in status.get("conditions") or []:
-        if condition.get("type") == "PodScheduled" and condition.get("reason") == "Unschedulable":
-            return False
-    return True

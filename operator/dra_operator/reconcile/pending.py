@@ -22,12 +22,11 @@ oldest first), so a large cluster with many waiting pods does not hold the event
 
 from __future__ import annotations
 
-import datetime
 import logging
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
-from dra_operator.clustermodel import ClaimKey, ClusterModel, PodInfo
+from dra_operator.clustermodel import ClaimKey, ClusterModel, PodInfo, parse_time
 from dra_operator.placement import Unallocatable
 from dra_operator.planner import truncate
 from dra_operator.reconcile.claims import ClaimReconciler, involved
@@ -41,7 +40,6 @@ REPEAT_UNCHANGED_S = 1800.0
 """An unchanged explanation is posted again after this long: the API server keeps Events for an
 hour by default, so a claim that waits for hours keeps one in view without an Event every interval."""
 MAX_PER_SWEEP = 20
-_TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,18 +54,8 @@ class Waiting:
 
 
 def waiting_for_scheduler(pod: PodInfo) -> bool:
-    """Whether kube-scheduler should be placing this pod and has not: it is not bound, not gated
-    (a gated pod waits by design), not being deleted and not finished."""
-    return not pod.node_name and not pod.gated and not pod.deleting and pod.phase not in _TERMINAL_PHASES
-
-
-def parse_time(text: str) -> float | None:
-    """Seconds since the epoch of an RFC 3339 UTC time as the API server writes it; None if not one."""
-    try:
-        stamp = datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
-    except ValueError:
-        return None
-    return stamp.timestamp()
+    """Whether kube-scheduler should be placing this pod and has not (:meth:`PodInfo.awaits_scheduler`)."""
+    return pod.awaits_scheduler()
 
 
 def waiting_claims(

@@ -76,7 +76,7 @@ def _setup(api: WriteApi, *, claims: int, nodes: int, writes: int) -> tuple[Clai
     for i in range(nodes):
         model.upsert_node(h.node(f"n{i}"))
         model.upsert_slice(h.gpu_slice(f"n{i}", 2))
-    settings = Settings(gpu_class=h.GPU, max_concurrent_writes=writes, scheduler_grace_s=0.0)
+    settings = Settings(gpu_class=h.GPU, max_concurrent_writes=writes)
     reconciler = ClaimReconciler(
         model=model,
         placer=PlannerPlacer(policy="first-fit", prefer_last_devices=True),

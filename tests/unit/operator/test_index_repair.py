@@ -65,7 +65,7 @@ def _setup() -> tuple[ClaimReconciler, ClusterModel, StatusApi, CountingPlacer, 
         model=model,
         placer=placer,
         api=api,  # type: ignore[arg-type]  # the KubeApi methods allocation uses
-        settings=Settings(gpu_class=h.GPU, scheduler_grace_s=0.0),
+        settings=Settings(gpu_class=h.GPU),
         metrics=metrics,
     )
     reconciler.backoff.base = 0.05  # the back-off is taken, just shorter than in production

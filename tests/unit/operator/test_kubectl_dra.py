@@ -251,6 +251,42 @@ def test_explain_what_if_and_allocated(cluster: ClusterObjects) -> None:
     assert on_a.text.startswith("claim ns/big cannot be allocated on node a.")
 
 
+def test_explain_shows_that_the_operator_waits_for_kube_scheduler() -> None:
+    waiting = _claim("w")
+    message = "kube-scheduler is placing 3 pods that could use the devices this claim would get"
+    condition = {
+        "type": "Allocated",
+        "status": "False",
+        "reason": "WaitingForScheduler",
+        "message": message,
+        "lastTransitionTime": "2025-01-01T11:59:00Z",
+    }
+    waiting["metadata"]["annotations"] = {"dra.accel.dev/condition": json.dumps(condition)}
+    cluster = ClusterObjects.from_lists(
+        classes=[_class()], slices=[_slice("a")], claims=[waiting], nodes=[_node("a")], pods=[]
+    )
+    obj = cluster.claim("ns", "w")
+    assert obj is not None
+    explained = explain_claim(cluster=cluster, obj=obj, node=None, gates=FeatureGates(), policy="first-fit")
+    # The allocator alone would place it; the operator says why it has not yet.
+    assert explained.code == 0
+    assert explained.text.endswith(
+        f"the operator is waiting for kube-scheduler (since 2025-01-01T11:59:00Z): {message}\n"
+    )
+    assert explained.data["waitingForScheduler"] == {"message": message, "since": "2025-01-01T11:59:00Z"}
+    # Another reason (a NoFit condition) is not a wait for kube-scheduler.
+    condition["reason"] = "NoFit"
+    waiting["metadata"]["annotations"] = {"dra.accel.dev/condition": json.dumps(condition)}
+    cluster = ClusterObjects.from_lists(
+        classes=[_class()], slices=[_slice("a")], claims=[waiting], nodes=[_node("a")], pods=[]
+    )
+    obj = cluster.claim("ns", "w")
+    assert obj is not None
+    plain = explain_claim(cluster=cluster, obj=obj, node=None, gates=FeatureGates(), policy="first-fit")
+    assert "waiting for kube-scheduler" not in plain.text
+    assert plain.data["waitingForScheduler"] is None
+
+
 def test_unparsable_objects_are_skipped_with_a_warning() -> None:
     bad = _claim("bad")
     bad["spec"]["devices"]["requests"][0]["exactly"]["count"] = "three"

@@ -25,20 +25,3 @@ def test_all_and_none_modes() -> None:
 def test_claims_of_other_classes_are_left_alone() -> None:
     other = ResourceClaim.from_json(claim("c", cls="example.com-fpga"))
     assert not is_ours(other, ownership=Ownership.ALL, classes=CLASSES)
-
-
-def test_pod_being_scheduled() -> None:
-    from dra_operator.reconcile.ownership import pod_being_scheduled
-
-    pending = {"spec": {"resourceClaims": [{"name": "gpu"}]}, "status": {"phase": "Pending"}}
-    assert pod_being_scheduled(pending)
-    assert not pod_being_scheduled({"spec": {"resourceClaims": [{"name": "g"}], "nodeName": "n1"}})
-    assert not pod_being_scheduled(
-        {"spec": {"resourceClaims": [{"name": "g"}], "schedulingGates": [{"name": "x"}]}}
-    )
-    assert not pod_being_scheduled({"spec": {}})
-    parked = {
-        "spec": {"resourceClaims": [{"name": "g"}]},
-        "status": {"conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]},
-    }
-    assert not pod_being_scheduled(parked)

@@ -56,13 +56,15 @@ def test_prometheusrule_has_the_rule_files_groups() -> None:
         "DRAPrepareErrors",
         "DRACheckpointCorrupt",
         "DRANodeAgentDown",
+        "DRAOperatorClaimsWaitingForScheduler",
+        "DRAOperatorSlowAllocations",
     } <= alerts
 
 
 def test_promtool_checks_the_rules() -> None:
     result = promtool("check", "rules", str(RULES))
     assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
-    assert b"SUCCESS: 9 rules found" in result.stdout
+    assert b"SUCCESS: 11 rules found" in result.stdout
 
 
 def test_promtool_rule_tests_fire_the_device_unhealthy_alert() -> None:
@@ -77,6 +79,12 @@ def test_promtool_rule_tests_fire_the_device_unhealthy_alert() -> None:
     [
         ("DRADeviceUnhealthy", 'state="unhealthy"} == 1', 'state="unhealthy"} == 2'),
         ("DRACheckpointCorrupt", "dra_agent_checkpoint_corrupt == 1", "dra_agent_checkpoint_corrupt == 2"),
+        (
+            "DRAOperatorClaimsWaitingForScheduler",
+            "(dra_operator_scheduler_wait_longest_seconds) > 60",
+            "(dra_operator_scheduler_wait_longest_seconds) > 6000",
+        ),
+        ("DRAOperatorSlowAllocations", "[10m]))\n          ) > 10\n", "[10m]))\n          ) > 100\n"),
     ],
 )
 def test_promtool_rule_test_fails_when_the_alert_does_not_fire(
@@ -154,6 +162,27 @@ async def test_dashboard_queries_name_exported_metrics(tmp_path: Path) -> None:
     for expr in exprs:
         for used in re.findall(r"\b(dra_(?:agent|operator)_\w+)", expr):
             assert used in names, f"dashboard query {expr!r} uses {used}, which nothing exports"
+
+
+def test_operator_rules_name_exported_metrics() -> None:
+    metrics = Metrics()
+    metrics.attach_model(ClusterModel(), frozenset)
+    metrics.attach_scheduler_wait(lambda: 0.0)
+    exposition = prometheus_client.generate_latest(metrics.registry).decode()
+    exported: set[str] = set()
+    for name, kind in re.findall(r"^# TYPE (dra_operator_\w+) (\w+)", exposition, re.MULTILINE):
+        exported.add(name)
+        if kind == "counter":
+            exported.add(f"{name}_total")
+        if kind == "histogram":
+            exported.update({f"{name}_bucket", f"{name}_sum", f"{name}_count"})
+    used = set(re.findall(r"\b(dra_operator_\w+)", RULES.read_text()))
+    assert "dra_operator_scheduler_wait_longest_seconds" in used
+    assert "dra_operator_allocation_wait_seconds_bucket" in used
+    assert used <= exported, f"rules use {sorted(used - exported)}, which the operator does not export"
+    # The histogram's reasons are all there before the first allocation.
+    for reason in ("none", "scheduler_busy", "unallocatable"):
+        assert f'dra_operator_allocation_wait_seconds_count{{reason="{reason}"}} 0.0' in exposition
 
 
 def test_kustomization_lists_its_files_and_labels_the_dashboard() -> None:

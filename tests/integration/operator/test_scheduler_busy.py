@@ -1,0 +1,172 @@
+"""Standalone claims keep being allocated while kube-scheduler keeps placing pods (issue 28).
+
+The scenario of :mod:`bench.scheduler_busy`, shortened for CI: four Node objects of 8 GPUs, a pod
+with a one-GPU template claim every second (kube-scheduler allocates it), each deleted six seconds
+after its creation, and a standalone one-GPU claim (the operator's) every two seconds, deleted once
+allocated. Before the fix every pod that started being scheduled held the operator back for 2 s, so
+at this rate the hold never ended: one standalone claim of thirty was allocated while the pods came.
+
+The bound is the issue's: every standalone claim allocated within 10 s of its creation. Every change
+of every claim in the namespace, kube-scheduler's included, is checked for a device held twice.
+
+A claim that does wait for kube-scheduler says so: a WaitingForScheduler condition and one Event,
+which ``kubectl dra explain`` shows, until it is allocated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from bench.operator_chaos import OperatorControl
+from bench.scheduler_busy import BusyConfig, operator_process, prepare_cluster, run_round
+from dra_devcluster import LocalCluster
+from tests.integration.operator.conftest import INDEX_DISAGREES, Operators, events_for, wait_seconds
+from tests.integration.operator.objects import CONDITION_ANNOTATION, add_gpu_node, claim, pod
+
+BOUND_S = 10.0
+
+
+def test_standalone_claims_are_allocated_within_the_bound_while_pods_stream_in(
+    local_cluster: LocalCluster, tmp_path: Path
+) -> None:
+    config = BusyConfig(
+        namespace="op-busy",
+        gpu_class="op-busy-gpu",
+        driver="busy.gpu.example.com",
+        nodes=("op-busy-a", "op-busy-b", "op-busy-c", "op-busy-d"),
+        gpus=8,
+        pods_per_s=1.0,
+        pod_lifetime_s=6.0,
+        claim_every_s=2.0,
+        duration_s=45.0,
+        drain_s=20.0,
+    )
+    prepare_cluster(local_cluster, config=config)
+    log = tmp_path / "operator.log"
+    operator = OperatorControl(
+        operator_process(
+            kubeconfig=local_cluster.kubeconfig,
+            log=log,
+            config=config,
+            extra=("--tpu-class=op-busy-tpu", "--verify-placer-index=true"),
+        ),
+        log,
+    )
+    operator.start()
+    try:
+        local_cluster.wait_for(
+            lambda: (
+                local_cluster.kubectl("get", "deviceclass", config.gpu_class, check=False).returncode == 0
+            ),
+            what="the operator's GPU class",
+        )
+        report = asyncio.run(run_round(kubeconfig=local_cluster.kubeconfig, config=config))
+    finally:
+        operator.kill()
+        for node in config.nodes:
+            local_cluster.kubectl("delete", "node", node, "--ignore-not-found", "--wait=false", check=False)
+        local_cluster.kubectl(
+            "delete", "resourceslice", *(f"{n}-gpu" for n in config.nodes), "--ignore-not-found", check=False
+        )
+        local_cluster.kubectl("delete", "namespace", config.namespace, "--wait=false", check=False)
+        local_cluster.kubectl(
+            "delete", "deviceclass", config.gpu_class, "op-busy-tpu", "--ignore-not-found", check=False
+        )
+
+    summary = report.summary()
+    tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
+    # The stream ran: pods and claims at their rates, and kube-scheduler placed every pod in it.
+    assert report.pods_created >= 40, summary
+    assert report.claims_created >= 20, summary
+    assert report.pods_unbound == 0, summary
+    # Every standalone claim allocated, each within the bound, while the pods kept coming.
+    assert report.waiting == [], f"{summary}\nlog tail:\n{tail}"
+    assert len(report.waits) == report.claims_created, summary
+    slow = {name: round(wait, 2) for name, wait in report.waits.items() if wait > BOUND_S}
+    assert slow == {}, f"{summary}\nlog tail:\n{tail}"
+    # No device ever in two claims, counting every allocation of both allocators.
+    assert report.allocations_seen >= report.pods_created + report.claims_created - 5, summary
+    assert report.double_bookings == [], summary
+    assert operator.log_count(INDEX_DISAGREES) == 0, summary
+
+
+def test_a_claim_that_waits_for_kube_scheduler_says_so_once_and_goes_when_the_pods_do(
+    local_cluster: LocalCluster, operators: Operators, scratch: list[tuple[str, ...]]
+) -> None:
+    # Two pods whose template claims kube-scheduler is waiting for (the template is missing, so the
+    # claims never come; for the operator they are claims it has not seen yet, one GPU each, which
+    # count for a while after the pod's creation). With the headroom of 2 they could take 4 GPUs
+    # ahead of any the operator takes: on a node of 4 there is none it may take.
+    ns = "op-sched-wait"
+    local_cluster.create_namespace(ns)
+    scratch.append(("namespace", ns))
+    add_gpu_node(local_cluster, scratch, "op-sw-a", 4)
+    op = operators.start()
+    local_cluster.wait_for(
+        lambda: local_cluster.kubectl("get", "deviceclass", operators.gpu_class, check=False).returncode == 0,
+        what="the operator's GPU class",
+    )
+    local_cluster.apply([pod(f"p{i}", ns, template="not-made") for i in range(2)])
+    local_cluster.apply([claim("c", ns, cls=operators.gpu_class)])
+
+    def condition() -> dict[str, Any]:
+        obj = local_cluster.get_json("resourceclaim", "c", "-n", ns)
+        text = (obj["metadata"].get("annotations") or {}).get(CONDITION_ANNOTATION)
+        return dict(json.loads(text)) if text else {}
+
+    waiting = local_cluster.wait_for(
+        lambda: (c := condition()).get("reason") == "WaitingForScheduler" and c,
+        timeout=20,
+        what="the WaitingForScheduler condition",
+    )
+    assert waiting["status"] == "False"
+    assert "kube-scheduler is placing 2 pods" in waiting["message"]
+    local_cluster.wait_for(
+        lambda: [e for e in events_for(local_cluster, ns, "c") if e["reason"] == "WaitingForScheduler"],
+        timeout=20,
+        what="the WaitingForScheduler Event",
+    )
+    assert op.metric("dra_operator_claims", 'state="waiting_for_scheduler"') == 1
+    explained = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "kubectl-dra"),
+            "explain",
+            "c",
+            "-n",
+            ns,
+            f"--kubeconfig={local_cluster.kubeconfig}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert explained.returncode == 0, explained.stderr  # the allocator alone would place it
+    assert "the operator is waiting for kube-scheduler (since " in explained.stdout
+    assert waiting["message"] in explained.stdout
+
+    # Another pod comes and goes: the claim is placed again, and says nothing new.
+    local_cluster.apply([pod("p2", ns, template="not-made")])
+    local_cluster.kubectl("delete", "pod", "p2", "-n", ns, "--grace-period=0", "--force")
+    wait_seconds(2)
+    assert local_cluster.get_json("resourceclaim", "c", "-n", ns).get("status", {}).get("allocation") is None
+    said = [e for e in events_for(local_cluster, ns, "c") if e["reason"] == "WaitingForScheduler"]
+    assert len(said) == 1
+
+    # The pods go: the claim is allocated, its condition gone, its wait counted as kube-scheduler's.
+    local_cluster.kubectl("delete", "pod", "p0", "p1", "-n", ns, "--grace-period=0", "--force")
+    allocated = local_cluster.wait_for(
+        lambda: (
+            (c := local_cluster.get_json("resourceclaim", "c", "-n", ns)).get("status", {}).get("allocation")
+            and c
+        ),
+        timeout=30,
+        what="claim c allocated",
+    )
+    assert CONDITION_ANNOTATION not in (allocated["metadata"].get("annotations") or {})
+    assert op.metric("dra_operator_allocation_wait_seconds_count", 'reason="scheduler_busy"') == 1
+    assert op.metric("dra_operator_claims", 'state="waiting_for_scheduler"') == 0
