@@ -228,6 +228,11 @@ def _flag(name: str) -> str:
     return "--" + name.removesuffix("_s").replace("_", "-") + ("-seconds" if name.endswith("_s") else "")
 
 
+# The global hold after kube-scheduler activity that --scheduler-headroom replaced; its flag is
+# still accepted so that manifests which set it keep starting.
+_DEPRECATED_GRACE = "deprecated_scheduler_grace_s"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """One flag per field; defaults stay None so the environment and dataclass defaults can apply."""
     for f in dataclasses.fields(Settings):
@@ -243,6 +248,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             default=None,
             help=f"{help_text} (env {env})",
         )
+    parser.add_argument(
+        "--scheduler-grace-seconds",
+        dest=_DEPRECATED_GRACE,
+        type=float,
+        default=None,
+        help="Deprecated, no effect: the operator now gives way to kube-scheduler per device "
+        "(see --scheduler-headroom). (env DRA_OPERATOR_SCHEDULER_GRACE)",
+    )
 
 
 def from_sources(*, args: argparse.Namespace | None = None, env: Mapping[str, str] | None = None) -> Settings:
@@ -261,6 +274,11 @@ def from_sources(*, args: argparse.Namespace | None = None, env: Mapping[str, st
                 values[f.name] = _converter(f)(raw)
             except ValueError as exc:
                 raise ValueError(f"environment variable {env_name}: {exc}") from exc
+    if getattr(args, _DEPRECATED_GRACE, None) is not None or environ.get("DRA_OPERATOR_SCHEDULER_GRACE"):
+        logging.getLogger(__name__).warning(
+            "--scheduler-grace-seconds (DRA_OPERATOR_SCHEDULER_GRACE) is deprecated and has no effect: "
+            "the operator gives way to kube-scheduler per device (--scheduler-headroom)"
+        )
     if "kubeconfig" not in values and environ.get("KUBECONFIG"):
         values["kubeconfig"] = environ["KUBECONFIG"]
     policy = values.get("placement_policy", "first-fit")

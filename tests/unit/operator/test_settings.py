@@ -53,3 +53,19 @@ def test_max_concurrent_writes_from_flag_or_environment_and_at_least_one() -> No
     assert flagged.max_concurrent_writes == 5
     with pytest.raises(ValueError, match="max_concurrent_writes"):
         parse(["--max-concurrent-writes", "0"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "env"),
+    [(["--scheduler-grace-seconds=2"], {}), ([], {"DRA_OPERATOR_SCHEDULER_GRACE": "2"})],
+)
+def test_the_deprecated_scheduler_grace_still_starts_and_says_it_has_no_effect(
+    argv: list[str], env: dict[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    assert parse(argv, env=env).scheduler_headroom == 2
+    assert "deprecated and has no effect" in caplog.text
+
+
+def test_without_the_deprecated_flag_nothing_is_said(caplog: pytest.LogCaptureFixture) -> None:
+    parse([], env={})
+    assert "deprecated" not in caplog.text
