@@ -10,21 +10,21 @@ that have no such overload, and a result that cannot be a bool. Anything not kno
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Final, TypeAlias
 
 import lark
 
+from .declarations import ANY_RECEIVER, DYN, OPTIONAL, Overload
 from .errors import CelCompileError
+from .library import DECLARATIONS
 
 __all__ = ["NAMESPACES", "Tree", "as_tree", "bare_ident", "check", "literal_string", "unwrap"]
 
 # Parse trees of cel-python's lark grammar.
 Tree: TypeAlias = "lark.Tree[lark.Token]"
 
-# Types: CEL type names, "dyn", and DRA-specific map types.
-DYN: Final = "dyn"
+# Types: CEL type names, DYN, OPTIONAL, and DRA-specific map types.
 DEVICE: Final = "DRADevice"
 ATTRIBUTES: Final = "map(string, map(string, dyn))"
 CAPACITY: Final = "map(string, map(string, Quantity))"
@@ -45,117 +45,7 @@ _TYPE_NAMES: Final = frozenset(
 )
 # Namespaces of functions called as ``ns.name(...)``.
 NAMESPACES: Final = frozenset({"cel", "sets", "lists", "strings", "optional"})
-OPTIONAL: Final = "optional"
 
-
-@dataclass(frozen=True, slots=True)
-class _Sig:
-    receivers: frozenset[str] | None  # None: a global function; "*": any receiver
-    arities: frozenset[int]
-    result: str
-
-
-def _m(receivers: str, arities: Sequence[int], result: str) -> _Sig:
-    return _Sig(frozenset(receivers.split()), frozenset(arities), result)
-
-
-def _g(arities: Sequence[int], result: str) -> _Sig:
-    return _Sig(None, frozenset(arities), result)
-
-
-_SIGNATURES: Final[Mapping[str, tuple[_Sig, ...]]] = {
-    # conversions and core functions
-    "size": (_g([1], "int"), _m("string bytes list map", [0], "int")),
-    "int": (_g([1], "int"),),
-    "uint": (_g([1], "uint"),),
-    "double": (_g([1], "double"),),
-    "string": (_g([1], "string"),),
-    "bool": (_g([1], "bool"),),
-    "bytes": (_g([1], "bytes"),),
-    "dyn": (_g([1], DYN),),
-    "type": (_g([1], "type"),),
-    "duration": (_g([1], "duration"),),
-    "timestamp": (_g([1], "timestamp"),),
-    "matches": (_g([2], "bool"), _m("string", [1], "bool")),
-    "contains": (_m("string", [1], "bool"),),
-    "startsWith": (_m("string", [1], "bool"),),
-    "endsWith": (_m("string", [1], "bool"),),
-    # quantity library
-    "quantity": (_g([1], "Quantity"),),
-    "isQuantity": (_g([1], "bool"),),
-    "sign": (_m("Quantity", [0], "int"),),
-    "isInteger": (_m("Quantity", [0], "bool"),),
-    "asInteger": (_m("Quantity", [0], "int"),),
-    "asApproximateFloat": (_m("Quantity", [0], "double"),),
-    "add": (_m("Quantity", [1], "Quantity"),),
-    "sub": (_m("Quantity", [1], "Quantity"),),
-    "compareTo": (_m("Quantity Semver", [1], "int"),),
-    "isGreaterThan": (_m("Quantity Semver", [1], "bool"),),
-    "isLessThan": (_m("Quantity Semver", [1], "bool"),),
-    # semver library
-    "semver": (_g([1, 2], "Semver"),),
-    "isSemver": (_g([1, 2], "bool"),),
-    "major": (_m("Semver", [0], "int"),),
-    "minor": (_m("Semver", [0], "int"),),
-    "patch": (_m("Semver", [0], "int"),),
-    # strings extension
-    "charAt": (_m("string", [1], "string"),),
-    "indexOf": (_m("string", [1, 2], "int"), _m("list", [1], "int")),
-    "lastIndexOf": (_m("string", [1, 2], "int"), _m("list", [1], "int")),
-    "lowerAscii": (_m("string", [0], "string"),),
-    "upperAscii": (_m("string", [0], "string"),),
-    "replace": (_m("string", [2, 3], "string"),),
-    "split": (_m("string", [1, 2], "list"),),
-    "substring": (_m("string", [1, 2], "string"),),
-    "trim": (_m("string", [0], "string"),),
-    "join": (_m("list", [0, 1], "string"),),
-    "format": (_m("string", [1], "string"),),
-    "reverse": (_m("string", [0], "string"), _m("list", [0], "list")),
-    # regex library
-    "find": (_m("string", [1], "string"),),
-    "findAll": (_m("string", [1, 2], "list"),),
-    # lists
-    "isSorted": (_m("list", [0], "bool"),),
-    "sum": (_m("list", [0], DYN),),
-    "min": (_m("list", [0], DYN),),
-    "max": (_m("list", [0], DYN),),
-    "distinct": (_m("list", [0], "list"),),
-    "flatten": (_m("list", [0, 1], "list"),),
-    "slice": (_m("list", [2], "list"),),
-    "sort": (_m("list", [0], "list"),),
-    # DRA list-type attributes
-    "includes": (_m("*", [1], "bool"),),
-    # namespaced
-    "lists.range": (_g([1], "list"),),
-    "sets.contains": (_g([2], "bool"),),
-    "sets.equivalent": (_g([2], "bool"),),
-    "sets.intersects": (_g([2], "bool"),),
-    "strings.quote": (_g([1], "string"),),
-    # optional types
-    "hasValue": (_m(OPTIONAL, [0], "bool"),),
-    "value": (_m(OPTIONAL, [0], DYN),),
-    "orValue": (_m(OPTIONAL, [1], DYN),),
-    "or": (_m(OPTIONAL, [1], OPTIONAL),),
-    "optional.of": (_g([1], OPTIONAL),),
-    "optional.none": (_g([0], OPTIONAL),),
-    "optional.ofNonZeroValue": (_g([1], OPTIONAL),),
-    # timestamps and durations (base environment)
-    **{
-        name: (_m("timestamp duration", [0, 1], "int"),)
-        for name in (
-            "getDate",
-            "getDayOfMonth",
-            "getDayOfWeek",
-            "getDayOfYear",
-            "getFullYear",
-            "getHours",
-            "getMilliseconds",
-            "getMinutes",
-            "getMonth",
-            "getSeconds",
-        )
-    },
-}
 
 _MACROS: Final = {
     "all": (2, 3),
@@ -510,11 +400,12 @@ class _Checker:
         scope: Mapping[str, str],
     ) -> str:
         arg_kinds = [self.check(a, scope) for a in args]
-        sigs = _SIGNATURES.get(name)
-        if sigs is None:
+        # A function's overloads are declared with its implementation (library.py).
+        declaration = DECLARATIONS.get(name)
+        if declaration is None:
             raise self.fail(node, f"undeclared reference to '{name}' (in container '')")
-        matches: list[_Sig] = []
-        for sig in sigs:
+        matches: list[Overload] = []
+        for sig in declaration.overloads:
             if len(arg_kinds) not in sig.arities:
                 continue
             if receiver is None and sig.receivers is None:
@@ -523,7 +414,7 @@ class _Checker:
                 effective = receiver
                 if _is_map(receiver):
                     effective = "map"
-                if receiver == DYN or "*" in sig.receivers or effective in sig.receivers:
+                if receiver == DYN or ANY_RECEIVER in sig.receivers or effective in sig.receivers:
                     matches.append(sig)
         if not matches:
             shown = ", ".join(arg_kinds)

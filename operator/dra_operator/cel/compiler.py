@@ -16,7 +16,6 @@ comprehensions, ``map(x, predicate, transform)``, ``has()`` as a key-presence te
 from __future__ import annotations
 
 import operator
-from collections import ChainMap
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Final
 
@@ -25,7 +24,7 @@ from celpy import celtypes
 from celpy.evaluation import CELEvalError, Evaluator, base_functions
 
 from .checker import NAMESPACES, Tree, as_tree, bare_ident, unwrap
-from .library import FUNCTIONS
+from .library import DECLARATIONS
 from .values import NONE, CelOptional, cel_kind, cel_values_equal
 
 __all__ = ["COST_KEY", "MAX_ITERATIONS", "CostLimitExceeded", "DomainMap", "Program", "compile_program"]
@@ -45,7 +44,6 @@ class CostLimitExceeded(Exception):
 Env = Mapping[str, Any]
 Program = Callable[[Env], Any]
 
-_FUNCTIONS: Final[Mapping[str, Callable[..., Any]]] = ChainMap(FUNCTIONS, base_functions)
 _TYPE_NAMES: Final = {
     "int": celtypes.IntType,
     "uint": celtypes.UintType,
@@ -184,11 +182,6 @@ def _apply(name: str, fn: Callable[..., Any], args: list[Any]) -> Any:
         return _err(f"{name}: {exc}")
 
 
-# Functions whose result depends only on their arguments: calls with constant arguments are
-# evaluated once, at compile time (quantity("40Gi"), semver("1.2.0")).
-_PURE: Final = frozenset({"quantity", "semver", "isQuantity", "isSemver", "lists.range", "strings.quote"})
-
-
 class _Compiler:
     def __init__(self) -> None:
         self.constants: dict[Program, Any] = {}
@@ -265,7 +258,7 @@ class _Compiler:
         left = self.compile(as_tree(op_node.children[0]))
         right = self.compile(as_tree(node.children[1]))
         name = names[str(op_node.data)]
-        fn = _OPERATORS.get(name) or _FUNCTIONS[name]
+        fn = _OPERATORS.get(name) or base_functions[name]
 
         def binary(env: Env) -> Any:
             return _apply(name, fn, [left(env), right(env)])
@@ -391,11 +384,12 @@ class _Compiler:
         return self._call(name, [self.compile(target_tree), *(self.compile(a) for a in args)])
 
     def _call(self, name: str, args: list[Program]) -> Program:
-        fn = _FUNCTIONS.get(name)
-        if fn is None:
+        # A call runs the implementation declared with the function's overloads (library.py).
+        declaration = DECLARATIONS.get(name)
+        if declaration is None:
             raise ValueError(f"undeclared reference to '{name}'")
-        function = fn
-        if name in _PURE and all(a in self.constants for a in args):
+        function = declaration.implementation
+        if declaration.pure and all(a in self.constants for a in args):
             value = _apply(name, function, [self.constants[a] for a in args])
             if not isinstance(value, CELEvalError):
                 return self.constant(value)
@@ -557,8 +551,6 @@ class _Compiler:
         args = self._arguments(node.children[1]) if len(node.children) > 1 else []
         if name == "has":
             return self._has(args)
-        if name == "dyn":
-            return self.compile(args[0])
         return self._call(name, [self.compile(a) for a in args])
 
     def _dot_ident_arg(self, node: Tree) -> Program:

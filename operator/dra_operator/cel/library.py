@@ -1,9 +1,13 @@
-"""Functions of the Kubernetes DRA CEL environment that cel-python 0.5.0 lacks.
+"""The functions of the Kubernetes DRA CEL environment, each declared once with its overloads.
+
+Each function here carries its declaration (``@_declare``: name, overloads, purity): the checker
+accepts exactly those overloads and the compiler calls the function beneath. Functions cel-python
+already implements are declared in the first section, with cel-python's implementation.
 
 cel-python calls a function ``f`` the same way for ``f(x, y)`` and ``x.f(y)``: with the receiver as
 first argument. Several names are shared by different libraries (``indexOf`` for strings and lists,
-``compareTo`` for quantities and semvers), so each entry here dispatches on the argument types; the
-static checker (``checker.py``) decides which call styles and arities are allowed.
+``compareTo`` for quantities and semvers), so each function dispatches on the argument types; the
+overloads only tell the checker which call styles and arities to allow.
 
 Errors are returned as ``CELEvalError`` values with a clear message (cel-python would turn a raised
 ValueError into a misleading "return error for overflow").
@@ -14,19 +18,21 @@ from __future__ import annotations
 import functools
 import itertools
 import re
-from collections.abc import Callable
-from typing import Any, Final
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Any, Final, TypeVar
 
 import re2
 from celpy import celtypes
-from celpy.evaluation import CELEvalError
+from celpy.evaluation import CELEvalError, base_functions
 
 from dra_api.attributes import Version
 from dra_api.quantity import Quantity
 
+from .declarations import ANY_RECEIVER, DYN, OPTIONAL, Declaration, Overload, function, member
 from .values import NONE, CelOptional, CelSemver, cel_kind, cel_values_equal
 
-__all__ = ["FUNCTIONS", "MAX_INCLUDES_LIST"]
+__all__ = ["DECLARATIONS", "MAX_INCLUDES_LIST"]
 
 # includes() refuses longer lists, as upstream (ResourceSliceMaxAttributeValuesPerDevice).
 MAX_INCLUDES_LIST: Final = 48
@@ -35,6 +41,30 @@ MAX_INCLUDES_LIST: Final = 48
 MAX_RANGE: Final = 1_000_000
 
 CelFunction = Callable[..., Any]
+_F = TypeVar("_F", bound=CelFunction)
+
+_DECLARED: dict[str, Declaration] = {}
+
+
+def _add(declaration: Declaration) -> None:
+    if declaration.name in _DECLARED:
+        raise RuntimeError(f"CEL function {declaration.name!r} is declared twice")
+    _DECLARED[declaration.name] = declaration
+
+
+def _declare(name: str, *overloads: Overload, pure: bool = False) -> Callable[[_F], _F]:
+    """Declare the function below as the CEL function ``name`` with these overloads."""
+
+    def register(fn: _F) -> _F:
+        _add(Declaration(name, overloads, _cel_function(fn), pure))
+        return fn
+
+    return register
+
+
+def _builtin(name: str, *overloads: Overload) -> None:
+    # cel-python's own implementation; a name it lacks fails here, at import, not in a selector.
+    _add(Declaration(name, overloads, base_functions[name]))
 
 
 class _Fail(Exception):
@@ -80,9 +110,49 @@ def _require_int(name: str, *args: Any) -> None:
         raise _overload_error(name, *args)
 
 
+# ---- core functions, implemented by cel-python ---------------------------------------------------
+
+_builtin("size", function([1], "int"), member("string bytes list map", [0], "int"))
+_builtin("int", function([1], "int"))
+_builtin("uint", function([1], "uint"))
+_builtin("double", function([1], "double"))
+_builtin("string", function([1], "string"))
+_builtin("bool", function([1], "bool"))
+_builtin("bytes", function([1], "bytes"))
+_builtin("type", function([1], "type"))
+_builtin("duration", function([1], "duration"))
+_builtin("timestamp", function([1], "timestamp"))
+_builtin("matches", function([2], "bool"), member("string", [1], "bool"))
+_builtin("contains", member("string", [1], "bool"))
+_builtin("startsWith", member("string", [1], "bool"))
+_builtin("endsWith", member("string", [1], "bool"))
+for _getter in (
+    "getDate",
+    "getDayOfMonth",
+    "getDayOfWeek",
+    "getDayOfYear",
+    "getFullYear",
+    "getHours",
+    "getMilliseconds",
+    "getMinutes",
+    "getMonth",
+    "getSeconds",
+):
+    # Declared for durations too, and with a time zone, though cel-python serves only part of that
+    # (see tests/unit/cel/test_declarations.py); kept as the checker has always accepted it.
+    _builtin(_getter, member("timestamp duration", [0, 1], "int"))
+
+
+@_declare("dyn", function([1], DYN), pure=True)
+def dyn(value: Any) -> Any:
+    # dyn() only widens the static type; at run time it is the identity.
+    return value
+
+
 # ---- quantity library --------------------------------------------------------------------------
 
 
+@_declare("quantity", function([1], "Quantity"), pure=True)
 def quantity(text: Any) -> Quantity:
     _require_str("quantity", text)
     try:
@@ -91,6 +161,7 @@ def quantity(text: Any) -> Quantity:
         raise _Fail(f"quantity: {exc}") from None
 
 
+@_declare("isQuantity", function([1], "bool"), pure=True)
 def isQuantity(text: Any) -> celtypes.BoolType:
     _require_str("isQuantity", text)
     try:
@@ -108,30 +179,35 @@ def _as_quantity(name: str, receiver: Any, other: Any) -> Quantity:
     raise _overload_error(name, receiver, other)
 
 
+@_declare("add", member("Quantity", [1], "Quantity"))
 def add(receiver: Any, other: Any) -> Quantity:
     if not isinstance(receiver, Quantity):
         raise _overload_error("add", receiver, other)
     return receiver + _as_quantity("add", receiver, other)
 
 
+@_declare("sub", member("Quantity", [1], "Quantity"))
 def sub(receiver: Any, other: Any) -> Quantity:
     if not isinstance(receiver, Quantity):
         raise _overload_error("sub", receiver, other)
     return receiver - _as_quantity("sub", receiver, other)
 
 
+@_declare("sign", member("Quantity", [0], "int"))
 def sign(receiver: Any) -> celtypes.IntType:
     if not isinstance(receiver, Quantity):
         raise _overload_error("sign", receiver)
     return _int(receiver.sign())
 
 
+@_declare("isInteger", member("Quantity", [0], "bool"))
 def isInteger(receiver: Any) -> celtypes.BoolType:
     if not isinstance(receiver, Quantity):
         raise _overload_error("isInteger", receiver)
     return _bool(receiver.is_integer())
 
 
+@_declare("asInteger", member("Quantity", [0], "int"))
 def asInteger(receiver: Any) -> celtypes.IntType:
     if not isinstance(receiver, Quantity):
         raise _overload_error("asInteger", receiver)
@@ -141,6 +217,7 @@ def asInteger(receiver: Any) -> celtypes.IntType:
     return _int(value)
 
 
+@_declare("asApproximateFloat", member("Quantity", [0], "double"))
 def asApproximateFloat(receiver: Any) -> celtypes.DoubleType:
     if not isinstance(receiver, Quantity):
         raise _overload_error("asApproximateFloat", receiver)
@@ -155,14 +232,17 @@ def _compare(name: str, receiver: Any, other: Any) -> int:
     raise _overload_error(name, receiver, other)
 
 
+@_declare("compareTo", member("Quantity Semver", [1], "int"))
 def compareTo(receiver: Any, other: Any) -> celtypes.IntType:
     return _int(_compare("compareTo", receiver, other))
 
 
+@_declare("isGreaterThan", member("Quantity Semver", [1], "bool"))
 def isGreaterThan(receiver: Any, other: Any) -> celtypes.BoolType:
     return _bool(_compare("isGreaterThan", receiver, other) > 0)
 
 
+@_declare("isLessThan", member("Quantity Semver", [1], "bool"))
 def isLessThan(receiver: Any, other: Any) -> celtypes.BoolType:
     return _bool(_compare("isLessThan", receiver, other) < 0)
 
@@ -186,6 +266,7 @@ def _parse_semver(text: str, normalize: bool) -> Version:
     return Version(_normalize_semver(text) if normalize else text)
 
 
+@_declare("semver", function([1, 2], "Semver"), pure=True)
 def semver(text: Any, normalize: Any = False) -> CelSemver:
     _require_str("semver", text)
     try:
@@ -194,6 +275,7 @@ def semver(text: Any, normalize: Any = False) -> CelSemver:
         raise _Fail(f"semver: {exc}") from None
 
 
+@_declare("isSemver", function([1, 2], "bool"), pure=True)
 def isSemver(text: Any, normalize: Any = False) -> celtypes.BoolType:
     _require_str("isSemver", text)
     try:
@@ -203,18 +285,21 @@ def isSemver(text: Any, normalize: Any = False) -> celtypes.BoolType:
     return _bool(True)
 
 
+@_declare("major", member("Semver", [0], "int"))
 def major(receiver: Any) -> celtypes.IntType:
     if not isinstance(receiver, CelSemver):
         raise _overload_error("major", receiver)
     return _int(receiver.version.major)
 
 
+@_declare("minor", member("Semver", [0], "int"))
 def minor(receiver: Any) -> celtypes.IntType:
     if not isinstance(receiver, CelSemver):
         raise _overload_error("minor", receiver)
     return _int(receiver.version.minor)
 
 
+@_declare("patch", member("Semver", [0], "int"))
 def patch(receiver: Any) -> celtypes.IntType:
     if not isinstance(receiver, CelSemver):
         raise _overload_error("patch", receiver)
@@ -224,6 +309,7 @@ def patch(receiver: Any) -> celtypes.IntType:
 # ---- strings extension (cel-go ext.Strings) ----------------------------------------------------
 
 
+@_declare("charAt", member("string", [1], "string"))
 def charAt(text: Any, index: Any) -> celtypes.StringType:
     _require_str("charAt", text)
     _require_int("charAt", index)
@@ -240,6 +326,7 @@ def _list_index(name: str, items: list[Any], value: Any, *, last: bool) -> celty
     return _int(-1)
 
 
+@_declare("indexOf", member("string", [1, 2], "int"), member("list", [1], "int"))
 def indexOf(target: Any, needle: Any, offset: Any = None) -> celtypes.IntType:
     if isinstance(target, list) and offset is None:
         return _list_index("indexOf", target, needle, last=False)
@@ -251,6 +338,7 @@ def indexOf(target: Any, needle: Any, offset: Any = None) -> celtypes.IntType:
     return _int(str(target).find(str(needle), start))
 
 
+@_declare("lastIndexOf", member("string", [1, 2], "int"), member("list", [1], "int"))
 def lastIndexOf(target: Any, needle: Any, offset: Any = None) -> celtypes.IntType:
     if isinstance(target, list) and offset is None:
         return _list_index("lastIndexOf", target, needle, last=True)
@@ -270,22 +358,26 @@ def _ascii_map(text: str, upper: bool) -> str:
     return "".join(chr(ord(c) + 32) if "A" <= c <= "Z" else c for c in text)
 
 
+@_declare("lowerAscii", member("string", [0], "string"))
 def lowerAscii(text: Any) -> celtypes.StringType:
     _require_str("lowerAscii", text)
     return celtypes.StringType(_ascii_map(str(text), upper=False))
 
 
+@_declare("upperAscii", member("string", [0], "string"))
 def upperAscii(text: Any) -> celtypes.StringType:
     _require_str("upperAscii", text)
     return celtypes.StringType(_ascii_map(str(text), upper=True))
 
 
+@_declare("replace", member("string", [2, 3], "string"))
 def replace(text: Any, old: Any, new: Any, count: Any = -1) -> celtypes.StringType:
     _require_str("replace", text, old, new)
     _require_int("replace", count)
     return celtypes.StringType(str(text).replace(str(old), str(new), int(count)))
 
 
+@_declare("split", member("string", [1, 2], "list"))
 def split(text: Any, sep: Any, limit: Any = -1) -> celtypes.ListType:
     _require_str("split", text, sep)
     _require_int("split", limit)
@@ -302,6 +394,7 @@ def split(text: Any, sep: Any, limit: Any = -1) -> celtypes.ListType:
     return celtypes.ListType([celtypes.StringType(p) for p in parts])
 
 
+@_declare("substring", member("string", [1, 2], "string"))
 def substring(text: Any, start: Any, end: Any = None) -> celtypes.StringType:
     _require_str("substring", text)
     stop = len(text) if end is None else end
@@ -315,11 +408,13 @@ def substring(text: Any, start: Any, end: Any = None) -> celtypes.StringType:
     return celtypes.StringType(text[start:stop])
 
 
+@_declare("trim", member("string", [0], "string"))
 def trim(text: Any) -> celtypes.StringType:
     _require_str("trim", text)
     return celtypes.StringType(str(text).strip())
 
 
+@_declare("join", member("list", [0, 1], "string"))
 def join(items: Any, sep: Any = "") -> celtypes.StringType:
     if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
         raise _overload_error("join", items, sep)
@@ -333,6 +428,7 @@ def _quote(text: str) -> str:
     return '"' + "".join(escapes.get(c, c) for c in text) + '"'
 
 
+@_declare("reverse", member("string", [0], "string"), member("list", [0], "list"))
 def reverse(target: Any) -> Any:
     if isinstance(target, str):
         return celtypes.StringType(str(target)[::-1])
@@ -382,6 +478,7 @@ def _to_display(value: Any) -> str:
     return str(value)
 
 
+@_declare("format", member("string", [1], "string"))
 def format_(template: Any, args: Any) -> celtypes.StringType:
     _require_str("format", template)
     if not isinstance(args, list):
@@ -405,6 +502,7 @@ def format_(template: Any, args: Any) -> celtypes.StringType:
 # ---- Kubernetes regex library ------------------------------------------------------------------
 
 
+@_declare("find", member("string", [1], "string"))
 def find(text: Any, pattern: Any) -> celtypes.StringType:
     _require_str("find", text, pattern)
     try:
@@ -414,6 +512,7 @@ def find(text: Any, pattern: Any) -> celtypes.StringType:
     return celtypes.StringType(match.group(0) if match else "")
 
 
+@_declare("findAll", member("string", [1, 2], "list"))
 def findAll(text: Any, pattern: Any, limit: Any = -1) -> celtypes.ListType:
     _require_str("findAll", text, pattern)
     _require_int("findAll", limit)
@@ -454,12 +553,14 @@ def _order_key(name: str, items: list[Any]) -> Callable[[Any], Any]:
     return lambda v: v
 
 
+@_declare("isSorted", member("list", [0], "bool"))
 def isSorted(items: Any) -> celtypes.BoolType:
     values = _require_list("isSorted", items)
     key = _order_key("isSorted", values)
     return _bool(all(key(a) <= key(b) for a, b in itertools.pairwise(values)))
 
 
+@_declare("sum", member("list", [0], DYN))
 def sum_(items: Any) -> Any:
     values = _require_list("sum", items)
     kinds = {cel_kind(v) for v in values}
@@ -473,6 +574,7 @@ def sum_(items: Any) -> Any:
     return total
 
 
+@_declare("min", member("list", [0], DYN))
 def min_(items: Any) -> Any:
     values = _require_list("min", items)
     if not values:
@@ -480,6 +582,7 @@ def min_(items: Any) -> Any:
     return min(values, key=_order_key("min", values))
 
 
+@_declare("max", member("list", [0], DYN))
 def max_(items: Any) -> Any:
     values = _require_list("max", items)
     if not values:
@@ -487,6 +590,7 @@ def max_(items: Any) -> Any:
     return max(values, key=_order_key("max", values))
 
 
+@_declare("distinct", member("list", [0], "list"))
 def distinct(items: Any) -> celtypes.ListType:
     values = _require_list("distinct", items)
     out: list[Any] = []
@@ -496,6 +600,7 @@ def distinct(items: Any) -> celtypes.ListType:
     return celtypes.ListType(out)
 
 
+@_declare("flatten", member("list", [0, 1], "list"))
 def flatten(items: Any, depth: Any = 1) -> celtypes.ListType:
     values = _require_list("flatten", items)
     _require_int("flatten", depth)
@@ -514,6 +619,7 @@ def flatten(items: Any, depth: Any = 1) -> celtypes.ListType:
     return celtypes.ListType(walk(values, int(depth)))
 
 
+@_declare("lists.range", function([1], "list"), pure=True)
 def lists_range(count: Any) -> celtypes.ListType:
     _require_int("lists.range", count)
     if count > MAX_RANGE:
@@ -521,6 +627,7 @@ def lists_range(count: Any) -> celtypes.ListType:
     return celtypes.ListType([_int(i) for i in range(max(0, int(count)))])
 
 
+@_declare("slice", member("list", [2], "list"))
 def slice_(items: Any, start: Any, end: Any) -> celtypes.ListType:
     values = _require_list("slice", items)
     _require_int("slice", start, end)
@@ -533,6 +640,7 @@ def slice_(items: Any, start: Any, end: Any) -> celtypes.ListType:
     return celtypes.ListType(values[start:end])
 
 
+@_declare("sort", member("list", [0], "list"))
 def sort(items: Any) -> celtypes.ListType:
     values = _require_list("sort", items)
     return celtypes.ListType(sorted(values, key=_order_key("sort", values)))
@@ -543,14 +651,17 @@ def _contains_all(name: str, a: Any, b: Any) -> bool:
     return all(any(cel_values_equal(x, y) for x in first) for y in second)
 
 
+@_declare("sets.contains", function([2], "bool"))
 def sets_contains(a: Any, b: Any) -> celtypes.BoolType:
     return _bool(_contains_all("sets.contains", a, b))
 
 
+@_declare("sets.equivalent", function([2], "bool"))
 def sets_equivalent(a: Any, b: Any) -> celtypes.BoolType:
     return _bool(_contains_all("sets.equivalent", a, b) and _contains_all("sets.equivalent", b, a))
 
 
+@_declare("sets.intersects", function([2], "bool"))
 def sets_intersects(a: Any, b: Any) -> celtypes.BoolType:
     first, second = _require_list("sets.intersects", a), _require_list("sets.intersects", b)
     return _bool(any(cel_values_equal(x, y) for x in first for y in second))
@@ -559,6 +670,7 @@ def sets_intersects(a: Any, b: Any) -> celtypes.BoolType:
 # ---- DRA: includes() for list-type attributes ---------------------------------------------------
 
 
+@_declare("includes", member(ANY_RECEIVER, [1], "bool"))
 def includes(target: Any, value: Any) -> celtypes.BoolType:
     if isinstance(target, list):
         if len(target) > MAX_INCLUDES_LIST:
@@ -569,6 +681,7 @@ def includes(target: Any, value: Any) -> celtypes.BoolType:
     return _bool(cel_values_equal(target, value))
 
 
+@_declare("strings.quote", function([1], "string"), pure=True)
 def strings_quote(text: Any) -> celtypes.StringType:
     _require_str("strings.quote", text)
     return celtypes.StringType(_quote(str(text)))
@@ -583,10 +696,12 @@ def _require_optional(name: str, value: Any) -> CelOptional:
     return value
 
 
+@_declare("hasValue", member(OPTIONAL, [0], "bool"))
 def hasValue(target: Any) -> celtypes.BoolType:
     return _bool(_require_optional("hasValue", target).has_value)
 
 
+@_declare("value", member(OPTIONAL, [0], DYN))
 def value(target: Any) -> Any:
     opt = _require_optional("value", target)
     if not opt.has_value:
@@ -594,83 +709,33 @@ def value(target: Any) -> Any:
     return opt.value
 
 
+@_declare("orValue", member(OPTIONAL, [1], DYN))
 def orValue(target: Any, default: Any) -> Any:
     opt = _require_optional("orValue", target)
     return opt.value if opt.has_value else default
 
 
+@_declare("or", member(OPTIONAL, [1], OPTIONAL))
 def or_(target: Any, other: Any) -> Any:
     opt = _require_optional("or", target)
     _require_optional("or", other)
     return opt if opt.has_value else other
 
 
+@_declare("optional.of", function([1], OPTIONAL))
 def optional_of(item: Any) -> CelOptional:
     return CelOptional(item, has_value=True)
 
 
+@_declare("optional.none", function([0], OPTIONAL))
 def optional_none() -> CelOptional:
     return NONE
 
 
+@_declare("optional.ofNonZeroValue", function([1], OPTIONAL))
 def optional_of_non_zero_value(item: Any) -> CelOptional:
     zero = item is None or (not isinstance(item, CelOptional | CelSemver | Quantity) and not item)
     return NONE if zero else CelOptional(item, has_value=True)
 
 
-_PLAIN: dict[str, CelFunction] = {
-    "quantity": quantity,
-    "isQuantity": isQuantity,
-    "add": add,
-    "sub": sub,
-    "sign": sign,
-    "isInteger": isInteger,
-    "asInteger": asInteger,
-    "asApproximateFloat": asApproximateFloat,
-    "compareTo": compareTo,
-    "isGreaterThan": isGreaterThan,
-    "isLessThan": isLessThan,
-    "semver": semver,
-    "isSemver": isSemver,
-    "major": major,
-    "minor": minor,
-    "patch": patch,
-    "charAt": charAt,
-    "indexOf": indexOf,
-    "lastIndexOf": lastIndexOf,
-    "lowerAscii": lowerAscii,
-    "upperAscii": upperAscii,
-    "replace": replace,
-    "split": split,
-    "substring": substring,
-    "trim": trim,
-    "join": join,
-    "reverse": reverse,
-    "format": format_,
-    "find": find,
-    "findAll": findAll,
-    "isSorted": isSorted,
-    "sum": sum_,
-    "min": min_,
-    "max": max_,
-    "distinct": distinct,
-    "flatten": flatten,
-    "slice": slice_,
-    "sort": sort,
-    "includes": includes,
-    # Namespaced functions are looked up by their full name (see evaluator.py).
-    "lists.range": lists_range,
-    "sets.contains": sets_contains,
-    "sets.equivalent": sets_equivalent,
-    "sets.intersects": sets_intersects,
-    "strings.quote": strings_quote,
-    "hasValue": hasValue,
-    "value": value,
-    "orValue": orValue,
-    "or": or_,
-    "optional.of": optional_of,
-    "optional.none": optional_none,
-    "optional.ofNonZeroValue": optional_of_non_zero_value,
-}
-
-FUNCTIONS: Final[dict[str, CelFunction]] = {name: _cel_function(fn) for name, fn in _PLAIN.items()}
+DECLARATIONS: Final[Mapping[str, Declaration]] = MappingProxyType(_DECLARED)
