@@ -8,9 +8,9 @@ a time slice is unprepared, the slice goes back to Default, as NVIDIA's driver d
 leaving the setting behind (it crashed some GPUs). The compute mode stays DEFAULT: that is what the
 GPU had unless an administrator changed it, and shared use needs it.
 
-On a simulated node the same code runs against the fake NVML and ``SIMULATED_NVIDIA_SMI``, a host
-stand-in that keeps each GPU's time slice in the simulated hardware's state folder, where the fake
-NVML keeps its compute mode (``fakehw.COMPUTE_MODE_FILE``, ``fakehw.TIME_SLICE_FILE``).
+On a simulated node the same code runs against the fake NVML and the host's ``nvidia-smi`` stand-in
+(``discovery.simhost``), which keeps each GPU's time slice in the simulated hardware's state folder,
+where the fake NVML keeps its compute mode (``fakehw.COMPUTE_MODE_FILE``, ``fakehw.TIME_SLICE_FILE``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Final, Protocol
+from typing import Any, Final, Protocol
 
 import pynvml
 
@@ -36,9 +36,38 @@ class SharingError(Exception):
 
 
 class ComputeModes(Protocol):
-    """Sets GPUs' compute mode (``NvmlBackend.set_compute_mode``); blocking."""
+    """Sets GPUs' compute mode (``NvmlComputeModes``); blocking."""
 
     def set_compute_mode(self, uuids: Sequence[str], mode: int) -> None: ...
+
+
+class NvmlSessions(Protocol):
+    """Opens NVML sessions with the GPUs attached (``NvmlBackend.open_nvml``); blocking."""
+
+    def open_nvml(self) -> Any: ...
+
+
+class NvmlComputeModes:
+    """Sets compute modes through NVML, on the driver that discovery found."""
+
+    def __init__(self, nvml: NvmlSessions) -> None:
+        self._nvml = nvml
+
+    def set_compute_mode(self, uuids: Sequence[str], mode: int) -> None:
+        """Set the compute mode of each GPU (blocking: NVML init, set, shutdown).
+
+        Raises ``pynvml.NVMLError`` (or OSError for a broken library) naming nothing; the caller
+        says which GPU and why.
+        """
+        nvml = self._nvml.open_nvml()  # setting needs the GPUs attached, unlike discovery
+        try:
+            for uuid in uuids:
+                nvml.nvmlDeviceSetComputeMode(nvml.nvmlDeviceGetHandleByUUID(uuid), mode)
+        finally:
+            try:
+                nvml.nvmlShutdown()
+            except pynvml.NVMLError as err:
+                logger.warning("NVML shutdown failed: %s", err)
 
 
 class GpuSharing:
@@ -109,51 +138,3 @@ async def run_tool(
     lines = output.decode(errors="replace").strip().splitlines()
     assert process.returncode is not None
     return process.returncode, " / ".join(lines[-3:]) or "no output"
-
-
-# The simulated host's nvidia-smi: the two compute settings the agent changes, kept per GPU in the
-# fake NVML's state folder (STATE is substituted). Anything else exits 2, as for the container's
-# stand-in (``discovery.simtools``).
-SIMULATED_NVIDIA_SMI: Final = """#!/bin/sh
-# nvidia-smi on a simulated node's host (accel-dra): compute-policy --set-timeslice only.
-state=@STATE@
-if [ "$1" != compute-policy ]; then
-  echo "nvidia-smi (simulated by accel-dra): only compute-policy -i IDS --set-timeslice N" >&2
-  exit 2
-fi
-shift
-ids=""; value=""
-while [ $# -gt 0 ]; do
-  case "$1" in
-    -i|--id) ids="$2"; shift 2 ;;
-    --set-timeslice) value="$2"; shift 2 ;;
-    --set-timeslice=*) value="${1#--set-timeslice=}"; shift ;;
-    *) echo "Invalid combination of input arguments: $1" >&2; exit 2 ;;
-  esac
-done
-case "$value" in
-  0|1|2|3) ;;
-  *) echo "Invalid timeslice value: '$value' (0 Default, 1 Short, 2 Medium, 3 Long)" >&2; exit 2 ;;
-esac
-[ -n "$ids" ] || { echo "compute-policy needs -i" >&2; exit 2; }
-for id in $(echo "$ids" | tr ',' ' '); do
-  [ -d "$state/$id" ] || { echo "No GPU with UUID $id was found" >&2; exit 6; }
-done
-for id in $(echo "$ids" | tr ',' ' '); do
-  echo "$value" > "$state/$id/timeslice"
-  echo "Set timeslice to $value for GPU $id"
-done
-"""
-
-
-def install_simulated_nvidia_smi(path: Path, state_dir: Path) -> None:
-    """Write the simulated host's nvidia-smi at ``path`` (blocking)."""
-    content = SIMULATED_NVIDIA_SMI.replace("@STATE@", _shell_quote(str(state_dir)))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if not path.exists() or path.read_text() != content:
-        path.write_text(content)
-    path.chmod(0o755)
-
-
-def _shell_quote(text: str) -> str:
-    return "'" + text.replace("'", "'\\''") + "'"

@@ -36,13 +36,13 @@ from typing import Any, Final
 from dra_api.kubeletapi.socketpaths import MAX_SOCKET_PATH_BYTES
 from dra_api.quantity import Quantity
 from dra_node_agent.discovery.base import ContainerEdits, DiscoveredDevice, Mount
+from dra_node_agent.discovery.nvml import MPS_CONTROL_PATHS
 from dra_node_agent.gpu_sharing import SharingError, run_tool
 from dra_node_agent.opaqueconfig import MpsConfig
 
 logger = logging.getLogger(__name__)
 
 CONTAINER_PIPE_DIR: Final = "/tmp/nvidia-mps"  # NVIDIA's CDI edits use this path
-CONTROL_TOOL_PATHS: Final = ("usr/bin/nvidia-cuda-mps-control", "bin/nvidia-cuda-mps-control")
 START_TIMEOUT_SECONDS: Final = 15.0
 STOP_TIMEOUT_SECONDS: Final = 10.0
 COMMAND_TIMEOUT_SECONDS: Final = 10.0
@@ -375,47 +375,8 @@ def _tail(path: Path) -> str:
     return " / ".join(lines[-3:])
 
 
-# The simulated node's nvidia-cuda-mps-control, installed under the simulated driver root. With -f
-# it is the daemon: it creates the control FIFO, marks the shm it was given (so a test sees that its
-# containers share it), records the commands it receives in the pipe folder's "settings" file and
-# exits on "quit". Without -f it is the client: it passes its input lines to the daemon.
-SIMULATED_MPS_CONTROL: Final = """#!/bin/sh
-# nvidia-cuda-mps-control on a simulated node (accel-dra).
-pipe="${CUDA_MPS_PIPE_DIRECTORY:-/tmp/nvidia-mps}"
-if [ "$1" = -f ]; then
-  [ -n "$CUDA_VISIBLE_DEVICES" ] || { echo "no GPUs (CUDA_VISIBLE_DEVICES is empty)" >&2; exit 1; }
-  rm -f "$pipe/control"
-  mkfifo -m 0666 "$pipe/control" || exit 1
-  echo "$CUDA_VISIBLE_DEVICES" > /dev/shm/accel-dra-mps-daemon
-  echo "devices $CUDA_VISIBLE_DEVICES" > "$pipe/settings"
-  echo "MPS control daemon (simulated) serving $CUDA_VISIBLE_DEVICES"
-  trap 'rm -f "$pipe/control"; exit 0' TERM INT
-  while true; do
-    while read -r line; do
-      case "$line" in
-        quit) rm -f "$pipe/control"; echo "quit"; exit 0 ;;
-        set_default_active_thread_percentage\\ *|set_default_device_pinned_mem_limit\\ *)
-          echo "$line" >> "$pipe/settings" ;;
-        *) echo "unknown command: $line" >> "$pipe/settings" ;;
-      esac
-    done < "$pipe/control"
-  done
-fi
-[ -p "$pipe/control" ] || { echo "Cannot find MPS control daemon process" >&2; exit 1; }
-cat > "$pipe/control"
-"""
-
-
-def install_simulated_mps_control(path: Path) -> None:
-    """Write the simulated node's nvidia-cuda-mps-control at ``path`` (blocking)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if not path.exists() or path.read_text() != SIMULATED_MPS_CONTROL:
-        path.write_text(SIMULATED_MPS_CONTROL)
-    path.chmod(0o755)
-
-
 def find_control_tool(driver_root: Path) -> Path | None:
-    for relative in CONTROL_TOOL_PATHS:
+    for relative in MPS_CONTROL_PATHS:
         candidate = driver_root / relative
         if candidate.is_file() and os.access(candidate, os.X_OK):
             return candidate

@@ -13,18 +13,14 @@ import ctypes
 import logging
 import math
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import pynvml
 
-from dra_api.kubeletapi.socketpaths import MAX_SOCKET_PATH_BYTES
 from dra_api.names import GPU_DRIVER, STANDARD_ATTRIBUTE_DOMAIN
 
-from .. import mps  # the module, not its names: mps imports discovery, which imports this
-from ..gpu_sharing import GpuSharing
 from .base import (
     Attribute,
     ContainerEdits,
@@ -40,9 +36,6 @@ from .base import (
     version_attr,
 )
 from .pci import normalize_bus_id, pci_device_dir, pcie_root, read_int
-
-if TYPE_CHECKING:
-    from ..dynamic_mig import DynamicMig
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +72,8 @@ _LIBRARY_DIRS = (
 NVML_LIBRARY = "libnvidia-ml.so.1"
 # Where a driver root holds nvidia-smi (host install, GPU Operator's /run/nvidia/driver).
 NVIDIA_SMI_PATHS = ("usr/bin/nvidia-smi", "bin/nvidia-smi", "usr/local/bin/nvidia-smi")
+# Where a driver root holds the MPS control tool.
+MPS_CONTROL_PATHS: Final = ("usr/bin/nvidia-cuda-mps-control", "bin/nvidia-cuda-mps-control")
 
 # Errors that mean "no usable NVIDIA driver here" rather than a fault worth shouting about.
 _ABSENT_ERRORS = (
@@ -202,6 +197,14 @@ class NvmlBackend:
     def driver(self) -> str:
         return self._driver
 
+    @property
+    def driver_root(self) -> Path:
+        return self._driver_root
+
+    @property
+    def simulated(self) -> bool:
+        return self._simulated
+
     async def discover(self) -> DiscoveredInventory:
         return await asyncio.to_thread(self.discover_sync)
 
@@ -228,32 +231,6 @@ class NvmlBackend:
             except pynvml.NVMLError as err:
                 log.warning("NVML shutdown failed: %s", err)
 
-    def gpu_sharing(self) -> GpuSharing:
-        """Time-slicing on these GPUs (blocking: looks for nvidia-smi under the driver root)."""
-        return GpuSharing(
-            compute_modes=self,
-            nvidia_smi=self.nvidia_smi(),
-            driver_root=self._driver_root,
-            env=self.tool_env(),
-        )
-
-    def mps_daemons(self, root: Path) -> mps.MpsDaemons:
-        """Per-claim MPS daemons from the driver root's tools, kept under ``root`` (blocking)."""
-        return mps.MpsDaemons(
-            root=root,
-            control=mps.find_control_tool(self._driver_root),
-            driver_root=self._driver_root,
-            env=self.tool_env(),
-            # The simulated stand-in makes a FIFO, not unix sockets: its paths may be long.
-            socket_path_max=None if self._simulated else MAX_SOCKET_PATH_BYTES,
-        )
-
-    def mig_instances(self) -> DynamicMig | None:
-        """Creates and destroys dynamic MIG instances on these GPUs (None: dynamic MIG is off)."""
-        from ..dynamic_mig import DynamicMig  # it drives this backend: imported here, not in a cycle
-
-        return DynamicMig(self) if self.dynamic_mig else None
-
     def tool_env(self) -> dict[str, str]:
         """Environment for the driver's tools (nvidia-smi, MPS) run from a mounted driver root: they
         load NVML and CUDA from there, not from the agent's image."""
@@ -275,22 +252,6 @@ class NvmlBackend:
             self._preload_library()
         nvml.nvmlInitWithFlags(0)
         return nvml
-
-    def set_compute_mode(self, uuids: Sequence[str], mode: int) -> None:
-        """Set the compute mode of each GPU (blocking: NVML init, set, shutdown).
-
-        Raises ``pynvml.NVMLError`` (or OSError for a broken library) naming nothing; the caller
-        says which GPU and why.
-        """
-        nvml = self.open_nvml()  # setting needs the GPUs attached, unlike discovery
-        try:
-            for uuid in uuids:
-                nvml.nvmlDeviceSetComputeMode(nvml.nvmlDeviceGetHandleByUUID(uuid), mode)
-        finally:
-            try:
-                nvml.nvmlShutdown()
-            except pynvml.NVMLError as err:
-                log.warning("NVML shutdown failed: %s", err)
 
     def _preload_library(self) -> None:
         # pynvml loads "libnvidia-ml.so.1" from the default search path unless a handle is set.

@@ -19,14 +19,12 @@ import uuid as uuidlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 
 from dra_api.names import GPU_DRIVER, TPU_DRIVER
 
-from .. import mps  # the module, not its names: mps imports discovery, which imports this
-from ..gpu_sharing import GpuSharing, install_simulated_nvidia_smi
 from . import simtools
 from .base import DiscoveredInventory
 from .fakehw import (
@@ -39,12 +37,10 @@ from .fakehw import (
     write_pci_tree,
 )
 from .migtables import MIG_TABLES
-from .nvml import ARCHITECTURE_NAMES, BRAND_NAMES, NVIDIA_SMI_PATHS, NvmlBackend
+from .nvml import ARCHITECTURE_NAMES, BRAND_NAMES, MPS_CONTROL_PATHS, NVIDIA_SMI_PATHS, NvmlBackend
+from .simhost import install_simulated_mps_control, install_simulated_nvidia_smi
 from .simnic import NIC_DRIVER, NicProfile, SimNic, SimulatedNicBackend, nic_pci_functions, valid_if_name
 from .tpu import GENERATIONS, GOOGLE_VENDOR, TpuBackend, validate_topology
-
-if TYPE_CHECKING:  # only named here; the NVML backend builds it
-    from ..dynamic_mig import DynamicMig
 
 PROFILE_PACKAGE = "dra_node_agent.profiles"
 NVIDIA_VENDOR = 0x10DE
@@ -476,20 +472,11 @@ class SimulatedBackend:
             inventory = dataclasses.replace(inventory, common_edits=inventory.common_edits.merged(tools))
         return inventory
 
-    def gpu_sharing(self) -> GpuSharing | None:
-        """Time-slicing over the fake NVML and the host stand-in (None for TPU and NIC profiles)."""
+    def nvml_backend(self) -> NvmlBackend | None:
+        """The NVML backend run over the fake NVML (None for TPU and NIC profiles); blocking, as it
+        builds the fake hardware on first use."""
         backend = self.hardware().backend
-        return backend.gpu_sharing() if isinstance(backend, NvmlBackend) else None
-
-    def mig_instances(self) -> DynamicMig | None:
-        """Dynamic MIG instances over the fake NVML (None: dynamic MIG is off, or no GPU profile)."""
-        backend = self.hardware().backend
-        return backend.mig_instances() if isinstance(backend, NvmlBackend) else None
-
-    def mps_daemons(self, root: Path) -> mps.MpsDaemons | None:
-        """MPS daemons from the simulated driver root's stand-in (None for TPU and NIC profiles)."""
-        backend = self.hardware().backend
-        return backend.mps_daemons(root) if isinstance(backend, NvmlBackend) else None
+        return backend if isinstance(backend, NvmlBackend) else None
 
     def hardware(self) -> SimulatedHardware:
         """Build the fake hardware on first use (blocking file writes)."""
@@ -521,7 +508,7 @@ class SimulatedBackend:
             install_simulated_nvidia_smi(
                 root / SIMULATED_DRIVER_ROOT / NVIDIA_SMI_PATHS[0], root / GPU_STATE_DIR
             )
-            mps.install_simulated_mps_control(root / SIMULATED_DRIVER_ROOT / mps.CONTROL_TOOL_PATHS[0])
+            install_simulated_mps_control(root / SIMULATED_DRIVER_ROOT / MPS_CONTROL_PATHS[0])
             backend: NvmlBackend | TpuBackend = NvmlBackend(
                 driver=driver,
                 nvml=nvml,

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from dra_node_agent.mps import MpsDaemons, MpsError, MpsLimits, install_simulated_mps_control
+from dra_node_agent.discovery.simhost import install_simulated_mps_control
+from dra_node_agent.mps import MpsDaemons, MpsError, MpsLimits
 
 CLAIM = "0f3c4b1e-7a52-4d1c-9e0b-5c2d8e6f7a10"
 LIMITS = MpsLimits(uuids=("GPU-1",))

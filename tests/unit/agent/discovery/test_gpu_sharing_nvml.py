@@ -9,6 +9,7 @@ from pathlib import Path
 import pynvml
 import pytest
 
+from dra_node_agent import prepare_tools
 from dra_node_agent.discovery.fakehw import FakeNvml
 from dra_node_agent.discovery.nvml import NvmlBackend
 from dra_node_agent.gpu_sharing import SharingError
@@ -36,7 +37,7 @@ async def test_a_time_slice_sets_compute_mode_through_nvml_then_runs_nvidia_smi(
     gpus[1].compute_mode = pynvml.NVML_COMPUTEMODE_PROHIBITED
     nvml = FakeNvml(gpus=gpus)
     root = driver_root(tmp_path)
-    sharing = NvmlBackend(nvml=nvml, driver_root=root).gpu_sharing()
+    sharing = prepare_tools.gpu_sharing(NvmlBackend(nvml=nvml, driver_root=root))
 
     await sharing.set_time_slice([gpus[0].uuid, gpus[1].uuid], "Medium")
     assert [g.compute_mode for g in gpus] == [pynvml.NVML_COMPUTEMODE_DEFAULT] * 2
@@ -54,7 +55,7 @@ async def test_nvml_refusing_the_compute_mode_is_a_sharing_error_and_nvidia_smi_
 ) -> None:
     gpu = h100(0, "0000:3b:00.0", failures={"nvmlDeviceSetComputeMode": pynvml.NVML_ERROR_NO_PERMISSION})
     root = driver_root(tmp_path)
-    sharing = NvmlBackend(nvml=FakeNvml(gpus=[gpu]), driver_root=root).gpu_sharing()
+    sharing = prepare_tools.gpu_sharing(NvmlBackend(nvml=FakeNvml(gpus=[gpu]), driver_root=root))
     with pytest.raises(SharingError, match=f"setting compute mode DEFAULT on {gpu.uuid} through NVML failed"):
         await sharing.set_time_slice([gpu.uuid], "Long")
     assert not (root / "usr/bin/calls").exists()
@@ -63,6 +64,6 @@ async def test_nvml_refusing_the_compute_mode_is_a_sharing_error_and_nvidia_smi_
 async def test_a_driver_root_without_nvidia_smi_is_named(tmp_path: Path) -> None:
     gpu = h100(0, "0000:3b:00.0")
     root = driver_root(tmp_path, tool=None)
-    sharing = NvmlBackend(nvml=FakeNvml(gpus=[gpu]), driver_root=root).gpu_sharing()
+    sharing = prepare_tools.gpu_sharing(NvmlBackend(nvml=FakeNvml(gpus=[gpu]), driver_root=root))
     with pytest.raises(SharingError, match=f"the driver root {root} has none"):
         await sharing.set_time_slice([gpu.uuid], "Short")
