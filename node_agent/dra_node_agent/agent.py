@@ -24,18 +24,19 @@ from dra_api.kube import UnsupportedServer, first_resource_version, make_api_cli
 from dra_node_agent import prepare_tools
 from dra_node_agent.checkpoint_report import CorruptionReporter
 from dra_node_agent.claims import ClaimReader
-from dra_node_agent.discovery.base import DiscoveredInventory, DiscoveryBackend
+from dra_node_agent.devices import DiscoveredInventory, DiscoveryBackend
 from dra_node_agent.discovery.detect import DiscoveryConfig, select_backends
-from dra_node_agent.discovery.tpu import DEFAULT_TPU_ENV_FILE
-from dra_node_agent.health import DEFAULT_IGNORED_XIDS, HealthSettings, TaintEffect, parse_xid_list
-from dra_node_agent.health.attach import DriverHealth, attach_health
+from dra_node_agent.driver_health import DriverHealth, attach_health
+from dra_node_agent.health import HealthSettings, TaintEffect, parse_xid_list
 from dra_node_agent.health.events import NodeEvents
 from dra_node_agent.http_endpoints import HttpEndpoints
+from dra_node_agent.nvidia.health_probe import DEFAULT_IGNORED_XIDS
 from dra_node_agent.plugin import RunningPlugin, serve_plugin
 from dra_node_agent.prepare import PrepareHandler
 from dra_node_agent.publisher import SlicePublisher
 from dra_node_agent.settings import Settings, SettingsError, describe
-from dra_node_agent.tpu_multihost import KubeWorkloads, PodEvents, TpuWorkerResolver
+from dra_node_agent.tpu.discovery import DEFAULT_TPU_ENV_FILE
+from dra_node_agent.tpu.multihost import KubeWorkloads, PodEvents, TpuWorkerResolver
 
 logger = logging.getLogger(__name__)
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from dra_api.kubeletapi.socketpaths import MAX_SOCKET_PATH_BYTES
-from dra_node_agent import mps
-from dra_node_agent.discovery.base import DiscoveryBackend
-from dra_node_agent.discovery.nvml import NvmlBackend
-from dra_node_agent.discovery.simulated import SimulatedBackend
-from dra_node_agent.dynamic_mig import DynamicMig
-from dra_node_agent.gpu_sharing import GpuSharing, NvmlComputeModes
+from dra_node_agent.devices import DiscoveryBackend
+from dra_node_agent.nvidia import mps
+from dra_node_agent.nvidia.discovery import NvmlBackend
+from dra_node_agent.nvidia.dynamic_mig import DynamicMig
+from dra_node_agent.nvidia.gpu_sharing import GpuSharing, NvmlComputeModes
+from dra_node_agent.simulated.discovery import SimulatedBackend
 
 
 def nvml_backend(backend: DiscoveryBackend) -> NvmlBackend | None:

@@ -18,8 +18,8 @@ import tempfile
 from pathlib import Path
 
 from dra_node_agent import prepare_tools
-from dra_node_agent.discovery.nvml import NvmlBackend
-from dra_node_agent.mps import CONTAINER_PIPE_DIR, MpsDaemons, MpsLimits, find_control_tool
+from dra_node_agent.nvidia.discovery import NvmlBackend
+from dra_node_agent.nvidia.mps import CONTAINER_PIPE_DIR, MpsDaemons, MpsLimits, find_control_tool
 
 CLAIM = "0f3c4b1e-7a52-4d1c-9e0b-5c2d8e6f7a10"
 GIB = 1 << 30

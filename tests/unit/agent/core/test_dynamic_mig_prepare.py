@@ -12,10 +12,10 @@ from typing import Any
 from dra_api.kubeletapi.model import ClaimRef
 from dra_node_agent import checkpoint as cp
 from dra_node_agent import prepare_tools
-from dra_node_agent.discovery.fakehw import MIG_INSTANCES_FILE
-from dra_node_agent.discovery.simulated import GPU_STATE_DIR
-from dra_node_agent.dynamic_mig import DynamicMig
+from dra_node_agent.nvidia.dynamic_mig import DynamicMig
 from dra_node_agent.prepare import PrepareHandler
+from dra_node_agent.simulated.discovery import GPU_STATE_DIR
+from dra_node_agent.simulated.fakehw import MIG_INSTANCES_FILE
 from tests.unit.agent.core.simnode import SimulatedNode
 from tests.unit.agent.core.test_prepare_configs import GPU, NODE, NVIDIA, entry
 

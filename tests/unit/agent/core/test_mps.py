@@ -21,9 +21,9 @@ import pytest
 from dra_api.kubeletapi.model import ClaimRef
 from dra_node_agent import checkpoint as cp
 from dra_node_agent import prepare_tools
-from dra_node_agent.discovery.simulated import SIMULATED_DRIVER_ROOT
-from dra_node_agent.mps import MpsLimits
+from dra_node_agent.nvidia.mps import MpsLimits
 from dra_node_agent.prepare import PrepareHandler
+from dra_node_agent.simulated.discovery import SIMULATED_DRIVER_ROOT
 from tests.unit.agent.core.simnode import SimulatedNode
 from tests.unit.agent.core.test_prepare_configs import GPU, NODE, NVIDIA, entry
 

@@ -17,8 +17,8 @@ import pytest
 from dra_api.kubeletapi.model import ClaimRef
 from dra_node_agent import prepare_tools
 from dra_node_agent.claims import ClaimAllocation, ClaimGone, driver_allocation
-from dra_node_agent.discovery.simulated import SimulatedBackend
 from dra_node_agent.prepare import PrepareHandler
+from dra_node_agent.simulated.discovery import SimulatedBackend
 
 GPU = "gpu.nvidia.com"
 TPU = "tpu.google.com"
