@@ -21,22 +21,22 @@ from typing import Any
 from kubernetes_asyncio import client
 
 from dra_api.kube import UnsupportedServer, first_resource_version, make_api_client
+from dra_node_agent import prepare_tools
 from dra_node_agent.checkpoint_report import CorruptionReporter
 from dra_node_agent.claims import ClaimReader
-from dra_node_agent.discovery.base import DiscoveredInventory, DiscoveryBackend
+from dra_node_agent.devices import DiscoveredInventory, DiscoveryBackend
 from dra_node_agent.discovery.detect import DiscoveryConfig, select_backends
-from dra_node_agent.discovery.nvml import NvmlBackend
-from dra_node_agent.discovery.simulated import SimulatedBackend
-from dra_node_agent.discovery.tpu import DEFAULT_TPU_ENV_FILE
-from dra_node_agent.health import DEFAULT_IGNORED_XIDS, HealthSettings, TaintEffect, parse_xid_list
-from dra_node_agent.health.attach import DriverHealth, attach_health
+from dra_node_agent.driver_health import DriverHealth, attach_health
+from dra_node_agent.health import HealthSettings, TaintEffect, parse_xid_list
 from dra_node_agent.health.events import NodeEvents
 from dra_node_agent.http_endpoints import HttpEndpoints
+from dra_node_agent.nvidia.health_probe import DEFAULT_IGNORED_XIDS
 from dra_node_agent.plugin import RunningPlugin, serve_plugin
 from dra_node_agent.prepare import PrepareHandler
 from dra_node_agent.publisher import SlicePublisher
 from dra_node_agent.settings import Settings, SettingsError, describe
-from dra_node_agent.tpu_multihost import KubeWorkloads, PodEvents, TpuWorkerResolver
+from dra_node_agent.tpu.discovery import DEFAULT_TPU_ENV_FILE
+from dra_node_agent.tpu.multihost import KubeWorkloads, PodEvents, TpuWorkerResolver
 
 logger = logging.getLogger(__name__)
 
@@ -157,15 +157,13 @@ async def _start_driver(
         )
         if driver == settings.tpu_driver_name
         else None,
-        gpu_sharing=await asyncio.to_thread(backend.gpu_sharing)
-        if isinstance(backend, NvmlBackend | SimulatedBackend)
+        gpu_sharing=await asyncio.to_thread(prepare_tools.gpu_sharing, backend),
+        mps=await asyncio.to_thread(
+            prepare_tools.mps_daemons, backend, settings.checkpoint_dir(driver=driver) / "mps"
+        )
+        if settings.mps_support
         else None,
-        mps=await asyncio.to_thread(backend.mps_daemons, settings.checkpoint_dir(driver=driver) / "mps")
-        if settings.mps_support and isinstance(backend, NvmlBackend | SimulatedBackend)
-        else None,
-        dynamic_mig=await asyncio.to_thread(backend.mig_instances)
-        if isinstance(backend, NvmlBackend | SimulatedBackend)
-        else None,
+        dynamic_mig=await asyncio.to_thread(prepare_tools.mig_instances, backend),
     )
     # Listening before the first load, so a checkpoint found corrupt at start is reported too.
     reporter = CorruptionReporter(

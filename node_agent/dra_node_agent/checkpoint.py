@@ -123,12 +123,12 @@ class PreparedDevice:
     shared: bool = False
     share_id: str | None = None
     # The time slice (timeSlicingConfig.interval) this claim set on the GPU, reset when the last claim
-    # holding the GPU with one is unprepared (``gpu_sharing``).
+    # holding the GPU with one is unprepared (``nvidia.gpu_sharing``).
     time_slice: str | None = None
-    # The claim's MPS control daemon serves this GPU (``mps``); stopped when the claim is unprepared.
+    # The claim's MPS control daemon serves this GPU (``nvidia.mps``); stopped when the claim is unprepared.
     mps: bool = False
     # A dynamic MIG placement: its instance is created at prepare (``mig_uuid`` once it exists) and
-    # destroyed at unprepare (``dynamic_mig``).
+    # destroyed at unprepare (``nvidia.dynamic_mig``).
     dynamic_mig: bool = False
     mig_uuid: str | None = None
 

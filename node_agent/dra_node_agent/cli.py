@@ -73,7 +73,7 @@ def _configure_logging(level: str) -> None:
 
 
 def _profiles() -> int:
-    from dra_node_agent.discovery.simulated import available_profiles, profile_summary
+    from dra_node_agent.simulated.discovery import available_profiles, profile_summary
 
     names = available_profiles()
     summary = profile_summary(names)

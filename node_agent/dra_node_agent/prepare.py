@@ -5,11 +5,11 @@ Prepare, per claim:
   2. GET the claim, check its UID, keep this driver's allocation results;
   3. map each result to a device this node published, validate this driver's opaque config
      (class entries, then claim entries, per request); for a TPU claim with every chip of a host of
-     a multi-host slice, derive the pod's worker identity from its Job (``tpu_multihost``);
+     a multi-host slice, derive the pod's worker identity from its Job (``tpu.multihost``);
   4. a ``PrepareStarted`` entry left by a crash -> roll its partial work back first;
   5. record ``PrepareStarted`` (written while the claim is read, the two slow steps overlapping),
-     set the devices up (a dynamic MIG placement's instance, ``dynamic_mig``, recorded with its UUID
-     before the CDI spec names it; a GpuConfig's time slice, ``gpu_sharing``; its MPS daemon, ``mps``;
+     set the devices up (a dynamic MIG placement's instance, recorded with its UUID before the CDI
+     spec names it; a GpuConfig's time slice; its MPS daemon: the tools of ``device_setup``;
      the devices are recorded first), write the claim's CDI spec, record ``PrepareCompleted``; the checkpoint
      refuses a device held by another claim (unless both use admin access) before a device is
      touched, and at the latest at ``PrepareCompleted``, and a refused attempt leaves no trace;
@@ -41,7 +41,7 @@ import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Final, Protocol
+from typing import Any, Final, Protocol
 
 from prometheus_client import Counter, Histogram
 
@@ -49,16 +49,14 @@ from dra_api.kubeletapi.model import ClaimRef, PreparedDevice, PrepareResult
 from dra_node_agent import checkpoint as cp
 from dra_node_agent.cdi import CdiWriter
 from dra_node_agent.claims import ClaimAllocation, ClaimError, ClaimGone, ClaimSource, describe
-from dra_node_agent.discovery.base import (
+from dra_node_agent.device_setup import DeviceSetupError, MigInstances, MpsControl, TimeSlicing
+from dra_node_agent.devices import (
     ContainerEdits,
     DiscoveredDevice,
     DiscoveredInventory,
     TpuHostInfo,
     TpuWorkers,
 )
-from dra_node_agent.dynamic_mig import DynamicMig, MigError
-from dra_node_agent.gpu_sharing import GpuSharing, SharingError
-from dra_node_agent.mps import MpsDaemons, MpsError, MpsLimits, resolve_limits
 from dra_node_agent.opaqueconfig import (
     GoogleTpuConfig,
     GpuConfig,
@@ -105,7 +103,7 @@ DEVICE_SETUPS = Counter(
 
 
 class TpuWorkerSource(Protocol):
-    """Multi-host TPU worker identity for a claim (``tpu_multihost.TpuWorkerResolver``); raises
+    """Multi-host TPU worker identity for a claim (``tpu.multihost.TpuWorkerResolver``); raises
     ``ClaimError`` when it cannot be told right."""
 
     async def resolve(
@@ -132,9 +130,9 @@ class PrepareHandler:
         proc_root: Path = Path("/proc"),
         config_parser: OpaqueConfigParser | None = None,
         tpu_workers: TpuWorkerSource | None = None,
-        gpu_sharing: GpuSharing | None = None,
-        mps: MpsDaemons | None = None,
-        dynamic_mig: DynamicMig | None = None,
+        gpu_sharing: TimeSlicing | None = None,
+        mps: MpsControl[Any] | None = None,
+        dynamic_mig: MigInstances | None = None,
     ) -> None:
         self.driver = driver
         # Creates and destroys the instances of dynamic MIG placements (GPU drivers in that mode).
@@ -178,7 +176,7 @@ class PrepareHandler:
         if self.dynamic_mig is not None:
             await self._reconcile_mig(self.dynamic_mig)
 
-    async def _reconcile_mig(self, mig: DynamicMig) -> None:
+    async def _reconcile_mig(self, mig: MigInstances) -> None:
         """Destroy MIG instances on dynamic-MIG GPUs that no recorded claim holds: what a crash
         between creating one and recording it left (the kubelet's retry creates it again)."""
         try:
@@ -211,10 +209,10 @@ class PrepareHandler:
                     instance.parent_uuid,
                 )
                 await asyncio.to_thread(mig.destroy_live, instance)
-        except MigError as exc:
+        except DeviceSetupError as exc:
             logger.error("driver %s: cleaning up MIG instances failed: %s", self.driver, exc)
 
-    async def _reconcile_mps(self, mps: MpsDaemons) -> None:
+    async def _reconcile_mps(self, mps: MpsControl[Any]) -> None:
         """Keep the daemons of prepared MPS claims (start again those that are gone, as after a
         restart of the agent's container), stop those of claims no longer recorded."""
         try:
@@ -244,7 +242,7 @@ class PrepareHandler:
             )
             try:
                 await mps.start(uid, limits)
-            except MpsError as exc:
+            except DeviceSetupError as exc:
                 logger.error("%s: starting its MPS daemon again failed: %s", describe(entry_ref(entry)), exc)
 
     def _start_sync(self) -> None:
@@ -329,7 +327,7 @@ class PrepareHandler:
                     errors[claim.uid] = self._failed(
                         "unprepare", claim, f"{describe(claim)}: removing state failed: {exc}", reason="io"
                     ).error
-                except SharingError as exc:
+                except DeviceSetupError as exc:
                     # The entry stays: the kubelet retries, and the reset with it.
                     errors[claim.uid] = self._failed(
                         "unprepare",
@@ -433,7 +431,7 @@ class PrepareHandler:
 
     def plan(
         self, allocation: ClaimAllocation
-    ) -> tuple[list[cp.PreparedDevice], list[DiscoveredDevice], TpuConfig | None, MpsLimits | None]:
+    ) -> tuple[list[cp.PreparedDevice], list[DiscoveredDevice], TpuConfig | None, object | None]:
         """The checkpoint records for this driver's results, the distinct devices they use (with the
         container edits their configs add), the claim-wide `tpu.google.com` TpuConfig and the
         claim's MPS daemon settings, if any.
@@ -520,7 +518,7 @@ class PrepareHandler:
         configs: Sequence[tuple[MpsConfig, list[str]]],
         gpus: Sequence[DiscoveredDevice],
         devices: dict[str, DiscoveredDevice],
-    ) -> MpsLimits | None:
+    ) -> object | None:
         """One daemon serves the claim: its settings, and its folders and limits added to the
         container edits of the claim's first MPS GPU (``devices`` is updated)."""
         if not configs:
@@ -535,10 +533,10 @@ class PrepareHandler:
         assert self.mps is not None  # _apply_config refused MPS without it
         ((config, _),) = configs
         try:
-            limits = resolve_limits(
+            limits: object = self.mps.limits(
                 config, gpus, where=f"request {', '.join(requests)}: GpuConfig sharing.mpsConfig"
             )
-        except MpsError as exc:
+        except DeviceSetupError as exc:
             raise PrepareError(f"{where}: {exc}") from exc
         first = min(gpus, key=lambda d: d.pci_bus_id or d.name).name
         device = devices[first]
@@ -551,7 +549,7 @@ class PrepareHandler:
         self, allocation: ClaimAllocation, devices: Sequence[DiscoveredDevice], config: TpuConfig | None
     ) -> TpuWorkers | None:
         """The multi-host worker identity of the claim's pod, when this is a TPU host of a multi-host
-        slice and the claim has all its chips; None keeps the host's own (see ``tpu_multihost``)."""
+        slice and the claim has all its chips; None keeps the host's own (see ``tpu.multihost``)."""
         host = self._inventory.tpu_host
         if self.tpu_workers is None or host is None:
             return None
@@ -628,7 +626,7 @@ class PrepareHandler:
         return any(p.time_slice is not None or p.mps or p.dynamic_mig for p in planned)
 
     async def _set_up(
-        self, entry: cp.ClaimEntry, devices: Sequence[DiscoveredDevice], mps_limits: MpsLimits | None = None
+        self, entry: cp.ClaimEntry, devices: Sequence[DiscoveredDevice], mps_limits: object | None = None
     ) -> tuple[cp.ClaimEntry, list[DiscoveredDevice]]:
         """Device-side preparation: dynamic MIG instances, then the time slices and the MPS daemon
         the claim's GpuConfig asks for. Returns the entry and the devices as the CDI spec must name
@@ -641,7 +639,7 @@ class PrepareHandler:
             assert self.mps is not None
             try:
                 await self.mps.start(entry.uid, mps_limits)
-            except MpsError as exc:
+            except DeviceSetupError as exc:
                 requests = sorted({p.request for p in entry.devices if p.mps})
                 raise PrepareError(
                     f"{describe(entry_ref(entry))}: request {', '.join(requests)}: GpuConfig "
@@ -665,7 +663,7 @@ class PrepareHandler:
                 continue
             try:
                 instance = await asyncio.to_thread(self.dynamic_mig.create, device.mig_placement)
-            except MigError as exc:
+            except DeviceSetupError as exc:
                 requests = sorted({p.request for p in entry.devices if p.device == device.name})
                 where = f"{describe(entry_ref(entry))}: request {', '.join(requests)}"
                 raise PrepareError(f"{where}: device {device.name}: {exc}") from exc
@@ -703,7 +701,7 @@ class PrepareHandler:
         for interval, uuids in by_interval.items():
             try:
                 await self.gpu_sharing.set_time_slice(uuids, interval)
-            except SharingError as exc:
+            except DeviceSetupError as exc:
                 requests = sorted({p.request for p in wanted.values() if p.time_slice == interval})
                 raise PrepareError(
                     f"{describe(entry_ref(entry))}: request {', '.join(requests)}: GpuConfig "
@@ -756,11 +754,11 @@ class PrepareHandler:
             await asyncio.to_thread(self.dynamic_mig.destroy, device.mig_placement)
 
     async def _roll_back(self, entry: cp.ClaimEntry, *, strict: bool = False) -> None:
-        """Tear down and remove the CDI spec. A device that cannot be reset raises ``SharingError``
+        """Tear down and remove the CDI spec. A device that cannot be reset raises ``DeviceSetupError``
         when ``strict`` (unprepare, which the kubelet retries); otherwise it is logged and left."""
         try:
             await self._tear_down(entry)
-        except SharingError as exc:
+        except DeviceSetupError as exc:
             if strict:
                 raise
             logger.warning("%s: undoing its device set-up failed: %s", describe(entry_ref(entry)), exc)
@@ -808,7 +806,7 @@ class PrepareHandler:
                     continue  # exists but unusable, or the API is unreachable: decide later
                 try:
                     await self._roll_back(entry, strict=True)
-                except SharingError as exc:
+                except DeviceSetupError as exc:
                     logger.warning("stale claim %s: %s; trying again later", describe(ref), exc)
                     continue
                 await asyncio.to_thread(self.store.remove, entry.uid)

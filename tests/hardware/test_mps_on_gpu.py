@@ -17,8 +17,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from dra_node_agent.discovery.nvml import NvmlBackend
-from dra_node_agent.mps import CONTAINER_PIPE_DIR, MpsDaemons, MpsLimits, find_control_tool
+from dra_node_agent import prepare_tools
+from dra_node_agent.nvidia.discovery import NvmlBackend
+from dra_node_agent.nvidia.mps import CONTAINER_PIPE_DIR, MpsDaemons, MpsLimits, find_control_tool
 
 CLAIM = "0f3c4b1e-7a52-4d1c-9e0b-5c2d8e6f7a10"
 GIB = 1 << 30
@@ -75,7 +76,7 @@ def test_a_claims_mps_daemon_serves_a_client_within_the_claims_limits() -> None:
     backend = NvmlBackend(driver_root=root)
     gpu = next(d for d in backend.discover_sync().devices if d.kind == "gpu")
     limits = MpsLimits(uuids=(gpu.uuid,), active_thread_percentage=50, pinned_memory={gpu.uuid: 2 * GIB})
-    daemons = backend.mps_daemons(state)
+    daemons = prepare_tools.mps_daemons(backend, state)
     folder = daemons.claim_dir(CLAIM)
 
     async def serve() -> None:

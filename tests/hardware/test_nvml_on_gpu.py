@@ -20,9 +20,9 @@ import pynvml
 import pytest
 
 from dra_node_agent.cdi import build_claim_spec
-from dra_node_agent.discovery.base import DiscoveredInventory, check_inventory
-from dra_node_agent.discovery.nvml import NvmlBackend, possible_placements
-from dra_node_agent.health.nvml_probe import NvmlHealthProbe
+from dra_node_agent.devices import DiscoveredInventory, check_inventory
+from dra_node_agent.nvidia.discovery import NvmlBackend, possible_placements
+from dra_node_agent.nvidia.health_probe import NvmlHealthProbe
 
 REPO = Path(__file__).resolve().parents[2]
 QUERY = "uuid,name,memory.total,pci.bus_id,driver_version,compute_cap,mig.mode.current"

@@ -13,9 +13,9 @@ import sys
 
 import yaml
 
-from .base import check_inventory
-from .detect import DiscoveryConfig, select_backends
-from .simulated import available_profiles
+from dra_node_agent.devices import check_inventory
+from dra_node_agent.discovery.detect import DiscoveryConfig, select_backends
+from dra_node_agent.simulated.discovery import available_profiles
 
 
 async def _main(args: argparse.Namespace) -> int:

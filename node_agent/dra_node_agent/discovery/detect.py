@@ -13,11 +13,10 @@ from pathlib import Path
 import pynvml
 
 from dra_api.names import GPU_DRIVER, TPU_DRIVER
-
-from .base import DiscoveryBackend
-from .nvml import NvmlBackend
-from .simulated import Profile, SimulatedBackend, load_profile
-from .tpu import TpuBackend, google_tpu_present
+from dra_node_agent.devices import DiscoveryBackend
+from dra_node_agent.nvidia.discovery import NvmlBackend
+from dra_node_agent.simulated.discovery import Profile, SimulatedBackend, load_profile
+from dra_node_agent.tpu.discovery import TpuBackend, google_tpu_present
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from typing import Any
 from kubernetes_asyncio import client
 
 from dra_api.kubeletapi.model import DeviceHealth, HealthStatus
-from dra_node_agent.discovery.base import DiscoveredDevice
+from dra_node_agent.devices import DiscoveredDevice
 from dra_node_agent.health import metrics
 from dra_node_agent.health.events import NodeEvents
 from dra_node_agent.health.probe import HealthProbe, PollResult, XidReport

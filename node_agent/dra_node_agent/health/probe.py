@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from dra_node_agent.discovery.base import DiscoveredDevice
+from dra_node_agent.devices import DiscoveredDevice
 from dra_node_agent.health.metrics import Telemetry
 from dra_node_agent.health.state import Observation
 

@@ -1,1 +1,1 @@
-"""Simulated-hardware profiles (YAML), loaded by `dra_node_agent.discovery.simulated`."""
+"""Simulated-hardware profiles (YAML), loaded by `dra_node_agent.simulated.discovery`."""

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from dra_devcluster import LocalCluster
-from dra_node_agent.discovery.simulated import SimulatedBackend
+from dra_node_agent.driver_health import attach_health
 from dra_node_agent.health import HealthSettings
-from dra_node_agent.health.attach import attach_health
-from dra_node_agent.health.factory import FAULTS_FOLDER
 from dra_node_agent.publisher import SlicePublisher
+from dra_node_agent.simulated.discovery import SimulatedBackend
+from dra_node_agent.simulated.health_probe import FAULTS_FOLDER
 
 from .conftest import eventually
 

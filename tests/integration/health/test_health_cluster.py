@@ -19,14 +19,14 @@ from dra_devcluster.kubelet import HealthStream, HealthStreamEnded, KubeletPlugi
 from dra_node_agent.health import (
     HealthMonitor,
     HealthSettings,
-    NvmlHealthProbe,
     republish_on_change,
     server_keeps_device_taints,
 )
-from dra_node_agent.health.simulate import FakeNvmlHealth
 from dra_node_agent.health.taints import rfc3339
+from dra_node_agent.nvidia.health_probe import NvmlHealthProbe
 from dra_node_agent.plugin import serve_plugin
 from dra_node_agent.publisher import SlicePublisher
+from dra_node_agent.simulated.health_probe import FakeNvmlHealth
 from tests.unit.agent.health.fakes import Clock, discover, fake_nvml, h100
 
 from .conftest import eventually

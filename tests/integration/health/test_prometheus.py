@@ -17,8 +17,9 @@ import pytest
 import yaml
 
 from dra_devcluster.cluster import free_port
-from dra_node_agent.health import HealthMonitor, HealthSettings, NvmlHealthProbe
+from dra_node_agent.health import HealthMonitor, HealthSettings
 from dra_node_agent.http_endpoints import HttpEndpoints
+from dra_node_agent.nvidia.health_probe import NvmlHealthProbe
 from tests.integration.operator.conftest import Operators
 from tests.unit.agent.health.fakes import Clock, discover, fake_nvml, h100
 from tests.unit.agent.health.tools import require

@@ -21,7 +21,7 @@ import pytest
 from dra_devcluster import LocalCluster, RealNode
 from dra_devcluster.images import WORKLOAD_IMAGE
 from dra_devcluster.pki import CertPair, issue_client_cert
-from dra_node_agent.health.factory import FAULTS_FOLDER
+from dra_node_agent.simulated.health_probe import FAULTS_FOLDER
 from tests.integration.agent.agentproc import GPU, AgentDirs, AgentProcess, agent_kubeconfig
 from tests.integration.objects import device_class
 

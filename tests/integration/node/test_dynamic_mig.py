@@ -14,9 +14,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from dra_node_agent.discovery.fakehw import MIG_INSTANCES_FILE
-from dra_node_agent.discovery.simulated import GPU_STATE_DIR
 from dra_node_agent.prepare import PAUSE_ENV
+from dra_node_agent.simulated.discovery import GPU_STATE_DIR
+from dra_node_agent.simulated.fakehw import MIG_INSTANCES_FILE
 from tests.integration.agent.agentproc import GPU
 from tests.integration.node.conftest import NAMESPACE, NODE, NodeWithAgent, gpu_pod
 from tests.integration.node.test_real_node import _registrations, _wait_registered

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from dra_devcluster.images import WORKLOAD_IMAGE
-from dra_node_agent.discovery.fakehw import COMPUTE_MODE_FILE, TIME_SLICE_FILE
-from dra_node_agent.discovery.simulated import GPU_STATE_DIR
 from dra_node_agent.prepare import PAUSE_ENV
+from dra_node_agent.simulated.discovery import GPU_STATE_DIR
+from dra_node_agent.simulated.fakehw import COMPUTE_MODE_FILE, TIME_SLICE_FILE
 from tests.integration.agent.agentproc import GPU
 from tests.integration.node.conftest import CLASS, NAMESPACE, NODE, NodeWithAgent
 from tests.integration.node.test_real_node import _registrations, _wait_registered

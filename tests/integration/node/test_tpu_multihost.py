@@ -18,7 +18,7 @@ import pytest
 
 from dra_devcluster import LocalCluster, RealNode
 from dra_devcluster.images import WORKLOAD_IMAGE
-from dra_node_agent.tpu_workers import SIZE_MISMATCH
+from dra_node_agent.tpu.workers import SIZE_MISMATCH
 from tests.integration.agent.agentproc import TPU, AgentDirs, AgentProcess, agent_kubeconfig
 from tests.integration.objects import device_class
 

@@ -16,7 +16,7 @@ import pytest
 from dra_api.names import OPERATOR_FINALIZER
 from dra_node_agent import cli as agent_cli
 from dra_node_agent import settings as agent_settings
-from dra_node_agent.discovery.simulated import available_profiles
+from dra_node_agent.simulated.discovery import available_profiles
 from dra_operator import settings as operator_settings
 from dra_operator.deviceclasses import desired_classes
 from tests.unit.deploy.render import MANIFESTS_DIR, OVERLAYS, PEERING_NAME, Obj, of_kind, one, render

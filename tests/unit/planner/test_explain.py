@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from dra_node_agent.discovery.simulated import SimulatedBackend
 from dra_node_agent.publisher import chunk_pool
+from dra_node_agent.simulated.discovery import SimulatedBackend
 from dra_operator.planner import EVENT_MESSAGE_LIMIT, truncate
 from tests.unit.planner.builders import (
     DRIVER,

@@ -12,13 +12,14 @@ from typing import Any
 
 import pytest
 
-from dra_node_agent.cdi import CdiWriter, build_claim_spec, minimum_cdi_version, tpu_claim_env
-from dra_node_agent.discovery.base import DiscoveredInventory, TpuHostInfo
-from dra_node_agent.discovery.fakehw import FakeGpu, FakeNvml
-from dra_node_agent.discovery.nvml import NvmlBackend
-from dra_node_agent.discovery.simulated import SimulatedBackend
-from dra_node_agent.discovery.tpu import TpuBackend
+from dra_node_agent.cdi import CdiWriter, build_claim_spec, minimum_cdi_version
+from dra_node_agent.devices import DiscoveredInventory, TpuHostInfo
+from dra_node_agent.nvidia.discovery import NvmlBackend
 from dra_node_agent.opaqueconfig import TpuConfig
+from dra_node_agent.simulated.discovery import SimulatedBackend
+from dra_node_agent.simulated.fakehw import FakeGpu, FakeNvml
+from dra_node_agent.tpu.container_env import tpu_claim_env
+from dra_node_agent.tpu.discovery import TpuBackend
 
 SYSFS = Path(__file__).parents[3] / "fixtures" / "sysfs"
 UID = "5f0c2e5a-8d8c-4c8e-9d55-1a2b3c4d5e6f"

@@ -22,9 +22,9 @@ from dra_node_agent.checkpoint_report import (
     corruption_message,
 )
 from dra_node_agent.claims import ClaimAllocation, ClaimGone
-from dra_node_agent.discovery.simulated import SimulatedBackend
 from dra_node_agent.health.events import NodeEvents
 from dra_node_agent.prepare import PrepareHandler
+from dra_node_agent.simulated.discovery import SimulatedBackend
 
 NODE = "node-a"
 

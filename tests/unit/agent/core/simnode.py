@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from dra_node_agent.discovery.simulated import SimulatedBackend
 from dra_node_agent.prepare import PrepareHandler
+from dra_node_agent.simulated.discovery import SimulatedBackend
 from tests.unit.agent.core.test_prepare_configs import GPU, NODE, Claims
 
 

@@ -11,10 +11,11 @@ from typing import Any
 
 from dra_api.kubeletapi.model import ClaimRef
 from dra_node_agent import checkpoint as cp
-from dra_node_agent.discovery.fakehw import MIG_INSTANCES_FILE
-from dra_node_agent.discovery.simulated import GPU_STATE_DIR
-from dra_node_agent.dynamic_mig import DynamicMig
+from dra_node_agent import prepare_tools
+from dra_node_agent.nvidia.dynamic_mig import DynamicMig
 from dra_node_agent.prepare import PrepareHandler
+from dra_node_agent.simulated.discovery import GPU_STATE_DIR
+from dra_node_agent.simulated.fakehw import MIG_INSTANCES_FILE
 from tests.unit.agent.core.simnode import SimulatedNode
 from tests.unit.agent.core.test_prepare_configs import GPU, NODE, NVIDIA, entry
 
@@ -27,7 +28,7 @@ class Node(SimulatedNode):
         super().__init__(tmp_path, profile="mig-dynamic", dynamic_mig=True)
 
     def mig(self) -> DynamicMig:
-        mig = self.backend.mig_instances()
+        mig = prepare_tools.mig_instances(self.backend)
         assert mig is not None
         return mig
 

@@ -20,9 +20,10 @@ import pytest
 
 from dra_api.kubeletapi.model import ClaimRef
 from dra_node_agent import checkpoint as cp
-from dra_node_agent.discovery.simulated import SIMULATED_DRIVER_ROOT
-from dra_node_agent.mps import MpsLimits
+from dra_node_agent import prepare_tools
+from dra_node_agent.nvidia.mps import MpsLimits
 from dra_node_agent.prepare import PrepareHandler
+from dra_node_agent.simulated.discovery import SIMULATED_DRIVER_ROOT
 from tests.unit.agent.core.simnode import SimulatedNode
 from tests.unit.agent.core.test_prepare_configs import GPU, NODE, NVIDIA, entry
 
@@ -35,8 +36,8 @@ class Node(SimulatedNode):
 
     async def handler(self, *, mps: bool = True) -> PrepareHandler:  # type: ignore[override]
         return await super().handler(
-            gpu_sharing=self.backend.gpu_sharing(),
-            mps=self.backend.mps_daemons(self.tmp_path / "state" / "mps") if mps else None,
+            gpu_sharing=prepare_tools.gpu_sharing(self.backend),
+            mps=prepare_tools.mps_daemons(self.backend, self.tmp_path / "state" / "mps") if mps else None,
         )
 
     def gpus(self, *indices: int) -> list[tuple[str, str]]:

@@ -15,9 +15,10 @@ from typing import Any
 import pytest
 
 from dra_api.kubeletapi.model import ClaimRef
+from dra_node_agent import prepare_tools
 from dra_node_agent.claims import ClaimAllocation, ClaimGone, driver_allocation
-from dra_node_agent.discovery.simulated import SimulatedBackend
 from dra_node_agent.prepare import PrepareHandler
+from dra_node_agent.simulated.discovery import SimulatedBackend
 
 GPU = "gpu.nvidia.com"
 TPU = "tpu.google.com"
@@ -84,7 +85,7 @@ async def make(tmp_path: Path, *, driver: str, profile: str) -> tuple[PrepareHan
         state_dir=tmp_path / "state",
         cdi_dir=tmp_path / "cdi",
         proc_root=tmp_path / "proc",
-        gpu_sharing=backend.gpu_sharing(),
+        gpu_sharing=prepare_tools.gpu_sharing(backend),
     )
     await handler.start()
     return handler, claims

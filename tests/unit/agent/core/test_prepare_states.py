@@ -18,8 +18,8 @@ from prometheus_client import REGISTRY
 from dra_api.kubeletapi.model import ClaimRef
 from dra_node_agent import checkpoint as cp
 from dra_node_agent.claims import ClaimAllocation, ClaimGone, driver_allocation
-from dra_node_agent.discovery.simulated import SimulatedBackend
 from dra_node_agent.prepare import PAUSE_ENV, PrepareHandler
+from dra_node_agent.simulated.discovery import SimulatedBackend
 
 DRIVER = "gpu.nvidia.com"
 NODE = "node-a"

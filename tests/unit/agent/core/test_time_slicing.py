@@ -15,9 +15,10 @@ import pytest
 
 from dra_api.kubeletapi.model import ClaimRef
 from dra_node_agent import checkpoint as cp
-from dra_node_agent.discovery.fakehw import COMPUTE_MODE_FILE, TIME_SLICE_FILE
-from dra_node_agent.discovery.simulated import GPU_STATE_DIR, SIMULATED_DRIVER_ROOT, SimulatedBackend
+from dra_node_agent import prepare_tools
 from dra_node_agent.prepare import PrepareHandler
+from dra_node_agent.simulated.discovery import GPU_STATE_DIR, SIMULATED_DRIVER_ROOT, SimulatedBackend
+from dra_node_agent.simulated.fakehw import COMPUTE_MODE_FILE, TIME_SLICE_FILE
 from tests.unit.agent.core.simnode import SimulatedNode
 from tests.unit.agent.core.test_prepare_configs import GPU, NODE, NVIDIA, entry
 
@@ -30,7 +31,7 @@ class Node(SimulatedNode):
 
     async def handler(self) -> PrepareHandler:  # type: ignore[override]
         """A fresh handler over the same hardware and state (an agent (re)start)."""
-        return await super().handler(gpu_sharing=self.backend.gpu_sharing())
+        return await super().handler(gpu_sharing=prepare_tools.gpu_sharing(self.backend))
 
     def gpu(self, index: int) -> tuple[str, str]:
         """(device name, UUID) of GPU ``index``."""
@@ -179,7 +180,7 @@ async def test_no_nvidia_smi_under_the_driver_root_says_where_it_looked(node: No
     handler = await node.handler()
     name, _ = node.gpu(0)
     (node.tmp_path / "hw" / SIMULATED_DRIVER_ROOT / "usr/bin/nvidia-smi").unlink()
-    handler.gpu_sharing = node.backend.gpu_sharing()
+    handler.gpu_sharing = prepare_tools.gpu_sharing(node.backend)
     ref = node.add_claim("c", [name], interval="Short")
     error = (await handler.prepare([ref]))[ref.uid].error
     assert "time-slicing needs nvidia-smi, and the driver root" in error

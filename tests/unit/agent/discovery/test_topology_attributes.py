@@ -10,13 +10,13 @@ import pynvml
 import pytest
 
 from dra_node_agent.cdi import build_claim_spec
-from dra_node_agent.discovery.base import check_inventory
+from dra_node_agent.devices import check_inventory
 from dra_node_agent.discovery.detect import DiscoveryConfig, select_backends
-from dra_node_agent.discovery.fakehw import FakeGpu, FakeNvml, FakePciFunction, write_pci_tree
-from dra_node_agent.discovery.nvml import NvmlBackend
-from dra_node_agent.discovery.simnic import NIC_DRIVER
-from dra_node_agent.discovery.simulated import ProfileError, SimulatedBackend, load_profile, parse_profile
-from dra_node_agent.health.factory import probe_for
+from dra_node_agent.driver_health import probe_for
+from dra_node_agent.nvidia.discovery import NvmlBackend
+from dra_node_agent.simulated.discovery import ProfileError, SimulatedBackend, load_profile, parse_profile
+from dra_node_agent.simulated.fakehw import FakeGpu, FakeNvml, FakePciFunction, write_pci_tree
+from dra_node_agent.simulated.nic import NIC_DRIVER
 
 ROOT = "resource.kubernetes.io/pcieRoot"
 NUMA = "resource.kubernetes.io/numaNode"

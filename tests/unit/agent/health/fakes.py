@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pynvml
 
-from dra_node_agent.discovery.base import DiscoveredDevice
-from dra_node_agent.discovery.fakehw import FakeGpu, FakeMig, FakeMigProfile
-from dra_node_agent.discovery.nvml import NvmlBackend
-from dra_node_agent.health.simulate import FakeNvmlHealth
+from dra_node_agent.devices import DiscoveredDevice
+from dra_node_agent.nvidia.discovery import NvmlBackend
+from dra_node_agent.simulated.fakehw import FakeGpu, FakeMig, FakeMigProfile
+from dra_node_agent.simulated.health_probe import FakeNvmlHealth
 
 H100_MEMORY = 81559 << 20
 P_3G20 = FakeMigProfile(index=2, id=9, slices=3, memory_mib=19968, multiprocessors=42, copy_engines=3)

@@ -11,14 +11,14 @@ import pytest
 from prometheus_client import REGISTRY
 
 from dra_api.kubeletapi.model import HealthStatus
-from dra_node_agent.discovery.fakehw import FakePciFunction, write_pci_tree
-from dra_node_agent.discovery.tpu import TpuBackend
 from dra_node_agent.health.monitor import HealthMonitor, HealthSettings, republish_on_change
-from dra_node_agent.health.nvml_probe import NvmlHealthProbe
-from dra_node_agent.health.simulate import FakeNvmlHealth
 from dra_node_agent.health.state import State
 from dra_node_agent.health.taints import TaintEffect, rfc3339
-from dra_node_agent.health.tpu_probe import TpuHealthProbe
+from dra_node_agent.nvidia.health_probe import NvmlHealthProbe
+from dra_node_agent.simulated.fakehw import FakePciFunction, write_pci_tree
+from dra_node_agent.simulated.health_probe import FakeNvmlHealth
+from dra_node_agent.tpu.discovery import TpuBackend
+from dra_node_agent.tpu.health_probe import TpuHealthProbe
 
 from .fakes import Clock, discover, fake_nvml, h100
 

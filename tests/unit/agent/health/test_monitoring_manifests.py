@@ -19,7 +19,7 @@ import dra_node_agent.prepare  # noqa: F401 - registers the claim operation metr
 from dra_node_agent.checkpoint import CheckpointCorrupt
 from dra_node_agent.checkpoint_report import CorruptionReporter
 from dra_node_agent.health.monitor import HealthMonitor, HealthSettings
-from dra_node_agent.health.nvml_probe import NvmlHealthProbe
+from dra_node_agent.nvidia.health_probe import NvmlHealthProbe
 from dra_operator.clustermodel import ClusterModel
 from dra_operator.metrics import Metrics
 

@@ -1,0 +1,86 @@
+"""What prepare asks of the tools that set a claim's devices up, and how those tools fail.
+
+The prepare pipeline is vendor-neutral: it knows these protocols, not their implementations. The
+NVIDIA package implements them (``nvidia.gpu_sharing``, ``nvidia.mps``, ``nvidia.dynamic_mig``);
+the agent's wiring (``prepare_tools``) builds them for a driver and hands them to ``PrepareHandler``.
+Methods that are not coroutines block, so prepare calls them in a thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+from dra_node_agent.devices import ContainerEdits, DiscoveredDevice, MigPlacement
+from dra_node_agent.opaqueconfig import MpsConfig
+
+
+class DeviceSetupError(Exception):
+    """A device set-up or tear-down that did not take (a time slice, an MPS daemon, a MIG
+    instance); the message says which device and why. Unprepare keeps the claim recorded, so the
+    kubelet's retry tries again."""
+
+
+class TimeSlicing(Protocol):
+    """Sets and resets the time slice of whole GPUs (GpuConfig ``sharing.strategy: TimeSlicing``)."""
+
+    async def set_time_slice(self, uuids: Sequence[str], interval: str) -> None: ...
+
+    async def reset_time_slice(self, uuids: Sequence[str]) -> None: ...
+
+
+@dataclass(frozen=True)
+class MigInstance:
+    """A live MIG device: its GPU and compute instance IDs and its UUID ("MIG-...")."""
+
+    gi_id: int
+    ci_id: int
+    uuid: str
+
+
+@dataclass(frozen=True)
+class LiveInstance:
+    """A GPU instance found on a GPU: where it sits (profile ID, start) and its ID."""
+
+    parent_uuid: str
+    profile_id: int
+    start: int
+    gi_id: int
+
+
+class MigInstances(Protocol):
+    """Makes and removes the MIG instance of a dynamic placement, found by placement."""
+
+    def create(self, placement: MigPlacement) -> MigInstance: ...
+
+    def edits(self, device: DiscoveredDevice, instance: MigInstance) -> DiscoveredDevice: ...
+
+    def destroy(self, placement: MigPlacement) -> bool: ...
+
+    def live(self, parent_uuids: Sequence[str]) -> list[LiveInstance]: ...
+
+    def destroy_live(self, instance: LiveInstance) -> None: ...
+
+
+# The daemon-wide settings of one claim, as the MPS tool computes and records them; prepare only
+# passes them along.
+Limits = TypeVar("Limits")
+
+
+class MpsControl(Protocol[Limits]):
+    """Runs one MPS control daemon per claim, and finds the daemons of earlier runs."""
+
+    def limits(self, config: MpsConfig, gpus: Sequence[DiscoveredDevice], *, where: str) -> Limits: ...
+
+    def edits(self, uid: str, limits: Limits) -> ContainerEdits: ...
+
+    async def start(self, uid: str, limits: Limits) -> None: ...
+
+    async def stop(self, uid: str) -> None: ...
+
+    def running(self, uid: str) -> bool: ...
+
+    def recorded_limits(self, uid: str) -> Limits | None: ...
+
+    def claims(self) -> list[str]: ...

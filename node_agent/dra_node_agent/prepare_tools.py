@@ -1,0 +1,62 @@
+"""The prepare-time tools of a driver's devices, built from the discovery backend that found them.
+
+Discovery only discovers; what changes a device's state at prepare (a GPU's time slice, a claim's
+MPS daemon, a dynamic MIG instance) is built here, from the driver install that NVML discovery found
+(on a simulated node, the NVML backend it runs over its fake hardware). Each returns None where the
+devices have no such tool (TPUs, the simulated NIC driver). All blocking: callers use a thread.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dra_api.kubeletapi.socketpaths import MAX_SOCKET_PATH_BYTES
+from dra_node_agent.devices import DiscoveryBackend
+from dra_node_agent.nvidia import mps
+from dra_node_agent.nvidia.discovery import NvmlBackend
+from dra_node_agent.nvidia.dynamic_mig import DynamicMig
+from dra_node_agent.nvidia.gpu_sharing import GpuSharing, NvmlComputeModes
+from dra_node_agent.simulated.discovery import SimulatedBackend
+
+
+def nvml_backend(backend: DiscoveryBackend) -> NvmlBackend | None:
+    """The NVML backend behind ``backend``: itself, or the one a simulated GPU profile runs."""
+    if isinstance(backend, NvmlBackend):
+        return backend
+    if isinstance(backend, SimulatedBackend):
+        return backend.nvml_backend()
+    return None
+
+
+def gpu_sharing(backend: DiscoveryBackend) -> GpuSharing | None:
+    """Time-slicing on these GPUs (looks for nvidia-smi under the driver root)."""
+    nvml = nvml_backend(backend)
+    if nvml is None:
+        return None
+    return GpuSharing(
+        compute_modes=NvmlComputeModes(nvml),
+        nvidia_smi=nvml.nvidia_smi(),
+        driver_root=nvml.driver_root,
+        env=nvml.tool_env(),
+    )
+
+
+def mps_daemons(backend: DiscoveryBackend, root: Path) -> mps.MpsDaemons | None:
+    """Per-claim MPS daemons from the driver root's tools, kept under ``root``."""
+    nvml = nvml_backend(backend)
+    if nvml is None:
+        return None
+    return mps.MpsDaemons(
+        root=root,
+        control=mps.find_control_tool(nvml.driver_root),
+        driver_root=nvml.driver_root,
+        env=nvml.tool_env(),
+        # The simulated stand-in makes a FIFO, not unix sockets: its paths may be long.
+        socket_path_max=None if nvml.simulated else MAX_SOCKET_PATH_BYTES,
+    )
+
+
+def mig_instances(backend: DiscoveryBackend) -> DynamicMig | None:
+    """Creates and destroys dynamic MIG instances on these GPUs (None: dynamic MIG is off)."""
+    nvml = nvml_backend(backend)
+    return DynamicMig(nvml) if nvml is not None and nvml.dynamic_mig else None

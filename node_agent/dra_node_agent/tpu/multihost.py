@@ -1,0 +1,249 @@
+"""At prepare: the worker identity of a pod on a multi-host TPU slice, and Events when its Job and
+the slice do not fit together.
+
+``TpuWorkerResolver.resolve`` runs only for a claim with every chip of a host of a multi-host slice
+(a single-host slice keeps ``TPU_WORKER_ID=0``/``localhost``) whose TpuConfig does not set both
+worker fields already. It GETs the claim's pod and, for a pod of an Indexed Job (a JobSet's child
+Jobs are Indexed Jobs), the Job, and returns ``TpuWorkers`` from them (``tpu.workers``). The reads
+use the agent's own client (kubernetes_asyncio, non-blocking); RBAC: ``get`` on pods and jobs.
+
+What prepare does with the outcome:
+- a pod that is not in an Indexed Job: the host's own identity (tpu-env WORKER_ID), as before;
+- a Job that cannot number its workers (not Indexed, index out of range) or a pod or Job that
+  cannot be read: the prepare fails with the reason and the kubelet retries, because the
+  environment would be wrong;
+- a Job whose pods do not fit the slice (``slice_problems``): the prepare succeeds with the Job's
+  identity, as GKE's webhook would give it, and a Warning Event on the pod says what is wrong.
+  The check (it lists the driver's ResourceSlices) and the Event run in the background: they
+  never delay or fail a prepare, and a failure is only logged. Each pod gets each reason once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any, Final, Protocol
+
+import aiohttp
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from dra_api.names import RESOURCE_GROUP
+from dra_node_agent.claims import ClaimAllocation, describe
+from dra_node_agent.devices import TpuHostInfo, TpuWorkers
+from dra_node_agent.health.events import event_body
+from dra_node_agent.opaqueconfig import TpuConfig
+from dra_node_agent.tpu.workers import (
+    PublishedHost,
+    SliceWorkload,
+    WorkloadError,
+    job_of_pod,
+    published_hosts,
+    slice_problems,
+    slice_workload,
+)
+
+logger = logging.getLogger(__name__)
+
+MAX_REMEMBERED: Final = 4096  # (pod uid, reason) pairs already reported; forgotten all at once
+CLOSE_GRACE: Final = 5.0
+
+
+class WorkloadSource(Protocol):
+    """The API reads the resolver needs; each raises ``WorkloadError`` when the object cannot be read."""
+
+    async def pod(self, namespace: str, name: str) -> Mapping[str, Any]: ...
+
+    async def job(self, namespace: str, name: str) -> Mapping[str, Any]: ...
+
+    async def resource_slices(self, driver: str) -> list[Mapping[str, Any]]: ...
+
+
+class PodEventSink(Protocol):
+    """Where Warning Events about a pod go; must log rather than raise."""
+
+    async def record(self, *, workload: SliceWorkload, type: str, reason: str, message: str) -> None: ...
+
+
+class KubeWorkloads:
+    """``WorkloadSource`` over the API server."""
+
+    def __init__(self, *, api: client.ApiClient, api_version: str) -> None:
+        self._api = api
+        self._core = client.CoreV1Api(api)
+        self._custom = client.CustomObjectsApi(api)
+        self._api_version = api_version
+
+    async def pod(self, namespace: str, name: str) -> Mapping[str, Any]:
+        obj = await self._read(f"pod {namespace}/{name}", self._core.read_namespaced_pod(name, namespace))
+        result: dict[str, Any] = self._api.sanitize_for_serialization(obj)
+        return result
+
+    async def job(self, namespace: str, name: str) -> Mapping[str, Any]:
+        read = self._custom.get_namespaced_custom_object("batch", "v1", namespace, "jobs", name)
+        return dict(await self._read(f"Job {namespace}/{name}", read))
+
+    async def resource_slices(self, driver: str) -> list[Mapping[str, Any]]:
+        listing = self._custom.list_cluster_custom_object(
+            RESOURCE_GROUP, self._api_version, "resourceslices", field_selector=f"spec.driver={driver}"
+        )
+        body = await self._read(f"ResourceSlices of {driver}", listing)
+        return list(body.get("items") or [])
+
+    @staticmethod
+    async def _read(what: str, call: Any) -> Any:
+        try:
+            return await call
+        except ApiException as exc:
+            raise WorkloadError(f"reading {what} failed: {exc.status} {exc.reason}") from exc
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise WorkloadError(f"reading {what} failed: {exc!r}") from exc
+
+
+class PodEvents:
+    """Writes core/v1 Events about pods (``kubectl describe pod`` shows them); logs failures."""
+
+    def __init__(self, *, api: client.ApiClient, node_name: str, component: str) -> None:
+        self._core = client.CoreV1Api(api)
+        self._node_name = node_name
+        self._component = component
+        self.written = 0
+
+    async def record(self, *, workload: SliceWorkload, type: str, reason: str, message: str) -> None:
+        involved = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "namespace": workload.namespace,
+            "name": workload.pod,
+            "uid": workload.pod_uid,
+        }
+        body = event_body(
+            involved=involved,
+            namespace=workload.namespace,
+            type=type,
+            reason=reason,
+            message=message,
+            component=self._component,
+            host=self._node_name,
+        )
+        try:
+            await self._core.create_namespaced_event(workload.namespace, body)
+            self.written += 1
+        except Exception as exc:  # an Event is best effort; prepare has answered already
+            logger.warning("cannot record %s Event %s on pod %s: %s", type, reason, workload.pod, exc)
+
+
+class TpuWorkerResolver:
+    """Worker identity for the claims of one TPU driver on this node (see the module docstring)."""
+
+    def __init__(
+        self, *, source: WorkloadSource, events: PodEventSink | None, driver: str, node_name: str
+    ) -> None:
+        self._source = source
+        self._events = events
+        self.driver = driver
+        self.node_name = node_name
+        self._reported: set[tuple[str, str]] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def resolve(
+        self, *, allocation: ClaimAllocation, host: TpuHostInfo, chips: int, config: TpuConfig | None
+    ) -> TpuWorkers | None:
+        """The pod's worker identity, or None where the host's own applies (see the module docstring)."""
+        if host.single_host or chips != host.chips_on_host:
+            return None
+        if config is not None and config.worker_id is not None and config.worker_hostnames:
+            return None  # an explicit TpuConfig sets both: nothing to derive
+        where = describe(allocation.ref)
+        if len(allocation.pods) != 1:
+            # One pod per host is how a slice runs; a claim shared by pods has no one index.
+            logger.info(
+                "%s: reserved for %d pods; using the host's worker identity", where, len(allocation.pods)
+            )
+            return None
+        (pod_name, pod_uid) = allocation.pods[0]
+        try:
+            pod = await self._source.pod(allocation.ref.namespace, pod_name)
+            ref = job_of_pod(pod)
+            if ref is None:
+                logger.info(
+                    "%s: pod %s is not in an Indexed Job; using the host's worker identity", where, pod_name
+                )
+                return None
+            job = await self._source.job(ref.namespace, ref.name)
+            workload = slice_workload(pod=pod, job=job)
+        except WorkloadError as exc:
+            raise WorkloadError(f"{where}: multi-host TPU worker identity: {exc}") from exc
+        if workload.pod_uid and pod_uid and workload.pod_uid != pod_uid:
+            raise WorkloadError(
+                f"{where}: pod {pod_name} was replaced (uid {workload.pod_uid}, claim says {pod_uid})"
+            )
+        logger.info(
+            "%s: %s worker %d of %d on node %s",
+            where,
+            workload.describe(),
+            workload.index,
+            workload.completions,
+            self.node_name,
+        )
+        self._spawn(self._check(workload=workload, host=host, selectors=allocation.selectors))
+        return workload.workers
+
+    def _spawn(self, work: Any) -> None:
+        task = asyncio.get_running_loop().create_task(work, name=f"tpu-slice-check-{self.driver}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _check(self, *, workload: SliceWorkload, host: TpuHostInfo, selectors: Sequence[str]) -> None:
+        published: list[PublishedHost] | None = None
+        if host.slice_id is not None:
+            try:
+                published = published_hosts(
+                    await self._source.resource_slices(self.driver), driver=self.driver
+                )
+            except Exception as exc:  # the size check still runs; the log says why the others did not
+                logger.warning(
+                    "TPU slice check for pod %s: cannot list ResourceSlices: %s", workload.pod, exc
+                )
+        problems = slice_problems(
+            workload=workload,
+            host=host,
+            node_name=self.node_name,
+            published=published,
+            selectors=selectors,
+            driver=self.driver,
+        )
+        for problem in problems:
+            key = (workload.pod_uid, problem.reason)
+            if key in self._reported:
+                continue
+            if len(self._reported) >= MAX_REMEMBERED:
+                self._reported.clear()
+            self._reported.add(key)
+            logger.warning("%s: %s", problem.reason, problem.message)
+            if self._events is not None:
+                try:
+                    await self._events.record(
+                        workload=workload, type="Warning", reason=problem.reason, message=problem.message
+                    )
+                except Exception as exc:  # best effort, as the sink promises; never an unhandled task error
+                    logger.warning("cannot post %s Event for pod %s: %s", problem.reason, workload.pod, exc)
+
+    async def settle(self) -> None:
+        """Wait for the checks started so far (tests)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def aclose(self, *, grace: float = CLOSE_GRACE) -> None:
+        """Give running checks ``grace`` seconds, then cancel them."""
+        pending = list(self._tasks)
+        if not pending:
+            return
+        _, late = await asyncio.wait(pending, timeout=grace)
+        for task in late:
+            task.cancel()
+        for task in late:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
