@@ -30,7 +30,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from dra_api.aiotasks import BackgroundTasks
 from dra_api.names import RESOURCE_GROUP
-from dra_node_agent.claims import ClaimAllocation, describe
+from dra_node_agent.claim_reader import ClaimAllocation, describe
 from dra_node_agent.devices import TpuHostInfo, TpuWorkers
 from dra_node_agent.health.events import event_body
 from dra_node_agent.opaqueconfig import TpuConfig
