@@ -23,7 +23,7 @@ from kubernetes_asyncio import client
 from dra_api.kube import UnsupportedServer, first_resource_version, make_api_client
 from dra_node_agent import prepare_tools
 from dra_node_agent.checkpoint_report import CorruptionReporter
-from dra_node_agent.claims import ClaimReader
+from dra_node_agent.claim_reader import ClaimReader
 from dra_node_agent.devices import DiscoveredInventory, DiscoveryBackend
 from dra_node_agent.discovery.detect import DiscoveryConfig, select_backends
 from dra_node_agent.driver_health import DriverHealth, attach_health

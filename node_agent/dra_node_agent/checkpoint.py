@@ -110,8 +110,9 @@ class ClaimState(enum.StrEnum):
 
 
 @dataclass(frozen=True)
-class PreparedDevice:
-    """One allocated device of a claim: its request, pool and name, and (once prepared) CDI IDs."""
+class CheckpointedDevice:
+    """One allocated device of a claim as the checkpoint records it: request, pool, name, CDI IDs once
+    prepared, and what prepare changed on the device (so unprepare can undo it)."""
 
     request: str
     pool: str
@@ -161,8 +162,8 @@ class PreparedDevice:
         return out
 
     @staticmethod
-    def from_json(raw: dict[str, Any]) -> PreparedDevice:
-        return PreparedDevice(
+    def from_json(raw: dict[str, Any]) -> CheckpointedDevice:
+        return CheckpointedDevice(
             request=str(raw["request"]),
             pool=str(raw["pool"]),
             device=str(raw["device"]),
@@ -183,7 +184,7 @@ class ClaimEntry:
     namespace: str
     name: str
     state: ClaimState
-    devices: tuple[PreparedDevice, ...]
+    devices: tuple[CheckpointedDevice, ...]
     started_at: str
     completed_at: str | None = None
 
@@ -209,7 +210,7 @@ class ClaimEntry:
             namespace=str(raw["namespace"]),
             name=str(raw["name"]),
             state=ClaimState(raw["state"]),
-            devices=tuple(PreparedDevice.from_json(d) for d in raw["devices"]),
+            devices=tuple(CheckpointedDevice.from_json(d) for d in raw["devices"]),
             started_at=str(raw["startedAt"]),
             completed_at=str(raw["completedAt"]) if raw.get("completedAt") is not None else None,
         )
@@ -298,7 +299,7 @@ class CheckpointStore:
         with self._transaction(write=False) as contents:
             return [e for e in contents.claims.values() if state is None or e.state == state]
 
-    def begin(self, claim: ClaimRef, devices: Sequence[PreparedDevice]) -> ClaimEntry:
+    def begin(self, claim: ClaimRef, devices: Sequence[CheckpointedDevice]) -> ClaimEntry:
         """Record PrepareStarted for `claim` with the devices about to be set up.
 
         A PrepareCompleted entry for the same UID is returned unchanged (prepare is idempotent);
@@ -321,7 +322,7 @@ class CheckpointStore:
             contents.claims[claim.uid] = entry
             return entry
 
-    def complete(self, uid: str, devices: Sequence[PreparedDevice]) -> ClaimEntry:
+    def complete(self, uid: str, devices: Sequence[CheckpointedDevice]) -> ClaimEntry:
         """Record PrepareCompleted with the prepared devices and their CDI IDs."""
         with self._transaction(write=True) as contents:
             existing = contents.claims.get(uid)
@@ -484,7 +485,7 @@ class CheckpointStore:
         with self._locked():
             return remove_temp_files(self.path.parent, prefix=f".{self.path.name}")
 
-    def _check_overlap(self, contents: _Contents, uid: str, devices: Sequence[PreparedDevice]) -> None:
+    def _check_overlap(self, contents: _Contents, uid: str, devices: Sequence[CheckpointedDevice]) -> None:
         # Admin access never conflicts (the allocator ignores it too). Consumable-capacity shares of
         # a device coexist with each other, never with an exclusive hold.
         wanted = {(d.pool, d.device) for d in devices if d.exclusive}

@@ -12,7 +12,6 @@ prepare, and a failed post is logged. After `CheckpointStore.quarantine()` the g
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import threading
 import time
@@ -22,6 +21,7 @@ from typing import Final, Protocol
 
 from prometheus_client import Gauge
 
+from dra_api.aiotasks import BackgroundTasks
 from dra_node_agent.checkpoint import CheckpointCorrupt
 
 logger = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ class CorruptionReporter:
         self._clock = clock
         self._lock = threading.Lock()
         self._posted_at: dict[str, float] = {}  # corruption text -> when its Event was last posted
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._posts = BackgroundTasks()
         self.reported = 0
         CHECKPOINT_CORRUPT.labels(driver).set(0)
 
@@ -109,9 +109,7 @@ class CorruptionReporter:
             logger.warning("driver %s: cannot post the %s Event, the agent is stopping", self.driver, REASON)
 
     def _spawn(self, message: str) -> None:
-        task = self._loop.create_task(self._post(message), name=f"checkpoint-event-{self.driver}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._posts.spawn(self._post(message), name=f"checkpoint-event-{self.driver}")
 
     async def _post(self, message: str) -> None:
         assert self._events is not None
@@ -124,12 +122,4 @@ class CorruptionReporter:
         """Give Events still being posted ``grace`` seconds (one found just before a stop), then
         cancel them."""
         await asyncio.sleep(0)  # run posts scheduled from threads but not yet started
-        pending = list(self._tasks)
-        if not pending:
-            return
-        _, late = await asyncio.wait(pending, timeout=grace)
-        for task in late:
-            task.cancel()
-        for task in late:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self._posts.drain(grace=grace)

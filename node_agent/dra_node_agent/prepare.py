@@ -48,7 +48,7 @@ from prometheus_client import Counter, Histogram
 from dra_api.kubeletapi.model import ClaimRef, PreparedDevice, PrepareResult
 from dra_node_agent import checkpoint as cp
 from dra_node_agent.cdi import CdiWriter
-from dra_node_agent.claims import ClaimAllocation, ClaimError, ClaimGone, ClaimSource, describe
+from dra_node_agent.claim_reader import ClaimAllocation, ClaimError, ClaimGone, ClaimSource, describe
 from dra_node_agent.device_setup import DeviceSetupError, MigInstances, MpsControl, TimeSlicing
 from dra_node_agent.devices import (
     ContainerEdits,
@@ -431,7 +431,7 @@ class PrepareHandler:
 
     def plan(
         self, allocation: ClaimAllocation
-    ) -> tuple[list[cp.PreparedDevice], list[DiscoveredDevice], TpuConfig | None, object | None]:
+    ) -> tuple[list[cp.CheckpointedDevice], list[DiscoveredDevice], TpuConfig | None, object | None]:
         """The checkpoint records for this driver's results, the distinct devices they use (with the
         container edits their configs add), the claim-wide `tpu.google.com` TpuConfig and the
         claim's MPS daemon settings, if any.
@@ -453,7 +453,7 @@ class PrepareHandler:
             # for passthrough must fail rather than hand out a device bound to its usual driver.
             if isinstance(rc.config, VfioDeviceConfig):
                 raise PrepareError(f"{rc.where}: {not_implemented(rc.config)}")
-        planned: list[cp.PreparedDevice] = []
+        planned: list[cp.CheckpointedDevice] = []
         devices: dict[str, DiscoveredDevice] = {}
         claim_env: dict[str, str] = {}
         tpu_configs: dict[TpuConfig, str] = {}
@@ -488,7 +488,7 @@ class PrepareHandler:
                     same[1].append(result.request)
                 mps_devices.setdefault(device.name, device)
             planned.append(
-                cp.PreparedDevice(
+                cp.CheckpointedDevice(
                     request=result.request,
                     pool=result.pool,
                     device=result.device,
@@ -620,7 +620,7 @@ class PrepareHandler:
         edited = dataclasses.replace(device, edits=device.edits.merged(ContainerEdits(env=tuple(env))))
         return edited, sharing
 
-    def _touches_devices(self, planned: Sequence[cp.PreparedDevice]) -> bool:
+    def _touches_devices(self, planned: Sequence[cp.CheckpointedDevice]) -> bool:
         """Whether ``_set_up`` changes device state (then the devices are recorded before it runs, so
         a crash in between leaves an entry that says what to undo)."""
         return any(p.time_slice is not None or p.mps or p.dynamic_mig for p in planned)

@@ -29,8 +29,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from dra_operator.health import Health
 from dra_operator.kubeapi import Expired, KubeApi, WatchInactive, error_text
+from dra_operator.liveness import Health
 from dra_operator.metrics import Metrics
 from dra_operator.reconcile.claims import ClaimReconciler
 from dra_operator.settings import Settings

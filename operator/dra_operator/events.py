@@ -21,6 +21,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from dra_api.aiotasks import BackgroundTasks
+
 logger = logging.getLogger(__name__)
 
 
@@ -102,7 +104,7 @@ class EventSink:
 
     async def run(self, *, poll: float = 0.05) -> None:
         """Post queued Events forever."""
-        tasks: set[asyncio.Task[None]] = set()
+        sending = BackgroundTasks()
         while True:
             if not self._queue:
                 self._queued.clear()
@@ -110,9 +112,7 @@ class EventSink:
             while self._may_send():
                 pending = self._queue.popleft()
                 self._in_flight += 1
-                task = asyncio.create_task(self._send(pending))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
+                sending.spawn(self._send(pending))
             # The worker's idleness is polled rather than signalled: a few checks per second cost
             # nothing next to the writes they wait for.
             await asyncio.sleep(poll)

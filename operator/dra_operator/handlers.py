@@ -18,7 +18,7 @@ from dra_api.model import ModelError
 from dra_api.names import RESOURCE_GROUP
 from dra_operator.clustermodel import ClusterModel
 from dra_operator.deviceclasses import DeviceClassKeeper
-from dra_operator.health import Health
+from dra_operator.liveness import Health
 from dra_operator.metrics import Metrics
 from dra_operator.peering import HEARTBEAT_ANNOTATION
 from dra_operator.reconcile.claims import ClaimReconciler

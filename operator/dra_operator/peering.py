@@ -8,7 +8,7 @@ the active one; on a tie every instance stays paused, as Kopf does.
 Three numbers, as in client-go's leader election:
 
 - renew interval R (``heartbeat_interval_s``, 2 s): each instance renews its entry every R s (the
-  same patch carries the liveness heartbeat, see :mod:`dra_operator.health`);
+  same patch carries the liveness heartbeat, see :mod:`dra_operator.liveness`);
 - renew deadline D (``peering_renew_deadline_s``, 8 s): the active instance stops writing once its
   last successful renewal *started* more than D s ago (a slow or unreachable API server);
 - lifetime L (``peering_lifetime_s``, 12 s): peers count an entry as live until ``lastseen + L``.

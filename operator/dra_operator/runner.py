@@ -40,8 +40,8 @@ from dra_operator.claimwatch import ClaimWatch
 from dra_operator.clustermodel import ClusterModel
 from dra_operator.deviceclasses import DeviceClassKeeper
 from dra_operator.handlers import OperatorParts, build_registry
-from dra_operator.health import Health, make_app, serve
 from dra_operator.kubeapi import KubeApi
+from dra_operator.liveness import Health, make_app, serve
 from dra_operator.login import kubeconfig_login, service_account_login
 from dra_operator.metrics import Metrics
 from dra_operator.peering import Peering, PeeringTimes

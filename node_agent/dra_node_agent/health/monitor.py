@@ -22,10 +22,11 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from kubernetes_asyncio import client
 
+from dra_api.aiotasks import BackgroundTasks
 from dra_api.kubeletapi.model import DeviceHealth, HealthStatus
 from dra_node_agent.devices import DiscoveredDevice
 from dra_node_agent.health import metrics
@@ -35,6 +36,9 @@ from dra_node_agent.health.state import DEFAULT_HISTORY, DeviceHealthState, Obse
 from dra_node_agent.health.taints import TaintEffect, decorate_devices, render_taints
 
 logger = logging.getLogger(__name__)
+
+# At stop, Events still being posted get this many seconds before they are cancelled.
+EVENT_POST_GRACE: Final = 5.0
 
 _KUBELET_HEALTH: Mapping[State, HealthStatus] = {
     State.HEALTHY: HealthStatus.HEALTHY,
@@ -97,7 +101,7 @@ class HealthMonitor:
         self._states: dict[str, DeviceHealthState] = {}
         self._announced: dict[str, tuple[State, frozenset[tuple[ProblemKind, str]]]] = {}
         self._task: asyncio.Task[None] | None = None
-        self._event_tasks: set[asyncio.Task[None]] = set()
+        self._event_posts = BackgroundTasks()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake = asyncio.Event()
         self._check_lock = asyncio.Lock()  # one poll at a time: the probe keeps per-GPU counters
@@ -201,9 +205,7 @@ class HealthMonitor:
             metrics.forget_device(driver=self.driver, device=name)
         metrics.TELEMETRY.forget(driver=self.driver)
         metrics.MONITOR_UP.remove_by_labels({"driver": self.driver})
-        for task in list(self._event_tasks):
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(task, timeout=5)
+        await self._event_posts.drain(grace=EVENT_POST_GRACE)
 
     async def _run(self) -> None:
         while True:
@@ -337,11 +339,7 @@ class HealthMonitor:
     def _event(self, *, type: str, reason: str, message: str) -> None:
         if self._events is None:
             return
-        task = asyncio.get_running_loop().create_task(
-            self._events.record(type=type, reason=reason, message=message)
-        )
-        self._event_tasks.add(task)
-        task.add_done_callback(self._event_tasks.discard)
+        self._event_posts.spawn(self._events.record(type=type, reason=reason, message=message))
 
     async def wait_change(self, *, timeout: float) -> None:  # noqa: ASYNC109 - a bounded wait is the point
         """Return after the next change of any device, or after ``timeout`` seconds."""

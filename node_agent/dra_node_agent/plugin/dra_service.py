@@ -15,6 +15,7 @@ from typing import TypeVar
 
 import grpc
 
+from dra_api.aiotasks import BackgroundTasks
 from dra_api.kubeletapi import convert, dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
 from dra_api.kubeletapi.model import ClaimRef, PreparedDevice, PrepareResult
 from dra_node_agent.plugin.handler import DRAHandler
@@ -97,7 +98,8 @@ class ClaimService:
         self._driver = driver
         self._handler = handler
         self._lock: asyncio.Lock | None = asyncio.Lock() if serialize else None
-        self._running: set[asyncio.Task[Mapping[str, object]]] = set()
+        # The RPC that started a call awaits it and reports its failure; _finished reports the rest.
+        self._running = BackgroundTasks(log_failures=False)
         self._abandoned: set[asyncio.Task[Mapping[str, object]]] = set()
 
     async def _call(self, work: Callable[[], Awaitable[Mapping[str, T]]]) -> Mapping[str, object]:
@@ -114,8 +116,7 @@ class ClaimService:
             async with self._lock:
                 return await work()
 
-        task = asyncio.create_task(serialized())
-        self._running.add(task)
+        task = self._running.spawn(serialized())
         task.add_done_callback(self._finished)
         try:
             returned = await asyncio.shield(task)
@@ -132,7 +133,6 @@ class ClaimService:
         return len(self._abandoned)
 
     def _finished(self, task: asyncio.Task[Mapping[str, object]]) -> None:
-        self._running.discard(task)
         if task in self._abandoned:
             # Nobody awaits this one any more, so its failure is reported here.
             self._abandoned.discard(task)
@@ -145,10 +145,9 @@ class ClaimService:
 
     async def drain(self, *, grace: float) -> None:
         """Wait up to ``grace`` seconds for handler calls still running after their RPC ended."""
-        if self._running:
-            _done, pending = await asyncio.wait(set(self._running), timeout=grace)
-            if pending:
-                logger.warning("stopping with %d %s handler calls still running", len(pending), self._driver)
+        pending = await self._running.drain(grace=grace, cancel=False)
+        if pending:
+            logger.warning("stopping with %d %s handler calls still running", len(pending), self._driver)
 
     @staticmethod
     def _split(claims: Sequence[ClaimRef]) -> tuple[dict[str, str], list[ClaimRef]]:

@@ -20,8 +20,6 @@ What prepare does with the outcome:
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, Protocol
@@ -30,8 +28,9 @@ import aiohttp
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from dra_api.aiotasks import BackgroundTasks
 from dra_api.names import RESOURCE_GROUP
-from dra_node_agent.claims import ClaimAllocation, describe
+from dra_node_agent.claim_reader import ClaimAllocation, describe
 from dra_node_agent.devices import TpuHostInfo, TpuWorkers
 from dra_node_agent.health.events import event_body
 from dra_node_agent.opaqueconfig import TpuConfig
@@ -146,7 +145,7 @@ class TpuWorkerResolver:
         self.driver = driver
         self.node_name = node_name
         self._reported: set[tuple[str, str]] = set()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._checks = BackgroundTasks()
 
     async def resolve(
         self, *, allocation: ClaimAllocation, host: TpuHostInfo, chips: int, config: TpuConfig | None
@@ -188,13 +187,11 @@ class TpuWorkerResolver:
             workload.completions,
             self.node_name,
         )
-        self._spawn(self._check(workload=workload, host=host, selectors=allocation.selectors))
+        self._checks.spawn(
+            self._check(workload=workload, host=host, selectors=allocation.selectors),
+            name=f"tpu-slice-check-{self.driver}",
+        )
         return workload.workers
-
-    def _spawn(self, work: Any) -> None:
-        task = asyncio.get_running_loop().create_task(work, name=f"tpu-slice-check-{self.driver}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     async def _check(self, *, workload: SliceWorkload, host: TpuHostInfo, selectors: Sequence[str]) -> None:
         published: list[PublishedHost] | None = None
@@ -233,17 +230,8 @@ class TpuWorkerResolver:
 
     async def settle(self) -> None:
         """Wait for the checks started so far (tests)."""
-        while self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        await self._checks.join()
 
     async def aclose(self, *, grace: float = CLOSE_GRACE) -> None:
         """Give running checks ``grace`` seconds, then cancel them."""
-        pending = list(self._tasks)
-        if not pending:
-            return
-        _, late = await asyncio.wait(pending, timeout=grace)
-        for task in late:
-            task.cancel()
-        for task in late:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self._checks.drain(grace=grace)

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from dra_node_agent.claims import ClaimError
+from dra_node_agent.claim_reader import ClaimError
 from dra_node_agent.devices import TpuHostInfo, TpuWorkers
 
 COMPLETION_INDEX: Final = "batch.kubernetes.io/job-completion-index"

@@ -25,7 +25,7 @@ from kubernetes_asyncio.config import ConfigException
 
 from dra_api.kube import UnsupportedServer
 from dra_operator.allocator import FeatureGates
-from dra_operator.kubectl_dra.claims import claim_rows, render_claims
+from dra_operator.kubectl_dra.claims_command import claim_rows, render_claims
 from dra_operator.kubectl_dra.cluster import ClusterObjects, fetch
 from dra_operator.kubectl_dra.devices import device_rows, render_devices
 from dra_operator.kubectl_dra.explain import explain_claim

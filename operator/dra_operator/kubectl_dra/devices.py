@@ -15,7 +15,7 @@ from typing import Any
 
 from dra_api.model import DeviceClass, DeviceTaint, Node, ResourceSlice
 from dra_operator.allocator import AllocationError, DeviceEntry, class_matches
-from dra_operator.kubectl_dra.claims import consumers
+from dra_operator.kubectl_dra.claims_command import consumers
 from dra_operator.kubectl_dra.cluster import ClusterObjects
 from dra_operator.kubectl_dra.output import as_list, dump, joined, table
 

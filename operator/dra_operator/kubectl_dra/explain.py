@@ -24,7 +24,7 @@ from typing import Any
 
 from dra_api.model import ALL, Node, ResourceClaim, ResourceClaimStatus
 from dra_operator.allocator import AllocationError, FeatureGates, RequestFunnel
-from dra_operator.kubectl_dra.claims import allocator, consumers, state
+from dra_operator.kubectl_dra.claims_command import allocator, consumers, state
 from dra_operator.kubectl_dra.cluster import ClaimObject, ClusterObjects, node_of
 from dra_operator.kubectl_dra.devices import health, taint_text
 from dra_operator.planner import NotPlaced, PlanError, Planner, PlanOutcome

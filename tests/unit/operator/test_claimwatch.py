@@ -11,8 +11,8 @@ import pytest
 
 from dra_operator.claimwatch import ClaimWatch
 from dra_operator.clustermodel import ClaimKey, ClusterModel
-from dra_operator.health import Health
 from dra_operator.kubeapi import Expired, Listing, WatchInactive
+from dra_operator.liveness import Health
 from dra_operator.metrics import Metrics
 from dra_operator.planner import PlannerPlacer
 from dra_operator.reconcile.claims import ClaimReconciler

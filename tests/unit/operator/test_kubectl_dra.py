@@ -15,7 +15,7 @@ import yaml
 from dra_api.model import Node
 from dra_operator.allocator import FeatureGates
 from dra_operator.kubectl_dra import cli
-from dra_operator.kubectl_dra.claims import claim_rows, render_claims
+from dra_operator.kubectl_dra.claims_command import claim_rows, render_claims
 from dra_operator.kubectl_dra.cluster import ClusterObjects
 from dra_operator.kubectl_dra.devices import class_totals, device_rows, render_devices
 from dra_operator.kubectl_dra.explain import explain_claim

@@ -21,7 +21,7 @@ from dra_node_agent.checkpoint_report import (
     CorruptionReporter,
     corruption_message,
 )
-from dra_node_agent.claims import ClaimAllocation, ClaimGone
+from dra_node_agent.claim_reader import ClaimAllocation, ClaimGone
 from dra_node_agent.health.events import NodeEvents
 from dra_node_agent.prepare import PrepareHandler
 from dra_node_agent.simulated.discovery import SimulatedBackend

@@ -14,11 +14,11 @@ import pytest
 from dra_node_agent.checkpoint import (
     API_VERSION,
     CheckpointCorrupt,
+    CheckpointedDevice,
     CheckpointStore,
     ClaimRef,
     ClaimState,
     DeviceAlreadyPrepared,
-    PreparedDevice,
     checksum_of,
 )
 
@@ -26,8 +26,8 @@ UID_A = "aaaaaaaa-0000-4000-8000-000000000001"
 UID_B = "bbbbbbbb-0000-4000-8000-000000000002"
 CLAIM_A = ClaimRef(uid=UID_A, namespace="ns", name="claim-a")
 CLAIM_B = ClaimRef(uid=UID_B, namespace="ns", name="claim-b")
-GPU0 = PreparedDevice(request="gpu", pool="node-1", device="gpu-0")
-GPU1 = PreparedDevice(request="gpu", pool="node-1", device="gpu-1")
+GPU0 = CheckpointedDevice(request="gpu", pool="node-1", device="gpu-0")
+GPU1 = CheckpointedDevice(request="gpu", pool="node-1", device="gpu-1")
 
 
 @pytest.fixture
@@ -46,8 +46,8 @@ def store(path: Path, boot_id: Path) -> CheckpointStore:
     return CheckpointStore(path, boot_id, driver="gpu.nvidia.com")
 
 
-def completed(device: PreparedDevice, uid: str) -> PreparedDevice:
-    return PreparedDevice(
+def completed(device: CheckpointedDevice, uid: str) -> CheckpointedDevice:
+    return CheckpointedDevice(
         request=device.request,
         pool=device.pool,
         device=device.device,
@@ -124,7 +124,7 @@ def test_a_device_is_never_prepared_for_two_claims(path: Path, boot_id: Path) ->
     with pytest.raises(DeviceAlreadyPrepared, match="node-1/gpu-0 is already prepared for claim ns/claim-a"):
         s.begin(CLAIM_B, [GPU1, GPU0])
     assert s.get(UID_B) is None
-    admin = PreparedDevice(request="mon", pool="node-1", device="gpu-0", admin_access=True)
+    admin = CheckpointedDevice(request="mon", pool="node-1", device="gpu-0", admin_access=True)
     assert s.begin(CLAIM_B, [admin]).state == ClaimState.PREPARE_STARTED
 
 
@@ -132,8 +132,8 @@ UID_C = "cccccccc-0000-4000-8000-000000000003"
 CLAIM_C = ClaimRef(uid=UID_C, namespace="ns", name="claim-c")
 
 
-def share(uid_suffix: str) -> PreparedDevice:
-    return PreparedDevice(
+def share(uid_suffix: str) -> CheckpointedDevice:
+    return CheckpointedDevice(
         request="gpu",
         pool="node-1",
         device="gpu-0",
@@ -316,7 +316,7 @@ def test_concurrent_writers_lose_no_update(path: Path, boot_id: Path) -> None:
     def prepare(which: int) -> None:
         for i in range(15):
             uid = f"claim-{which}-{i}"
-            device = PreparedDevice(request="r", pool="node-1", device=f"dev-{which}-{i}")
+            device = CheckpointedDevice(request="r", pool="node-1", device=f"dev-{which}-{i}")
             stores[which].begin(ClaimRef(uid=uid, namespace="ns", name=uid), [device])
             stores[which].complete(uid, [device])
 

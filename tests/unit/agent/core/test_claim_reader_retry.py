@@ -11,7 +11,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from dra_api.kubeletapi.model import ClaimRef
-from dra_node_agent.claims import ClaimError, ClaimGone, ClaimReader
+from dra_node_agent.claim_reader import ClaimError, ClaimGone, ClaimReader
 
 REF = ClaimRef(namespace="ns", name="c", uid="u1")
 

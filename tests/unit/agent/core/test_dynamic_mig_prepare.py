@@ -125,7 +125,11 @@ async def test_an_interrupted_prepare_is_rolled_back_and_redone_with_one_instanc
     made = node.mig().create(placement)
     handler.store.begin(
         ref,
-        [cp.PreparedDevice(request="mig", pool=NODE, device=THREE_G, dynamic_mig=True, mig_uuid=made.uuid)],
+        [
+            cp.CheckpointedDevice(
+                request="mig", pool=NODE, device=THREE_G, dynamic_mig=True, mig_uuid=made.uuid
+            )
+        ],
     )
     restarted = await node.handler()
     assert [i["uuid"] for i in node.instances()] == [made.uuid], "a recorded instance survives the start"

@@ -261,7 +261,7 @@ async def test_a_crash_between_the_daemon_and_prepare_completed_is_redone_or_und
     # (they are, before the daemon starts) and the daemon running.
     assert handler.mps is not None
     for ref, device, uuid in ((live, name0, uuid0), (gone, name1, uuid1)):
-        handler.store.begin(ref, [cp.PreparedDevice(request="gpus", pool=NODE, device=device, mps=True)])
+        handler.store.begin(ref, [cp.CheckpointedDevice(request="gpus", pool=NODE, device=device, mps=True)])
         await handler.mps.start(ref.uid, MpsLimits(uuids=(uuid,)))
     live_pid, gone_pid = node.pid(live), node.pid(gone)
     del node.claims.objects["gone"]

@@ -17,7 +17,7 @@ from prometheus_client import REGISTRY
 
 from dra_api.kubeletapi.model import ClaimRef
 from dra_node_agent import checkpoint as cp
-from dra_node_agent.claims import ClaimAllocation, ClaimGone, driver_allocation
+from dra_node_agent.claim_reader import ClaimAllocation, ClaimGone, driver_allocation
 from dra_node_agent.prepare import PAUSE_ENV, PrepareHandler
 from dra_node_agent.simulated.discovery import SimulatedBackend
 
@@ -282,7 +282,7 @@ async def test_interrupted_prepare_is_rolled_back_and_redone(
     # What a crash after PrepareStarted and a CDI spec of an earlier attempt (other devices) leaves.
     handler.store.begin(
         cp.ClaimRef(uid="uid-1", namespace="ns", name="c1"),
-        [cp.PreparedDevice(request="gpu", pool=NODE, device="gpu-5")],
+        [cp.CheckpointedDevice(request="gpu", pool=NODE, device="gpu-5")],
     )
     handler.cdi.write_claim_spec(
         claim_uid="uid-1", devices=[inventory.by_name()["gpu-6"]], inventory=inventory
@@ -358,7 +358,7 @@ async def test_stale_prepare_started_of_a_deleted_claim_is_cleaned_up(
         claims.objects[("ns", name)] = claim_json(name, uid, [("gpu", device)])
         handler.store.begin(
             cp.ClaimRef(uid=uid, namespace="ns", name=name),
-            [cp.PreparedDevice(request="gpu", pool=NODE, device=device)],
+            [cp.CheckpointedDevice(request="gpu", pool=NODE, device=device)],
         )
         handler.cdi.write_claim_spec(
             claim_uid=uid, devices=[inventory.by_name()[device]], inventory=inventory
@@ -366,7 +366,7 @@ async def test_stale_prepare_started_of_a_deleted_claim_is_cleaned_up(
     claims.objects[("ns", "replaced")] = claim_json("replaced", "uid-replaced-new", [("gpu", "gpu-3")])
     handler.store.begin(
         cp.ClaimRef(uid="uid-replaced-old", namespace="ns", name="replaced"),
-        [cp.PreparedDevice(request="gpu", pool=NODE, device="gpu-3")],
+        [cp.CheckpointedDevice(request="gpu", pool=NODE, device="gpu-3")],
     )
     del claims.objects[("ns", "gone")]
 

@@ -199,7 +199,7 @@ async def test_a_crash_after_the_set_up_is_undone_for_a_deleted_claim_and_redone
     # What a crash between set-up and PrepareCompleted leaves: PrepareStarted with the devices
     # recorded (they are, before the GPU is touched) and the slices set.
     for ref, device, interval, uuid in ((gone, name0, "Long", uuid0), (live, name1, "Medium", uuid1)):
-        planned = [cp.PreparedDevice(request="gpus", pool=NODE, device=device, time_slice=interval)]
+        planned = [cp.CheckpointedDevice(request="gpus", pool=NODE, device=device, time_slice=interval)]
         handler.store.begin(ref, planned)
         assert handler.gpu_sharing is not None
         await handler.gpu_sharing.set_time_slice([uuid], interval)

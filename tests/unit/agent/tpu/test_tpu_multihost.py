@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from dra_api.kubeletapi.model import ClaimRef
-from dra_node_agent.claims import ClaimAllocation, ClaimGone, driver_allocation
+from dra_node_agent.claim_reader import ClaimAllocation, ClaimGone, driver_allocation
 from dra_node_agent.prepare import PrepareHandler
 from dra_node_agent.simulated.discovery import SimulatedBackend
 from dra_node_agent.tpu.multihost import TpuWorkerResolver

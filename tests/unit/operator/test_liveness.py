@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from dra_operator.health import Health
+from dra_operator.liveness import Health
 
 
 class _Clock:
