@@ -13,14 +13,27 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from dra_api.model import ALL, Node, ResourceClaim
-from dra_operator.allocator import MatchValues, RequestFunnel
+from dra_api.model import ALL, DeviceClass, Node, ResourceClaim
+from dra_operator.allocator import Allocator, MatchValues, RequestFunnel
 from dra_operator.planner.demand import DemandKey, request_keys
+from dra_operator.planner.index import FreeDeviceIndex
 
-if TYPE_CHECKING:
-    from dra_operator.planner.planner import Planner
+
+class PlannerState(Protocol):
+    """What an explanation reads of the planner (``planner.Planner`` has it). A protocol, so that
+    this module does not import the planner that calls it: no import circle."""
+
+    @property
+    def index(self) -> FreeDeviceIndex: ...
+
+    @property
+    def classes(self) -> dict[str, DeviceClass]: ...
+
+    @property
+    def allocator(self) -> Allocator: ...
+
 
 EVENT_MESSAGE_LIMIT = 1024
 _BEST_NODES = 3
@@ -59,7 +72,7 @@ def truncate(text: str, limit: int = EVENT_MESSAGE_LIMIT) -> str:
 
 def explain(
     *,
-    planner: Planner,
+    planner: PlannerState,
     claims: Sequence[ResourceClaim],
     attempts: Sequence[NodeAttempt],
     fixed: Node | None,
@@ -329,7 +342,7 @@ def _advice(
     return [f"the requests together need more devices than {where} offers: lower the counts"]
 
 
-def _best_nodes(*, planner: Planner, claims: Sequence[ResourceClaim]) -> list[Node]:
+def _best_nodes(*, planner: PlannerState, claims: Sequence[ResourceClaim]) -> list[Node]:
     """The nodes with the most free devices matching the requests (then the most matching)."""
     index = planner.index
     keys = [key for _, _, key, _, _ in request_keys(claims=claims, classes=planner.classes)]

@@ -118,7 +118,7 @@ def spec_env(handler: PrepareHandler) -> list[str]:
 
 
 def first_gpu(handler: PrepareHandler, kind: str) -> str:
-    return next(d.name for d in handler._inventory.devices if d.kind == kind)
+    return next(d.name for d in handler.inventory.devices if d.kind == kind)
 
 
 @pytest.mark.parametrize(

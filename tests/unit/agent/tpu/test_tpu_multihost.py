@@ -177,7 +177,7 @@ class Host:
 
     @property
     def devices(self) -> list[str]:
-        return [d.name for d in self.handler._inventory.devices]
+        return [d.name for d in self.handler.inventory.devices]
 
     async def prepare(
         self, *, pod: str, selectors: list[str] | None = None, config: list[dict[str, Any]] | None = None

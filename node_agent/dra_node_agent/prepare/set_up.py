@@ -1,0 +1,180 @@
+"""Device set-up for a planned claim, and its undoing.
+
+Set-up creates a dynamic MIG placement's instance (recorded with its UUID before the CDI spec
+names it), sets a GpuConfig's time slice and starts its MPS daemon, through the tools of
+``device_setup``. Roll-back undoes all of it and removes the claim's CDI spec; it must be safe on
+devices that were never set up, since a crash can come at any step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Sequence
+
+from dra_node_agent import checkpoint as cp
+from dra_node_agent.cdi import CdiWriter
+from dra_node_agent.claim_reader import describe
+from dra_node_agent.device_setup import DeviceSetupError
+from dra_node_agent.devices import DiscoveredDevice
+from dra_node_agent.prepare.driver_node import DriverNode
+from dra_node_agent.prepare.errors import PrepareError
+from dra_node_agent.prepare.metrics import DEVICE_SETUPS
+from dra_node_agent.prepare.plan import PreparePlan
+from dra_node_agent.prepare.records import entry_ref
+
+logger = logging.getLogger(__name__)
+
+
+class DeviceSetUp:
+    """Sets the devices of one driver's claims up and tears them down."""
+
+    def __init__(self, node: DriverNode, store: cp.CheckpointStore, cdi: CdiWriter) -> None:
+        self._node = node
+        self._store = store
+        self._cdi = cdi
+        self.count = 0
+
+    async def set_up(
+        self, entry: cp.ClaimEntry, plan: PreparePlan
+    ) -> tuple[cp.ClaimEntry, list[DiscoveredDevice]]:
+        """Dynamic MIG instances, then the time slices and the MPS daemon the claim's GpuConfig asks
+        for. Returns the entry and the devices as the CDI spec must name them (a dynamic MIG device
+        with its instance's UUID and nodes)."""
+        self.count += 1
+        DEVICE_SETUPS.labels(self._node.driver).inc()
+        entry, ready = await self._set_up_migs(entry, plan.devices)
+        await self._set_up_time_slices(entry, ready)
+        if plan.mps_limits is not None:
+            assert self._node.mps is not None
+            try:
+                await self._node.mps.start(entry.uid, plan.mps_limits)
+            except DeviceSetupError as exc:
+                requests = sorted({p.request for p in entry.devices if p.mps})
+                raise PrepareError(
+                    f"{describe(entry_ref(entry))}: request {', '.join(requests)}: GpuConfig "
+                    f"sharing.strategy MPS: {exc}"
+                ) from exc
+        return entry, ready
+
+    async def _set_up_migs(
+        self, entry: cp.ClaimEntry, devices: Sequence[DiscoveredDevice]
+    ) -> tuple[cp.ClaimEntry, list[DiscoveredDevice]]:
+        """Create the instance of each dynamic MIG placement and record its UUID before the CDI spec
+        names it, so a crash from here on leaves an entry that says what to destroy."""
+        if not any(d.mig_placement is not None for d in devices):
+            return entry, list(devices)
+        mig = self._node.dynamic_mig
+        assert mig is not None  # the planner refused such devices without it
+        ready: list[DiscoveredDevice] = []
+        uuids: dict[str, str] = {}
+        for device in devices:
+            if device.mig_placement is None:
+                ready.append(device)
+                continue
+            try:
+                instance = await asyncio.to_thread(mig.create, device.mig_placement)
+            except DeviceSetupError as exc:
+                requests = sorted({p.request for p in entry.devices if p.device == device.name})
+                where = f"{describe(entry_ref(entry))}: request {', '.join(requests)}"
+                raise PrepareError(f"{where}: device {device.name}: {exc}") from exc
+            uuids[device.name] = instance.uuid
+            ready.append(await asyncio.to_thread(mig.edits, device, instance))
+        recorded = [dataclasses.replace(p, mig_uuid=uuids.get(p.device, p.mig_uuid)) for p in entry.devices]
+        entry = await asyncio.to_thread(self._store.begin, entry_ref(entry), recorded)
+        return entry, ready
+
+    async def _set_up_time_slices(self, entry: cp.ClaimEntry, devices: Sequence[DiscoveredDevice]) -> None:
+        wanted = {p.device: p for p in entry.devices if p.time_slice is not None}
+        if not wanted:
+            return
+        sharing = self._node.gpu_sharing
+        assert sharing is not None  # the planner refused time-slicing without it
+        others = await asyncio.to_thread(self._store.entries)
+        for other in others:
+            if other.uid == entry.uid:
+                continue
+            for held in other.devices:
+                mine = wanted.get(held.device)
+                if mine is None or held.time_slice is None or held.time_slice == mine.time_slice:
+                    continue
+                raise PrepareError(
+                    f"{describe(entry_ref(entry))}: request {mine.request}: GpuConfig "
+                    f"sharing.timeSlicingConfig.interval {mine.time_slice} conflicts with interval "
+                    f"{held.time_slice} that claim {other.namespace}/{other.name} (request {held.request}) "
+                    f"set on GPU {held.device}; a GPU has one time slice, so claims sharing it must ask for "
+                    "the same interval"
+                )
+        by_name = {d.name: d for d in devices}
+        by_interval: dict[str, list[str]] = {}
+        for name, prepared in sorted(wanted.items()):
+            assert prepared.time_slice is not None
+            by_interval.setdefault(prepared.time_slice, []).append(by_name[name].uuid)
+        for interval, uuids in by_interval.items():
+            try:
+                await sharing.set_time_slice(uuids, interval)
+            except DeviceSetupError as exc:
+                requests = sorted({p.request for p in wanted.values() if p.time_slice == interval})
+                raise PrepareError(
+                    f"{describe(entry_ref(entry))}: request {', '.join(requests)}: GpuConfig "
+                    f"sharing.timeSlicingConfig.interval {interval} could not be applied: {exc}"
+                ) from exc
+
+    async def roll_back(self, entry: cp.ClaimEntry, *, strict: bool = False) -> None:
+        """Tear down and remove the CDI spec. A device that cannot be reset raises ``DeviceSetupError``
+        when ``strict`` (unprepare, which the kubelet retries); otherwise it is logged and left."""
+        try:
+            await self._tear_down(entry)
+        except DeviceSetupError as exc:
+            if strict:
+                raise
+            logger.warning("%s: undoing its device set-up failed: %s", describe(entry_ref(entry)), exc)
+        await asyncio.to_thread(self._cdi.remove_claim_spec, entry.uid)
+
+    async def _tear_down(self, entry: cp.ClaimEntry) -> None:
+        """Undo ``set_up``; must be safe on devices that were never set up (a reset to Default is).
+
+        A GPU's time slice goes back to Default when no other recorded claim holds it with one.
+        """
+        if self._node.mps is not None:
+            await self._node.mps.stop(entry.uid)  # nothing to do for a claim without a daemon
+        await self._tear_down_migs(entry)
+        sliced = {p.device for p in entry.devices if p.time_slice is not None}
+        sharing = self._node.gpu_sharing
+        if not sliced or sharing is None:
+            return
+        others = await asyncio.to_thread(self._store.entries)
+        still_used = {
+            held.device
+            for other in others
+            if other.uid != entry.uid
+            for held in other.devices
+            if held.time_slice is not None
+        }
+        uuids = [
+            device.uuid
+            for name in sorted(sliced - still_used)
+            if (device := self._node.devices.get(name)) is not None
+        ]
+        if uuids:
+            await sharing.reset_time_slice(uuids)
+
+    async def _tear_down_migs(self, entry: cp.ClaimEntry) -> None:
+        """Destroy the instances of the claim's dynamic MIG placements (found by placement: one that
+        was never created, or already destroyed, is no error)."""
+        for prepared in entry.devices:
+            if not prepared.dynamic_mig:
+                continue
+            device = self._node.devices.get(prepared.device)
+            mig = self._node.dynamic_mig
+            if device is None or device.mig_placement is None or mig is None:
+                logger.error(
+                    "%s: device %s was a dynamic MIG placement, but this node no longer publishes it in "
+                    "that mode; its instance (%s) is left for the start-up clean-up",
+                    describe(entry_ref(entry)),
+                    prepared.device,
+                    prepared.mig_uuid or "never created",
+                )
+                continue
+            await asyncio.to_thread(mig.destroy, device.mig_placement)
