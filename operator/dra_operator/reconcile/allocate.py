@@ -24,11 +24,12 @@ from dra_api.names import OPERATOR_FINALIZER
 from dra_operator.clustermodel import ClaimKey, ClusterModel, DeviceID, InvalidClaim
 from dra_operator.events import EventSink
 from dra_operator.kubeapi import KubeApi
-from dra_operator.logthrottle import LogThrottle, held_back
 from dra_operator.metrics import Metrics
 from dra_operator.placement import Placement, Placer, Unallocatable
 from dra_operator.planner import SPREAD
+from dra_operator.reconcile.claimchecks import validate_claim
 from dra_operator.reconcile.contention import Crowded, SchedulerDemand
+from dra_operator.reconcile.placerindex import PlacerIndexCheck
 from dra_operator.reconcile.schedulerwait import WAITING_REASON, SchedulerWaits, waiting_message
 from dra_operator.reconcile.status import (
     CONDITION_ANNOTATION,
@@ -44,43 +45,6 @@ from dra_operator.settings import Settings
 logger = logging.getLogger(__name__)
 
 _CLASS_SELECTOR_ERROR = re.compile(r"class (\S+): selector #(\d+) on device \S+:")
-
-
-def validate_claim(
-    claim: ResourceClaim, *, known_drivers: set[str], compiler: Callable[[str], object] | None = None
-) -> Unallocatable | None:
-    """Checks made before placement, for messages that name the field: request selectors that do
-    not compile, and opaque configuration for drivers nobody runs."""
-    if compiler is not None:
-        for i, request in enumerate(claim.spec.requests):
-            specs = [(f"spec.devices.requests[{i}].exactly", request.exactly)] if request.exactly else []
-            specs += [
-                (f"spec.devices.requests[{i}].firstAvailable[{j}]", sub.spec)
-                for j, sub in enumerate(request.first_available)
-            ]
-            for path, spec in specs:
-                assert spec is not None
-                for k, selector in enumerate(spec.selectors):
-                    expression = selector.cel
-                    if expression is None:
-                        continue
-                    try:
-                        compiler(expression)
-                    except Exception as exc:
-                        return Unallocatable(
-                            reason="InvalidSelector",
-                            message=f"ResourceClaim {claim.ref}: {path}.selectors[{k}].cel.expression "
-                            f"{expression!r} does not compile: {' '.join(str(exc).split())}",
-                        )
-    for i, config in enumerate(claim.spec.config):
-        if config.opaque is not None and config.opaque.driver not in known_drivers:
-            return Unallocatable(
-                reason="UnknownConfigDriver",
-                message=f"ResourceClaim {claim.ref}: spec.devices.config[{i}].opaque.driver "
-                f"{config.opaque.driver!r} is not a driver in this cluster (known: "
-                f"{', '.join(sorted(known_drivers)) or 'none'}); no node could apply this configuration",
-            )
-    return None
 
 
 def _age_seconds(created: str, *, now: float) -> float | None:
@@ -118,6 +82,7 @@ class ClaimAllocator:
         events: EventSink,
         writer: ClaimStatusWriter,
         waits: SchedulerWaits,
+        index_check: PlacerIndexCheck,
         on_claim_event: ClaimInput,
         clock: Callable[[], float],
         compiler: Callable[[str], object] | None,
@@ -130,14 +95,13 @@ class ClaimAllocator:
         self.events = events
         self.writer = writer
         self.waits = waits
+        self.index_check = index_check
         self.on_claim_event = on_claim_event
         self.clock = clock
         self.compiler = compiler
         # Claims that cannot be allocated now, with what they were last told (said once).
         self.failing: dict[ClaimKey, Failure] = {}
         self._class_reports: dict[str, tuple[str, int, str]] = {}
-        self._index_reported: set[DeviceID] = set()
-        self._log_throttle = LogThrottle()
 
     def assess(self, claim: ResourceClaim) -> Placement | Unallocatable:
         """Where the claim would go on the model as it is now, or why it cannot go anywhere. Holds
@@ -193,7 +157,7 @@ class ClaimAllocator:
                 # held all along by a claim the placer counted free: then its index is repaired
                 # here. Either way the claim goes through its back-off, never straight back.
                 self.model.forget_assumed(key)
-                self.check_placer(found_by="placement", claim=claim, taken=taken)
+                self.index_check.check(found_by="placement", claim=claim, taken=taken)
                 raise DevicesTaken(taken)
             obj = await self.writer.write_allocation(
                 claim, allocation, resource_version=current.metadata.resource_version
@@ -203,8 +167,7 @@ class ClaimAllocator:
             raise
         self.on_claim_event(obj, deleted=False)
         self.model.forget_assumed(key)
-        waited = self.waits.waits.pop(key, None)
-        self.waits.waiting.discard(key)
+        waited = self.waits.forget(key)
         unallocatable = self.failing.pop(key, None)
         self.metrics.allocations.inc()
         age = _age_seconds(self.model.claim_created.get(key, ""), now=self.clock())
@@ -261,7 +224,7 @@ class ClaimAllocator:
 
     async def fail(self, claim: ResourceClaim, why: Unallocatable) -> None:
         key = ClaimKey(claim.namespace, claim.name)
-        self.waits.waiting.discard(key)
+        self.waits.stop(key)
         self.metrics.allocation_failures.labels(why.reason).inc()
         previous = self.failing.get(key)
         self.failing[key] = Failure(why.reason, why.message)
@@ -330,39 +293,3 @@ class ClaimAllocator:
             reason="InvalidClaim",
             message=invalid.message,
         )
-
-    def check_placer(
-        self,
-        *,
-        found_by: str,
-        claim: ResourceClaim | None = None,
-        taken: Mapping[DeviceID, ClaimKey] | None = None,
-    ) -> bool:
-        """Compare the placer's free-device index with the model; on a difference, rebuild the
-        index from the model, count it, log it (at most every 30 s) and, when a placement ran into
-        it, post a Warning Event on the claim once per device. True when they disagreed."""
-        problems = self.placer.disagreements(self.model)
-        if not problems:
-            return False
-        self.metrics.index_repairs.labels(found_by).inc()
-        self.placer.rebuild()
-        held = self._log_throttle.allow(("placer index", found_by))
-        if held is not None:
-            logger.error(
-                "placer index disagrees with the model (found by %s); rebuilt it from the model: %s%s",
-                found_by,
-                "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else ""),
-                held_back(held),
-            )
-        fresh = {d: k for d, k in (taken or {}).items() if d not in self._index_reported}
-        if claim is not None and fresh:
-            self._index_reported.update(fresh)
-            devices = ", ".join(f"{'/'.join(d)} (held by {k})" for d, k in sorted(fresh.items()))
-            self.events.post(
-                involved=involved(claim, api_version=self.api.api_version),
-                type_="Warning",
-                reason="PlacementIndexRepaired",
-                message=f"the operator's free-device index counted {devices} as free; it was rebuilt "
-                "from the cluster state and the claim will be placed again",
-            )
-        return True

@@ -18,7 +18,8 @@ the worker and sends each claim to the part that handles it:
 
 - :mod:`~dra_operator.reconcile.workqueue`: the queue of claims and the worker's wake-up;
 - :mod:`~dra_operator.reconcile.relist`: listing whole resources into the model;
-- :mod:`~dra_operator.reconcile.allocate`: placing a claim and writing its allocation;
+- :mod:`~dra_operator.reconcile.allocate`: placing a claim and writing its allocation (with
+  :mod:`~dra_operator.reconcile.claimchecks` and :mod:`~dra_operator.reconcile.placerindex`);
 - :mod:`~dra_operator.reconcile.schedulerwait`: claims giving way to kube-scheduler;
 - :mod:`~dra_operator.reconcile.status`: finalizer, condition and status writes, Event texts;
 - :mod:`~dra_operator.reconcile.release`: deallocation and finalizer removal.
@@ -54,6 +55,7 @@ from dra_operator.placement import Placement, Placer, Unallocatable
 from dra_operator.reconcile.allocate import ClaimAllocator, DevicesTaken
 from dra_operator.reconcile.backoff import Backoff
 from dra_operator.reconcile.ownership import allocated_by_us, is_ours
+from dra_operator.reconcile.placerindex import PlacerIndexCheck
 from dra_operator.reconcile.release import ClaimReleaser
 from dra_operator.reconcile.relist import Relister
 from dra_operator.reconcile.schedulerwait import SchedulerWaits
@@ -103,6 +105,9 @@ class ClaimReconciler:
         self.waits = SchedulerWaits(model=model, settings=settings, classes=self.classes, queue=self.queue)
         writer = ClaimStatusWriter(api=api, model=model, on_claim_event=self.on_claim_event)
         self.writer = writer
+        self.index_check = PlacerIndexCheck(
+            model=model, placer=placer, metrics=metrics, events=self.events, api=api
+        )
         self.allocator = ClaimAllocator(
             model=model,
             placer=placer,
@@ -112,6 +117,7 @@ class ClaimReconciler:
             events=self.events,
             writer=writer,
             waits=self.waits,
+            index_check=self.index_check,
             on_claim_event=self.on_claim_event,
             clock=clock,
             compiler=compiler,
@@ -173,7 +179,7 @@ class ClaimReconciler:
             return  # older than what we have
         if isinstance(result, ResourceClaim):
             if result.status.allocation is not None or result.metadata.deletion_timestamp is not None:
-                self.waits.waiting.discard(key)
+                self.waits.stop(key)
             if result.status.reserved_for:
                 self.releaser.was_reserved.add(key)
             if held_before and result.status.allocation is None:
@@ -195,7 +201,7 @@ class ClaimReconciler:
 
     def _verify_after_event(self) -> None:
         if self.settings.verify_placer_index:
-            self.allocator.check_placer(found_by="check")
+            self.index_check.check(found_by="check")
 
     def retry_failing(self) -> None:
         self.queue.mark_all(list(self.allocator.failing))
@@ -360,7 +366,7 @@ class ClaimReconciler:
                 await self.releaser.maintain_allocated(claim)
             return
         if not is_ours(claim, ownership=self.settings.ownership, classes=self.classes):
-            self.waits.waiting.discard(key)
+            self.waits.stop(key)
             if ours_by_finalizer:
                 await self.writer.patch_meta(claim, finalizer=False, condition=None)
             return

@@ -84,10 +84,15 @@ class SchedulerWaits:
         kube-scheduler."""
         self._helped_parked_at = time.monotonic()
 
-    def forget(self, key: ClaimKey) -> None:
-        """The claim is gone."""
-        self.waits.pop(key, None)
+    def stop(self, key: ClaimKey) -> None:
+        """The claim waits no more (allocated, unallocatable, or no longer ours); its wait is kept
+        until it is allocated or gone."""
         self.waiting.discard(key)
+
+    def forget(self, key: ClaimKey) -> Wait | None:
+        """The claim is allocated or gone: its wait, if it had one."""
+        self.waiting.discard(key)
+        return self.waits.pop(key, None)
 
     def start(self, key: ClaimKey) -> Wait:
         """The claim gives way (again): its wait, since the first time."""
