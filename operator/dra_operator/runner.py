@@ -39,6 +39,7 @@ from dra_operator import kopfwatchlog
 from dra_operator.claimwatch import ClaimWatch
 from dra_operator.clustermodel import ClusterModel
 from dra_operator.deviceclasses import DeviceClassKeeper
+from dra_operator.events import EventSink
 from dra_operator.handlers import OperatorParts, build_registry
 from dra_operator.kubeapi import KubeApi
 from dra_operator.liveness import Health, make_app, serve
@@ -53,6 +54,7 @@ from dra_operator.reconcile.ownership import allocated_by_us
 from dra_operator.reconcile.pending import SchedulerClaimExplainer
 from dra_operator.reconcile.slices import OrphanSliceCollector
 from dra_operator.reconcile.tpuslices import MixedSliceReporter
+from dra_operator.reconcile.workqueue import ClaimQueue
 from dra_operator.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -106,6 +108,10 @@ async def run(
     model = ClusterModel()
     metrics = Metrics()
     keeper = DeviceClassKeeper(api=api, settings=settings)
+    # What the claim path's parts share, built here and handed to them: the queue of claims and
+    # the Event sink, which posts at full pace only while that queue is idle.
+    queue = ClaimQueue()
+    events = EventSink(api, idle=queue.idle, dropped=metrics.events_dropped)
     claims = ClaimReconciler(
         model=model,
         placer=placer or PlannerPlacer(policy=settings.placement_policy, prefer_last_devices=True),
@@ -113,6 +119,8 @@ async def run(
         settings=settings,
         metrics=metrics,
         compiler=keeper.compiler,
+        queue=queue,
+        events=events,
     )
     metrics.attach_model(model, claims.failing, claims.waiting)
     metrics.attach_scheduler_wait(claims.longest_wait)
@@ -184,16 +192,12 @@ async def run(
         asyncio.create_task(
             _sweeper(claims=claims, orphans=orphans, health=health, settings=settings), name="sweeper"
         ),
-        asyncio.create_task(claims.events.run(), name="events"),
+        asyncio.create_task(events.run(), name="events"),
         asyncio.create_task(
             _explainer(
                 explainer=SchedulerClaimExplainer(claims=claims),
-                extended=ExtendedResourceReporter(
-                    model=claims.model, classes=claims.classes, events=claims.events
-                ),
-                tpu_slices=MixedSliceReporter(
-                    model=claims.model, driver=settings.tpu_driver, events=claims.events
-                ),
+                extended=ExtendedResourceReporter(model=model, classes=claims.classes, events=events),
+                tpu_slices=MixedSliceReporter(model=model, driver=settings.tpu_driver, events=events),
                 health=health,
             ),
             name="pending claim explainer",

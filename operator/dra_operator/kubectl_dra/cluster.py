@@ -17,7 +17,7 @@ from dra_api.kube import make_api_client, preferred_resource_version
 from dra_api.model import DeviceClass, ModelError, Node, NodeSelector, ResourceClaim, ResourceSlice
 from dra_api.names import MANAGED_BY_LABEL, MANAGED_BY_VALUE
 from dra_operator.kubeapi import KubeApi
-from dra_operator.reconcile.claims import CONDITION_ANNOTATION
+from dra_operator.reconcile.status import CONDITION_ANNOTATION
 
 POD_CLAIM_STATUSES = "resourceClaimStatuses"
 

@@ -28,7 +28,8 @@ from dra_operator.kubectl_dra.claims_command import allocator, consumers, state
 from dra_operator.kubectl_dra.cluster import ClaimObject, ClusterObjects, node_of
 from dra_operator.kubectl_dra.devices import health, taint_text
 from dra_operator.planner import NotPlaced, PlanError, Planner, PlanOutcome
-from dra_operator.reconcile.claims import WAITING_REASON, describe_allocation
+from dra_operator.reconcile.schedulerwait import WAITING_REASON
+from dra_operator.reconcile.status import describe_allocation
 from dra_operator.simulate import plan, render, result_of
 
 ALLOCATABLE = 0

@@ -29,8 +29,9 @@ from dataclasses import dataclass
 from dra_operator.clustermodel import ClaimKey, ClusterModel, PodInfo, parse_time
 from dra_operator.placement import Unallocatable
 from dra_operator.planner import truncate
-from dra_operator.reconcile.claims import ClaimReconciler, involved
+from dra_operator.reconcile.claims import ClaimReconciler
 from dra_operator.reconcile.ownership import is_ours, request_classes
+from dra_operator.reconcile.status import involved
 from dra_operator.settings import Ownership
 
 logger = logging.getLogger(__name__)

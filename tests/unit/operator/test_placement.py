@@ -5,7 +5,7 @@ from dra_operator.cel import compile_selector
 from dra_operator.clustermodel import ClusterModel
 from dra_operator.placement import Placement, Unallocatable
 from dra_operator.planner import PlannerPlacer
-from dra_operator.reconcile.claims import validate_claim
+from dra_operator.reconcile.claimchecks import validate_claim
 from tests.unit.operator.helpers import allocation, claim, gpu_class, gpu_slice, node
 
 

@@ -18,8 +18,10 @@ import pytest
 from dra_operator.clustermodel import ClaimKey, ClusterModel
 from dra_operator.metrics import Metrics
 from dra_operator.planner import PlannerPlacer
-from dra_operator.reconcile import claims as claims_module
-from dra_operator.reconcile.claims import CONDITION_ANNOTATION, WAITING_REASON, ClaimReconciler
+from dra_operator.reconcile import schedulerwait
+from dra_operator.reconcile.claims import ClaimReconciler
+from dra_operator.reconcile.schedulerwait import WAITING_REASON
+from dra_operator.reconcile.status import CONDITION_ANNOTATION
 from dra_operator.settings import Settings
 
 from . import helpers as h
@@ -153,7 +155,7 @@ async def test_without_pods_waiting_it_keeps_its_own_placement() -> None:
 async def test_a_crowded_claim_waits_says_so_once_and_goes_when_the_pods_are_placed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(claims_module, "RECHECK_DELAY_S", 0.01)
+    monkeypatch.setattr(schedulerwait, "RECHECK_DELAY_S", 0.01)
     reconciler, model, api, metrics = _setup({"n1": 4, "n2": 4})
     _waiting_pods(reconciler, model, 2)  # 2 pods + headroom 2 = 4 ahead needed: no device has that
     _add_claim(reconciler, api, h.claim("c"))
@@ -207,8 +209,8 @@ async def test_a_crowded_claim_waits_says_so_once_and_goes_when_the_pods_are_pla
 async def test_parked_pods_count_only_for_a_while_after_devices_are_freed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(claims_module, "RECHECK_DELAY_S", 0.01)
-    monkeypatch.setattr(claims_module, "PARKED_RETRY_WINDOW_S", 0.5)
+    monkeypatch.setattr(schedulerwait, "RECHECK_DELAY_S", 0.01)
+    monkeypatch.setattr(schedulerwait, "PARKED_RETRY_WINDOW_S", 0.5)
     reconciler, model, api, _ = _setup({"n1": 4})
     # Two parked pods: kube-scheduler tried them and found them unschedulable.
     for i in range(2):

@@ -1,0 +1,295 @@
+"""Allocating one claim: check it, place it, give way to kube-scheduler if it must, then write
+the finalizer and ``status.allocation``; or say why it cannot be allocated.
+
+1. place it on the model (the placer), and hold the chosen devices in the model (``assume``)
+   before the first ``await``, so that no other placement can take them;
+2. add the operator's finalizer with a merge patch carrying ``metadata.resourceVersion``;
+3. write ``status.allocation`` the same way.
+
+A write that fails forgets the claim's assumed devices. A claim that cannot be allocated gets a
+Warning Event and a condition; our finalizer is not left behind on it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import logging
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from dra_api.model import ResourceClaim
+from dra_api.names import OPERATOR_FINALIZER
+from dra_operator.clustermodel import ClaimKey, ClusterModel, DeviceID, InvalidClaim
+from dra_operator.events import EventSink
+from dra_operator.kubeapi import KubeApi
+from dra_operator.metrics import Metrics
+from dra_operator.placement import Placement, Placer, Unallocatable
+from dra_operator.planner import SPREAD
+from dra_operator.reconcile.claimchecks import validate_claim
+from dra_operator.reconcile.contention import Crowded, SchedulerDemand
+from dra_operator.reconcile.placerindex import PlacerIndexCheck
+from dra_operator.reconcile.schedulerwait import WAITING_REASON, SchedulerWaits, waiting_message
+from dra_operator.reconcile.status import (
+    CONDITION_ANNOTATION,
+    ClaimInput,
+    ClaimStatusWriter,
+    condition_json,
+    describe_allocation,
+    involved,
+    now_stamp,
+)
+from dra_operator.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+_CLASS_SELECTOR_ERROR = re.compile(r"class (\S+): selector #(\d+) on device \S+:")
+
+
+def _age_seconds(created: str, *, now: float) -> float | None:
+    try:
+        stamp = datetime.datetime.strptime(created, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
+    except ValueError:
+        return None
+    return max(0.0, now - stamp.timestamp())
+
+
+class DevicesTaken(Exception):
+    """The devices placed for a claim are held by other claims (``taken``: device -> a holder): a
+    race with another allocator, or a placer out of step with the model."""
+
+    def __init__(self, taken: Mapping[DeviceID, ClaimKey]) -> None:
+        self.taken = dict(taken)
+        super().__init__(", ".join(f"{'/'.join(d)} (held by {k})" for d, k in sorted(self.taken.items())))
+
+
+@dataclass
+class Failure:
+    reason: str
+    message: str
+
+
+class ClaimAllocator:
+    def __init__(
+        self,
+        *,
+        model: ClusterModel,
+        placer: Placer,
+        api: KubeApi,
+        settings: Settings,
+        metrics: Metrics,
+        events: EventSink,
+        writer: ClaimStatusWriter,
+        waits: SchedulerWaits,
+        index_check: PlacerIndexCheck,
+        on_claim_event: ClaimInput,
+        clock: Callable[[], float],
+        compiler: Callable[[str], object] | None,
+    ) -> None:
+        self.model = model
+        self.placer = placer
+        self.api = api
+        self.settings = settings
+        self.metrics = metrics
+        self.events = events
+        self.writer = writer
+        self.waits = waits
+        self.index_check = index_check
+        self.on_claim_event = on_claim_event
+        self.clock = clock
+        self.compiler = compiler
+        # Claims that cannot be allocated now, with what they were last told (said once).
+        self.failing: dict[ClaimKey, Failure] = {}
+        self._class_reports: dict[str, tuple[str, int, str]] = {}
+
+    def assess(self, claim: ResourceClaim) -> Placement | Unallocatable:
+        """Where the claim would go on the model as it is now, or why it cannot go anywhere. Holds
+        nothing: the caller assumes the devices if it goes on to allocate."""
+        known = set(self.settings.drivers) | {s.driver for s in self.model.slices.values()}
+        invalid = validate_claim(claim, known_drivers=known, compiler=self.compiler)
+        if invalid is not None:
+            return invalid
+        return self.placer.place(claims=[claim], model=self.model)
+
+    async def allocate(self, claim: ResourceClaim) -> None:
+        key = ClaimKey(claim.namespace, claim.name)
+        outcome = self.assess(claim)
+        if isinstance(outcome, Unallocatable):
+            await self.fail(claim, outcome)
+            return
+        demand = self.waits.demand()
+        if not demand.empty:
+            found = self._clear_of_scheduler(claim, outcome, demand)
+            if isinstance(found, Crowded):
+                await self._wait_for_scheduler(claim, demand, found)
+                return
+            outcome = found
+        # kube-scheduler (1.34+ with DRADeviceBindingConditions and DRAResourceClaimDeviceStatus) stamps
+        # allocationTimestamp when it reserves a claim whose allocation lacks one, which the API
+        # server refuses (allocation is immutable): a pod could never use the claim. Set it here;
+        # a server with those gates off drops the field.
+        allocation = dataclasses.replace(outcome.allocations[0], allocation_timestamp=now_stamp())
+        # No await between placement and this line: the devices are held before anyone else looks.
+        self.model.assume(key, allocation)
+        try:
+            current: ResourceClaim | None = claim
+            if (
+                OPERATOR_FINALIZER not in claim.metadata.finalizers
+                or CONDITION_ANNOTATION in claim.metadata.annotations
+            ):
+                current = await self.writer.patch_meta(claim, finalizer=True, condition=None)
+            if current is None or current.status.allocation is not None:
+                self.model.forget_assumed(key)
+                return
+            # Pods may have come to kube-scheduler while the finalizer was being written, and it may
+            # have taken one of the devices (its write shows up in the model through the watch).
+            # Checking both again here shrinks the race to the status write itself.
+            demand = self.waits.demand()
+            crowded = self.waits.crowded(allocation, demand)
+            if crowded is not None:
+                self.model.forget_assumed(key)
+                await self._wait_for_scheduler(current, demand, crowded)
+                return
+            taken = self.model.taken_by_others(key, allocation)
+            if taken:
+                # Held by a claim written meanwhile (a race: the placer has caught up by now), or
+                # held all along by a claim the placer counted free: then its index is repaired
+                # here. Either way the claim goes through its back-off, never straight back.
+                self.model.forget_assumed(key)
+                self.index_check.check(found_by="placement", claim=claim, taken=taken)
+                raise DevicesTaken(taken)
+            obj = await self.writer.write_allocation(
+                claim, allocation, resource_version=current.metadata.resource_version
+            )
+        except BaseException:
+            self.model.forget_assumed(key)
+            raise
+        self.on_claim_event(obj, deleted=False)
+        self.model.forget_assumed(key)
+        waited = self.waits.forget(key)
+        unallocatable = self.failing.pop(key, None)
+        self.metrics.allocations.inc()
+        age = _age_seconds(self.model.claim_created.get(key, ""), now=self.clock())
+        if age is not None:
+            self.metrics.allocation_latency.observe(age)
+            reason = "scheduler_busy" if waited else "unallocatable" if unallocatable else "none"
+            self.metrics.allocation_wait.labels(reason).observe(age)
+        text = describe_allocation(allocation, outcome.node)
+        logger.info("claim %s: %s", key, text)
+        self.events.post(
+            involved=involved(claim, api_version=self.api.api_version),
+            type_="Normal",
+            reason="Allocated",
+            message=text,
+        )
+
+    def _clear_of_scheduler(
+        self, claim: ResourceClaim, placement: Placement, demand: SchedulerDemand
+    ) -> Placement | Crowded:
+        """``placement``, or one on other devices, that kube-scheduler cannot reach while it places
+        the waiting pods; or why the best found is not clear."""
+        crowded = self.waits.crowded(placement.allocations[0], demand)
+        if crowded is None:
+            return placement
+        # The node with the most free devices has the most of them ahead of its last one.
+        spread = self.placer.place(claims=[claim], model=self.model, policy=SPREAD)
+        if not isinstance(spread, Placement):
+            return crowded
+        again = self.waits.crowded(spread.allocations[0], demand)
+        return spread if again is None else again
+
+    async def _wait_for_scheduler(
+        self, claim: ResourceClaim, demand: SchedulerDemand, crowded: Crowded
+    ) -> None:
+        """Leave the claim until pods, claims or devices change; say why once per claim."""
+        key = ClaimKey(claim.namespace, claim.name)
+        wait = self.waits.start(key)
+        if wait.announced:
+            return
+        message = waiting_message(demand=demand, crowded=crowded)
+        await self.writer.patch_meta(
+            claim,
+            finalizer=OPERATOR_FINALIZER in claim.metadata.finalizers,
+            condition=condition_json(status="False", reason=WAITING_REASON, message=message),
+        )
+        wait.announced = True
+        logger.info("claim %s waits for kube-scheduler: %s", key, message)
+        self.events.post(
+            involved=involved(claim, api_version=self.api.api_version),
+            type_="Normal",
+            reason=WAITING_REASON,
+            message=message,
+        )
+
+    async def fail(self, claim: ResourceClaim, why: Unallocatable) -> None:
+        key = ClaimKey(claim.namespace, claim.name)
+        self.waits.stop(key)
+        self.metrics.allocation_failures.labels(why.reason).inc()
+        previous = self.failing.get(key)
+        self.failing[key] = Failure(why.reason, why.message)
+        if (
+            previous is not None
+            and previous.message == why.message
+            and (OPERATOR_FINALIZER not in claim.metadata.finalizers)
+        ):
+            return  # already said; no event storm while the cluster stays the same
+        logger.info("claim %s cannot be allocated (%s): %s", key, why.reason, why.message)
+        self.events.post(
+            involved=involved(claim, api_version=self.api.api_version),
+            type_="Warning",
+            reason=why.reason,
+            message=why.message,
+        )
+        await self.writer.patch_meta(
+            claim,
+            finalizer=False,
+            condition=condition_json(status="False", reason=why.reason, message=why.message),
+        )
+        await self._report_class_selector(why)
+
+    async def _report_class_selector(self, why: Unallocatable) -> None:
+        """A class selector that fails on devices (the API server only checks that it compiles)
+        is the class's problem too: say so on the DeviceClass, once per class and error."""
+        match = _CLASS_SELECTOR_ERROR.match(why.message)
+        if match is None:
+            return
+        name, index = match.group(1), int(match.group(2))
+        cls = self.model.classes.get(name)
+        if cls is None or index >= len(cls.selectors):
+            return
+        error = why.message[match.end() :].strip()
+        signature = (cls.metadata.resource_version, index, error)
+        if self._class_reports.get(name) == signature:
+            return
+        self._class_reports[name] = signature
+        self.events.post(
+            involved={
+                "apiVersion": self.api.api_version,
+                "kind": "DeviceClass",
+                "name": name,
+                "uid": cls.metadata.uid,
+            },
+            type_="Warning",
+            reason="InvalidSelector",
+            message=f"DeviceClass {name}: spec.selectors[{index}].cel.expression "
+            f"{cls.selectors[index].cel!r} fails on devices: {error}",
+        )
+
+    async def report_invalid(self, invalid: InvalidClaim) -> None:
+        if invalid.key in self.failing and self.failing[invalid.key].message == invalid.message:
+            return
+        self.failing[invalid.key] = Failure("InvalidClaim", invalid.message)
+        self.metrics.allocation_failures.labels("InvalidClaim").inc()
+        self.events.post(
+            involved={
+                "apiVersion": self.api.api_version,
+                "kind": "ResourceClaim",
+                "name": invalid.key.name,
+                "namespace": invalid.key.namespace,
+                "uid": invalid.uid,
+            },
+            type_="Warning",
+            reason="InvalidClaim",
+            message=invalid.message,
+        )

@@ -1,0 +1,185 @@
+"""Listing whole resources into the model: at startup, after a standby period, after a gap in a
+watch, and periodically.
+
+A watch that resumes after a gap (410 Gone, a reconnect) lists what exists, so objects deleted
+during the gap would stay in the model for good: a deleted slice's devices would look free, a
+deleted claim's devices held. A re-list makes the model match the listing, deletions included.
+What it finds goes through the reconciler's inputs (``ClaimInputs``), as watch events would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol
+
+from dra_api.model import ModelError
+from dra_operator.clustermodel import ClaimKey, ClusterModel, claim_key_of
+from dra_operator.kubeapi import KubeApi, Listing, error_text
+from dra_operator.metrics import Metrics
+
+logger = logging.getLogger(__name__)
+
+RELIST_KINDS = ("deviceclasses", "resourceslices", "resourceclaims", "nodes", "pods")
+
+
+class ClaimInputs(Protocol):
+    """What a listing feeds: the reconciler's own inputs."""
+
+    def on_claim_event(self, obj: Mapping[str, Any], *, deleted: bool) -> None: ...
+    def mark(self, key: ClaimKey) -> None: ...
+    def on_pod_gone(self, *, namespace: str, name: str) -> None: ...
+    def on_cluster_change(self) -> None: ...
+
+
+class Relister:
+    def __init__(self, *, model: ClusterModel, api: KubeApi, metrics: Metrics, inputs: ClaimInputs) -> None:
+        self.model = model
+        self.api = api
+        self.metrics = metrics
+        self.inputs = inputs
+        self._wanted: set[str] = set()
+        self.task: asyncio.Task[None] | None = None
+        self.synced = asyncio.Event()
+        """Set once the model holds a full listing; nothing is allocated before."""
+
+    async def resync(self) -> None:
+        """List claims, slices, classes, nodes and pods into the model; queue every claim."""
+        counts = await self.relist(RELIST_KINDS, mark_all=True)
+        self.synced.set()
+        logger.info(
+            "model synced: %d claims, %d slices, %d classes, %d nodes",
+            counts["resourceclaims"],
+            counts["resourceslices"],
+            counts["deviceclasses"],
+            counts["nodes"],
+        )
+
+    async def relist(self, kinds: Iterable[str], *, mark_all: bool = False) -> dict[str, int]:
+        """Read whole resources again and make the model match them, deletions included. Claims
+        that changed are queued; with ``mark_all``, every claim (after a standby period, when
+        nothing may have been done about them). Returns how many objects each listing had."""
+        wanted = [k for k in RELIST_KINDS if k in set(kinds)]
+        listings: list[Listing] = await asyncio.gather(*(self._list(kind) for kind in wanted))
+        changed = False
+        for kind, listing in zip(wanted, listings, strict=True):
+            changed |= self.apply_listing(kind, listing, mark_all=mark_all)
+        if changed:
+            self.inputs.on_cluster_change()
+        return {kind: len(listing.items) for kind, listing in zip(wanted, listings, strict=True)}
+
+    async def _list(self, kind: str) -> Listing:
+        if kind in ("nodes", "pods"):
+            return await self.api.list_core(kind)
+        return await self.api.list_snapshot(kind)
+
+    def apply_listing(self, kind: str, listing: Listing, *, mark_all: bool = False) -> bool:
+        """Upsert what is listed, drop what is gone; whether classes, slices or nodes changed."""
+        if kind == "resourceclaims":
+            self._apply_claims(listing, mark_all=mark_all)
+            return False
+        if kind == "pods":
+            self._apply_pods(listing)
+            return False
+        return self._apply_cluster(kind, listing)
+
+    def _apply_claims(self, listing: Listing, *, mark_all: bool) -> None:
+        model, at = self.model, listing.resource_version
+        for obj in listing.items:
+            self.inputs.on_claim_event(obj, deleted=False)
+            if mark_all:
+                self.inputs.mark(claim_key_of(obj))
+        listed = {str(claim_key_of(o)) for o in listing.items}
+        held = {str(k): k for k in [*model.claims, *model.invalid_claims]}
+        for name in model.unseen_since("claim", held, listed, at):
+            key = held[name]
+            logger.info("claim %s was deleted while the watch was not looking", key)
+            self.inputs.on_claim_event(
+                {"metadata": {"namespace": key.namespace, "name": key.name, "resourceVersion": at}},
+                deleted=True,
+            )
+
+    def _apply_pods(self, listing: Listing) -> None:
+        model = self.model
+        for obj in listing.items:
+            model.upsert_pod(obj)
+        listed_pods = {
+            (str(o["metadata"].get("namespace", "")), str(o["metadata"]["name"])) for o in listing.items
+        }
+        for namespace, name in [k for k in model.pods if k not in listed_pods]:
+            model.remove_pod(namespace=namespace, name=name)
+            self.inputs.on_pod_gone(namespace=namespace, name=name)
+
+    def _apply_cluster(self, kind: str, listing: Listing) -> bool:
+        """Classes, slices or nodes; whether the model changed."""
+        model, at = self.model, listing.resource_version
+        before = model.generation
+        names = {str((o.get("metadata") or {}).get("name", "")) for o in listing.items}
+        upsert: Callable[[Mapping[str, Any]], object]
+        remove: Callable[..., None]
+        if kind == "deviceclasses":
+            upsert, remove, version_kind, held_names = (
+                model.upsert_class,
+                model.remove_class,
+                "class",
+                list(model.classes),
+            )
+        elif kind == "resourceslices":
+            upsert, remove, version_kind, held_names = (
+                model.upsert_slice,
+                model.remove_slice,
+                "slice",
+                list(model.slices),
+            )
+        else:
+            upsert, remove, version_kind, held_names = (
+                model.upsert_node,
+                model.remove_node,
+                "node",
+                list(model.nodes),
+            )
+        for obj in listing.items:
+            try:
+                upsert(obj)
+            except ModelError as exc:
+                logger.warning("ignoring %s %s: %s", kind, (obj.get("metadata") or {}).get("name"), exc)
+                self.metrics.reconcile_errors.labels(kind).inc()
+        for name in model.unseen_since(version_kind, held_names, names, at):
+            logger.info("%s %s was deleted while the watch was not looking", kind, name)
+            remove(name, resource_version=at)
+        return model.generation != before
+
+    def watch_relisted(self, kind: str) -> None:
+        """A watch listed ``kind`` again (Kopf's, or the claim watch), which happens after a gap in
+        it (410 Gone, a lost connection): list the cluster here too, so that what was deleted
+        during the gap leaves the model. Every kind, not just this one: a gap rarely hits one watch
+        alone, and a watch whose re-list is empty gives no event to notice it by. The events of one
+        listing make one re-list."""
+        if self.synced.is_set():
+            self.request_relist()
+
+    def request_relist(self) -> None:
+        self._wanted.update(RELIST_KINDS)
+        if self.task is None or self.task.done():
+            self.task = asyncio.create_task(self._relist_soon(), name="relist")
+
+    async def _relist_soon(self) -> None:
+        attempt = 0
+        while self._wanted:
+            await asyncio.sleep(1.0)  # let Kopf's listing, which triggered this, reach the model first
+            kinds = tuple(self._wanted)
+            self._wanted.clear()
+            try:
+                await self.relist(kinds)
+            except Exception as exc:
+                attempt += 1
+                delay = min(30.0, 0.5 * 2**attempt)
+                logger.warning("re-listing failed (%s); retrying in %.1f s", error_text(exc), delay)
+                self._wanted.update(kinds)
+                await asyncio.sleep(delay)
+                continue
+            attempt = 0
+            for kind in kinds:
+                self.metrics.relists.labels(kind).inc()
+            logger.info("re-listed %s", ", ".join(k for k in RELIST_KINDS if k in kinds))

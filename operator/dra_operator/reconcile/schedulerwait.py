@@ -1,0 +1,144 @@
+"""Claims giving way to kube-scheduler: which wait, since when, and when to try them again.
+
+A waiting claim stays in ``waiting`` and is placed again on every change of pods, claims or
+devices (one try per burst, ``RECHECK_DELAY_S`` after it), until it is allocated, unallocatable,
+deleted or no longer ours. See :mod:`dra_operator.reconcile.contention` for when a placement must
+give way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from dra_api.model import AllocationResult
+from dra_operator.clustermodel import ClaimKey, ClusterModel
+from dra_operator.reconcile.contention import (
+    PARKED_RETRY_WINDOW_S,
+    Clearance,
+    Crowded,
+    SchedulerDemand,
+    scheduler_demand,
+)
+from dra_operator.reconcile.workqueue import ClaimQueue
+from dra_operator.settings import Settings
+
+WAITING_REASON = "WaitingForScheduler"
+RECHECK_DELAY_S = 0.1
+"""Claims waiting for kube-scheduler are placed again this long after a change of pods, claims or
+devices: one try for a burst of changes."""
+
+
+@dataclass
+class Wait:
+    """A claim that gave way to kube-scheduler, from its first wait until it is allocated."""
+
+    since: float
+    """time.monotonic() of the first wait."""
+    announced: bool = False
+    """Whether its condition and Event were written (once per claim, not per try)."""
+
+
+def waiting_message(*, demand: SchedulerDemand, crowded: Crowded) -> str:
+    """What the WaitingForScheduler condition and Event say."""
+    pods = f"{demand.pods} pod{'s' if demand.pods != 1 else ''}"
+    device = "/".join(crowded.device)
+    return (
+        f"kube-scheduler is placing {pods} that could use the devices this claim would get, and "
+        f"allocates from the same devices: {device} has {crowded.ahead} free device"
+        f"{'s' if crowded.ahead != 1 else ''} ahead of it, where those pods could take {crowded.needed}. "
+        "The operator gives way rather than risk both taking one device; it tries again whenever "
+        "those pods, their claims or the devices change, and allocates as soon as it finds devices "
+        "they cannot reach"
+    )
+
+
+class SchedulerWaits:
+    def __init__(
+        self, *, model: ClusterModel, settings: Settings, classes: tuple[str, ...], queue: ClaimQueue
+    ) -> None:
+        self.model = model
+        self.settings = settings
+        self.classes = classes
+        self.queue = queue
+        self.clearance = Clearance()
+        self.waits: dict[ClaimKey, Wait] = {}
+        # Claims giving way to kube-scheduler now: placed again on every change (they stay in the
+        # set meanwhile), until allocated, unallocatable, deleted or no longer ours.
+        self.waiting: set[ClaimKey] = set()
+        self._recheck_timer: asyncio.TimerHandle | None = None
+        # When devices were last freed or slices, classes or nodes changed (time.monotonic()):
+        # what sends parked pods back to kube-scheduler. -inf until then: nothing did yet.
+        self._helped_parked_at = float("-inf")
+        self._settle_timer: asyncio.TimerHandle | None = None
+        self._settle_at = 0.0
+
+    def longest_wait(self) -> float:
+        """Seconds the claim that has waited longest for kube-scheduler has waited so far; 0 if none."""
+        starts = [self.waits[k].since for k in self.waiting if k in self.waits]
+        return max(0.0, time.monotonic() - min(starts)) if starts else 0.0
+
+    def parked_helped(self) -> None:
+        """Devices were freed, or slices, classes or nodes changed: parked pods go back to
+        kube-scheduler."""
+        self._helped_parked_at = time.monotonic()
+
+    def stop(self, key: ClaimKey) -> None:
+        """The claim waits no more (allocated, unallocatable, or no longer ours); its wait is kept
+        until it is allocated or gone."""
+        self.waiting.discard(key)
+
+    def forget(self, key: ClaimKey) -> Wait | None:
+        """The claim is allocated or gone: its wait, if it had one."""
+        self.waiting.discard(key)
+        return self.waits.pop(key, None)
+
+    def start(self, key: ClaimKey) -> Wait:
+        """The claim gives way (again): its wait, since the first time."""
+        wait = self.waits.get(key)
+        if wait is None:
+            wait = self.waits[key] = Wait(since=time.monotonic())
+        self.waiting.add(key)
+        self._recheck_when_parked_settle()
+        return wait
+
+    def demand(self) -> SchedulerDemand:
+        """What the pods waiting for kube-scheduler could take now."""
+        parked = time.monotonic() - self._helped_parked_at < PARKED_RETRY_WINDOW_S
+        return scheduler_demand(
+            self.model, ownership=self.settings.ownership, classes=self.classes, parked=parked
+        )
+
+    def crowded(self, allocation: AllocationResult, demand: SchedulerDemand) -> Crowded | None:
+        return self.clearance.crowded(
+            model=self.model, allocation=allocation, demand=demand, headroom=self.settings.scheduler_headroom
+        )
+
+    def recheck(self) -> None:
+        """Pods, claims or devices changed: try the waiting claims again shortly."""
+        if self.waiting and self._recheck_timer is None:
+            self._recheck_timer = asyncio.get_running_loop().call_later(
+                RECHECK_DELAY_S, self._release_waiting
+            )
+
+    def _recheck_when_parked_settle(self) -> None:
+        """Parked pods stop counting a while after the last change that may help them, with no
+        event to say so: try the waiting claims again then."""
+        settle = self._helped_parked_at + PARKED_RETRY_WINDOW_S - time.monotonic()
+        if settle <= 0 or (self._settle_timer is not None and self._settle_at >= settle + time.monotonic()):
+            return
+        if self._settle_timer is not None:
+            self._settle_timer.cancel()
+        self._settle_at = time.monotonic() + settle
+        self._settle_timer = asyncio.get_running_loop().call_later(settle + 0.01, self._settled)
+
+    def _settled(self) -> None:
+        self._settle_timer = None
+        self.recheck()
+
+    def _release_waiting(self) -> None:
+        self._recheck_timer = None
+        for key in self.waiting:
+            self.queue.dirty[key] = None
+        self.queue.wake.set()
