@@ -418,16 +418,20 @@ class Chaos:
         )
         self.pods.append(target_pod)
 
+        def ours(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            return [c for c in items if _label(c) == "standalone" and device_ids(c) and not _deleting(c)]
+
         def target_waiting(items: list[dict[str, Any]]) -> bool:
-            return any(_owner_name(c) == target_pod and not device_ids(c) for c in items)
+            # The race needs a device of the operator's to copy: one of its claims still allocated.
+            waiting = any(_owner_name(c) == target_pod and not device_ids(c) for c in items)
+            return waiting and bool(ours(items))
 
         claims = await self._poll_claims(target_waiting, within=30.0)
         if claims is None:
             self.report.actions["race not staged"] += 1
             return
-        ours = [c for c in claims if _label(c) == "standalone" and device_ids(c) and not _deleting(c)]
         (target,) = [c for c in claims if _owner_name(c) == target_pod]
-        victim = self.rng.choice(ours)
+        victim = self.rng.choice(ours(claims))
         await self.custom.patch_namespaced_custom_object_status(
             GROUP,
             VERSION,
