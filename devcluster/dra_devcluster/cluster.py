@@ -106,10 +106,10 @@ def _listen_range() -> range | None:
     return range(start, low) if low - start >= 1000 else None
 
 
-def _node_root(root: Path) -> Path:
+def _node_root(root: Path, *, agent_pods: bool = True) -> Path:
     """``root`` if every unix socket of a node there fits the 107 bytes a socket path may have,
     else a short temporary folder (``/tmp/dn*``, 15 bytes) linked from ``root``."""
-    if NodeLayout(root).fits():
+    if NodeLayout(root).fits(agent_pods=agent_pods):
         return root
     short = Path(tempfile.mkdtemp(prefix="dn", dir="/tmp"))
     if not NodeLayout(short).fits():  # only if the layout grew: say so rather than fail in the kubelet
@@ -603,11 +603,15 @@ class LocalCluster:
         }
         self.kubectl("patch", "node", name, "--subresource=status", "--type=merge", "-p", json.dumps(status))
 
-    def add_real_node(self, name: str, *, timeout: float = 90.0) -> RealNode:
+    def add_real_node(self, name: str, *, timeout: float = 90.0, agent_pods: bool = True) -> RealNode:
         """Start a real node: its own containerd and a kubelet that registers Node ``name``, with
         the local images imported; returns once the Node is Ready. Raises NodeStartError naming the
         part that failed (binaries or packages missing: NodeUnavailable) with its log tail; the
-        Node objects of :meth:`add_node` remain for machines that cannot run a kubelet."""
+        Node objects of :meth:`add_node` remain for machines that cannot run a kubelet.
+
+        The node's folder is ``nodes/<name>`` in the workdir while all its unix sockets fit there,
+        else a short one linked from there; ``agent_pods`` says whether agent pods (whose sockets
+        carry their pod UID) will run on it, or only agents run as processes (the demo)."""
         assert self._pki is not None, "start the control plane first"
         binaries = ensure_node_binaries()
         if not self._images:
@@ -619,7 +623,7 @@ class LocalCluster:
         if root.is_symlink() or root.exists():
             # A node of this name ran before and was removed: the new one starts afresh.
             root.rename(root.with_name(f"{name}.removed-{self._nodes_started}"))
-        root = _node_root(root)
+        root = _node_root(root, agent_pods=agent_pods)
         # Never reused, so a node added after a removal gets a subnet and bridge of its own.
         self._nodes_started += 1
         node = RealNode(

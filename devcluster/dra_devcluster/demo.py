@@ -131,7 +131,9 @@ def start_components(
             cluster.add_node(node.name, labels=node.labels)
             runtime = NodeRuntime(node=node, root=workdir / "nodes" / node.name, metrics_port=free_port())
         else:
-            real = cluster.add_real_node(node.name)
+            # The demo runs its agents as processes: fixed socket names, so the nodes fit in a short
+            # workdir and everything the demo starts stays in it.
+            real = cluster.add_real_node(node.name, agent_pods=False)
             labels = [f"{k}={v}" for k, v in node.labels.items()]
             cluster.kubectl("label", "node", node.name, *labels, "--overwrite")
             runtime = NodeRuntime(node=node, root=real.root, metrics_port=free_port(), real=real)

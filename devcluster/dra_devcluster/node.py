@@ -82,9 +82,10 @@ class NodeLayout:
         """Where DRA drivers put their service sockets (``<dir>/<driver>/dra.sock``)."""
         return self.kubelet_root / "plugins"
 
-    def longest_socket(self) -> Path:
+    def longest_socket(self, *, agent_pods: bool = True) -> Path:
         """The longest unix socket path the node holds: containerd's, the kubelet's own, and those of
-        an agent serving both drivers with per-pod names (a DaemonSet's agent adds its pod UID)."""
+        an agent serving both drivers; with ``agent_pods``, with per-pod names (a DaemonSet's agent
+        adds its pod UID), else with the fixed names an agent run as a process uses."""
         return max(
             (
                 self.containerd_socket.with_name(self.containerd_socket.name + ".ttrpc"),
@@ -94,15 +95,15 @@ class NodeLayout:
                     drivers=(GPU_DRIVER, TPU_DRIVER),
                     registry_dir=self.registry_dir,
                     plugins_dir=self.plugins_dir,
-                    instance="u" * POD_UID_BYTES,
+                    instance="u" * POD_UID_BYTES if agent_pods else None,
                 ),
             ),
             key=path_bytes,
         )
 
-    def fits(self) -> bool:
+    def fits(self, *, agent_pods: bool = True) -> bool:
         """Whether every socket of the node fits a unix socket path."""
-        return path_bytes(self.longest_socket()) <= MAX_SOCKET_PATH_BYTES
+        return path_bytes(self.longest_socket(agent_pods=agent_pods)) <= MAX_SOCKET_PATH_BYTES
 
 
 class NodeStartError(RuntimeError):

@@ -125,18 +125,24 @@ def test_ctrl_c_stops_everything_the_demo_started(workdir: Path) -> None:
         stderr=subprocess.STDOUT,
         text=True,
     ) as demo:
-        assert demo.stdout is not None
-        seen: list[str] = []
-        for line in demo.stdout:
-            seen.append(line)
-            if "Press Ctrl-C" in line:
-                break
-        running = subprocess.run(["pgrep", "-f", str(workdir)], capture_output=True, text=True, check=False)
-        # Four control-plane components, the operator, three agents, three kubelets and their
-        # containerds (and the containers' shims).
-        assert len(running.stdout.split()) >= 14, "".join(seen[-20:])
-        demo.send_signal(signal.SIGINT)
-        # Stopping a running demo is how it is meant to end: a clean exit.
-        assert demo.wait(timeout=90) == 0
+        try:
+            assert demo.stdout is not None
+            seen: list[str] = []
+            for line in demo.stdout:
+                seen.append(line)
+                if "Press Ctrl-C" in line:
+                    break
+            running = subprocess.run(
+                ["pgrep", "-f", str(workdir)], capture_output=True, text=True, check=False
+            )
+            # Four control-plane components, the operator, three agents, three kubelets and their
+            # containerds (and the containers' shims).
+            assert len(running.stdout.split()) >= 14, "".join(seen[-20:])
+            demo.send_signal(signal.SIGINT)
+            # Stopping a running demo is how it is meant to end: a clean exit.
+            assert demo.wait(timeout=90) == 0
+        except BaseException:
+            demo.send_signal(signal.SIGINT)  # stop what it started rather than wait on it forever
+            raise
     leftovers = subprocess.run(["pgrep", "-f", str(workdir)], capture_output=True, text=True, check=False)
     assert leftovers.stdout.split() == []

@@ -58,3 +58,11 @@ def test_a_long_root_moves_to_a_short_folder_linked_from_it(tmp_path: Path) -> N
     finally:
         (nodes / "ov-1").unlink()
         root.rmdir()
+
+
+def test_agents_run_as_processes_leave_a_node_more_room() -> None:
+    # The demo's workdir (/tmp/demo-<8>) and node name: its agents use the fixed socket names.
+    root = Path("/tmp/demo-1y3125wk/nodes/gpu-node-1")
+    assert not NodeLayout(root).fits()
+    assert NodeLayout(root).fits(agent_pods=False)
+    assert NodeLayout(root).longest_socket(agent_pods=False).name == f"{GPU_DRIVER}-reg.sock"
