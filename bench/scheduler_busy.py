@@ -50,12 +50,11 @@ from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from bench.operator_allocation import CpuMeter
+from bench.operator_chaos import GROUP, VERSION, DeviceID, device_ids, gpu_slice
 from dra_api.kube import make_api_client
 from dra_devcluster import LocalCluster
 from dra_devcluster.cluster import free_port
 
-GROUP, VERSION = "resource.k8s.io", "v1"
-DeviceID = tuple[str, str, str]
 STANDALONE = "standalone"
 
 
@@ -166,29 +165,6 @@ def template_pod(name: str, namespace: str) -> dict[str, Any]:
             "terminationGracePeriodSeconds": 0,
         },
     }
-
-
-def gpu_slice(node: str, gpus: int, driver: str) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "ResourceSlice",
-        "metadata": {"name": f"{node}-gpu"},
-        "spec": {
-            "driver": driver,
-            "nodeName": node,
-            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-            "devices": [
-                {"name": f"gpu-{i}", "attributes": {"type": {"string": "gpu"}, "index": {"int": i}}}
-                for i in range(gpus)
-            ],
-        },
-    }
-
-
-def device_ids(claim: dict[str, Any]) -> list[DeviceID]:
-    allocation = (claim.get("status") or {}).get("allocation") or {}
-    results = (allocation.get("devices") or {}).get("results") or []
-    return [(r["driver"], r["pool"], r["device"]) for r in results]
 
 
 class Holdings:
