@@ -139,7 +139,7 @@ for _getter in (
     "getSeconds",
 ):
     # Declared for durations too, and with a time zone, though cel-python serves only part of that
-    # (see tests/unit/cel/test_declarations.py); kept as the checker has always accepted it.
+    # (see tests/unit/operator/cel/test_declarations.py); kept as the checker has always accepted it.
     _builtin(_getter, member("timestamp duration", [0, 1], "int"))
 
 

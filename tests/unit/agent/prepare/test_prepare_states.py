@@ -222,7 +222,7 @@ async def test_invalid_opaque_config_names_the_field(handler: PrepareHandler, cl
 
 async def test_valid_opaque_config_is_accepted(handler: PrepareHandler, claims: ClaimsByUID) -> None:
     # A GpuConfig without sharing asks for nothing this driver lacks (sharing itself is refused as
-    # not implemented: tests/unit/agent/core/test_prepare_configs.py).
+    # not implemented: tests/unit/agent/prepare/test_prepare_configs.py).
     config = [
         {
             "source": "FromClass",

@@ -19,8 +19,8 @@ from dra_node_agent import prepare_tools
 from dra_node_agent.prepare import PrepareHandler
 from dra_node_agent.simulated.discovery import GPU_STATE_DIR, SIMULATED_DRIVER_ROOT, SimulatedBackend
 from dra_node_agent.simulated.fakehw import COMPUTE_MODE_FILE, TIME_SLICE_FILE
-from tests.unit.agent.core.simnode import SimulatedNode
-from tests.unit.agent.core.test_prepare_configs import GPU, NODE, NVIDIA, entry
+from tests.unit.agent.prepare.simnode import SimulatedNode
+from tests.unit.agent.prepare.test_prepare_configs import GPU, NODE, NVIDIA, entry
 
 PROFILE = "h100-80gb-x8"
 

@@ -6,7 +6,15 @@ from dra_api.model import ResourceClaim
 from dra_operator.clustermodel import ClaimKey, ClusterModel
 from dra_operator.placement import Placement, Placer, Unallocatable
 from dra_operator.planner import EVENT_MESSAGE_LIMIT, PlannerPlacer
-from tests.unit.planner.builders import allocation, claim, device_class, gpus, node, node_slice, request
+from tests.unit.operator.planner.builders import (
+    allocation,
+    claim,
+    device_class,
+    gpus,
+    node,
+    node_slice,
+    request,
+)
 
 
 def _model() -> ClusterModel:

@@ -13,7 +13,7 @@ from dra_api.quantity import Quantity
 from dra_operator.allocator import AllocatedState, FeatureGates, parse_device_id
 
 # Upstream's allocator cases in neutral YAML, kept in the repository as data.
-CASES_FILE = Path(__file__).resolve().parents[2] / "fixtures" / "conformance" / "allocator-cases.yaml"
+CASES_FILE = Path(__file__).resolve().parents[3] / "fixtures" / "conformance" / "allocator-cases.yaml"
 GENERATED_UUID = "<generated-uuid>"
 V1 = "resource.k8s.io/v1"
 

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from dra_operator.cel import CelCompileError, compile_selector
-from tests.unit.allocator.conformance_loader import CASES_FILE
+from tests.unit.operator.allocator.conformance_loader import CASES_FILE
 
 
 def _selectors(node: Any) -> list[str]:

@@ -9,7 +9,7 @@ import pytest
 from dra_api.model import AllocationResult, DeviceClass, Node, ResourceClaim, ResourceSlice
 from dra_operator.allocator import Allocator, SliceIndex
 from dra_operator.planner import PlanError
-from tests.unit.planner.builders import (
+from tests.unit.operator.planner.builders import (
     DRIVER,
     allocation,
     device_class,

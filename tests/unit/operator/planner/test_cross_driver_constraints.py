@@ -14,7 +14,7 @@ from typing import Any
 from dra_api.model import AllocationResult, DeviceClass, Node, ResourceClaim, ResourceSlice
 from dra_operator.allocator import AllocatedState, Allocator
 from dra_operator.planner import EVENT_MESSAGE_LIMIT, Planner
-from tests.unit.planner.builders import V1, device_class, not_placed, placed, rc, request
+from tests.unit.operator.planner.builders import V1, device_class, not_placed, placed, rc, request
 
 GPU = "gpu.nvidia.com"
 NIC = "nic.sim.accel-dra.dev"

@@ -8,7 +8,7 @@ from typing import Any
 from dra_node_agent.publisher import chunk_pool
 from dra_node_agent.simulated.discovery import SimulatedBackend
 from dra_operator.planner import EVENT_MESSAGE_LIMIT, truncate
-from tests.unit.planner.builders import (
+from tests.unit.operator.planner.builders import (
     DRIVER,
     allocation,
     devices_of,

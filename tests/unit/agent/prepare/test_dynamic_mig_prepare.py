@@ -16,8 +16,8 @@ from dra_node_agent.nvidia.dynamic_mig import DynamicMig
 from dra_node_agent.prepare import PrepareHandler
 from dra_node_agent.simulated.discovery import GPU_STATE_DIR
 from dra_node_agent.simulated.fakehw import MIG_INSTANCES_FILE
-from tests.unit.agent.core.simnode import SimulatedNode
-from tests.unit.agent.core.test_prepare_configs import GPU, NODE, NVIDIA, entry
+from tests.unit.agent.prepare.simnode import SimulatedNode
+from tests.unit.agent.prepare.test_prepare_configs import GPU, NODE, NVIDIA, entry
 
 THREE_G = "gpu-0-mig-3g20gb-9-4"  # A100 40GB, memory slices 4-7
 ONE_G_OVERLAPPING = "gpu-0-mig-1g5gb-19-6"  # memory slice 6

@@ -9,7 +9,7 @@ from typing import Any
 
 from dra_node_agent.prepare import PrepareHandler
 from dra_node_agent.simulated.discovery import SimulatedBackend
-from tests.unit.agent.core.test_prepare_configs import GPU, NODE, Claims
+from tests.unit.agent.prepare.test_prepare_configs import GPU, NODE, Claims
 
 
 class SimulatedNode:
