@@ -149,15 +149,20 @@ FIRST_REQUEST_TIMEOUT_S: Final = 60.0
 
 
 async def _stop_operator(api: client.ApiClient, target: str) -> None:
-    """Scale the operator's Deployment to 0 and wait until none of its pods runs."""
+    """Scale the operator's Deployment to 0 and wait until none of its pods is left, terminating
+    ones included: the Deployment stops counting a pod once it is terminating, but until it is
+    gone its operator may still take over from the other and allocate a claim released meanwhile."""
     namespace, _, name = target.partition("/")
     apps: Any = client.AppsV1Api(api)
+    core: Any = client.CoreV1Api(api)
     await apps.patch_namespaced_deployment_scale(name, namespace, {"spec": {"replicas": 0}})
     deadline = asyncio.get_running_loop().time() + STOP_TIMEOUT_S
     while True:
         deployment: Any = await apps.read_namespaced_deployment(name, namespace)
-        if not deployment.status.replicas:
-            print(f"stopped the operator ({target} scaled to 0)")
+        selector = ",".join(f"{k}={v}" for k, v in (deployment.spec.selector.match_labels or {}).items())
+        pods: Any = await core.list_namespaced_pod(namespace, label_selector=selector)
+        if not deployment.status.replicas and not pods.items:
+            print(f"stopped the operator ({target} scaled to 0, its pods gone)")
             return
         if asyncio.get_running_loop().time() > deadline:
             raise RuntimeError(
