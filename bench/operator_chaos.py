@@ -184,11 +184,16 @@ def claim_template(namespace: str, cls: str) -> dict[str, Any]:
     }
 
 
-def template_pod(name: str, namespace: str) -> dict[str, Any]:
+def template_pod(name: str, namespace: str, *, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """A pod whose one-GPU claim comes from the template ``gpu``; labelled as the chaos run's by default."""
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace, "labels": {"chaos": "pod"}},
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {"chaos": "pod"} if labels is None else labels,
+        },
         "spec": {
             "containers": [
                 {

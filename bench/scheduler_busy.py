@@ -50,7 +50,7 @@ from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from bench.operator_allocation import CpuMeter
-from bench.operator_chaos import GROUP, VERSION, DeviceID, device_ids, gpu_slice
+from bench.operator_chaos import GROUP, VERSION, DeviceID, claim_template, device_ids, gpu_slice, template_pod
 from dra_api.kube import make_api_client
 from dra_devcluster import LocalCluster
 from dra_devcluster.cluster import free_port
@@ -135,35 +135,6 @@ def standalone_claim(name: str, namespace: str, cls: str) -> dict[str, Any]:
         "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": namespace, "labels": {"bench": STANDALONE}},
         "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": cls}}]}},
-    }
-
-
-def claim_template(namespace: str, cls: str) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "ResourceClaimTemplate",
-        "metadata": {"name": "gpu", "namespace": namespace},
-        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": cls}}]}}},
-    }
-
-
-def template_pod(name: str, namespace: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "containers": [
-                {
-                    "name": "main",
-                    "image": "registry.invalid/sleep:1",
-                    "command": ["sleep", "infinity"],
-                    "resources": {"claims": [{"name": "gpu"}]},
-                }
-            ],
-            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "gpu"}],
-            "terminationGracePeriodSeconds": 0,
-        },
     }
 
 
@@ -284,7 +255,7 @@ class BusyRound:
     async def _pod_life(self, name: str) -> None:
         cfg = self.config
         try:
-            await self.core.create_namespaced_pod(cfg.namespace, template_pod(name, cfg.namespace))  # type: ignore[arg-type]
+            await self.core.create_namespaced_pod(cfg.namespace, template_pod(name, cfg.namespace, labels={}))  # type: ignore[arg-type]
         except ApiException:
             self.report.refused += 1
             return

@@ -60,7 +60,7 @@ def test_relative_paths_inside_are_accepted(name: str, line: str) -> None:
 @pytest.mark.parametrize(
     "expression",
     [
-        'Path(__file__).resolve().parents[3].parent / "shared"',
+        'Path(__file__).resolve().parents[3].parent / "beside"',
         "Path(__file__).parents[4]",
         "Path(__file__).parent.parent.parent.parent.parent",
         "os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__)))))",
