@@ -120,6 +120,9 @@ class KubeApi:
         # Typed as Any: the client's stubs know neither _content_type nor plain-dict bodies.
         self.custom: Any = client.CustomObjectsApi(api)
         self.core: Any = client.CoreV1Api(api)
+        self.taint_rule_version: str | None = None
+        """The resource.k8s.io version that serves DeviceTaintRules (:meth:`discover_taint_rules`);
+        None: not served."""
         self.may_write: Callable[[], bool] = lambda: True
         """Checked before every write to claims, slices and classes: a standby, or an active
         instance past its renew deadline, sends none (see :mod:`dra_operator.peering`)."""
@@ -390,6 +393,50 @@ class KubeApi:
         except ApiException as exc:
             raise _translate(exc) from exc
         return obj
+
+    async def discover_taint_rules(self) -> str | None:
+        """Which resource.k8s.io version serves DeviceTaintRules (v1, else v1beta2), if any."""
+        for version in ("v1", "v1beta2"):
+            found = await self._raw_get(f"/apis/{RESOURCE_GROUP}/{version}")
+            names = {r.get("name") for r in (found or {}).get("resources", [])}
+            if "devicetaintrules" in names:
+                self.taint_rule_version = version
+                return version
+        self.taint_rule_version = None
+        return None
+
+    @property
+    def taint_rule_api_version(self) -> str:
+        return f"{RESOURCE_GROUP}/{self.taint_rule_version}"
+
+    async def create_taint_rule(self, body: Mapping[str, Any]) -> None:
+        self._fence("DeviceTaintRule")
+        try:
+            await self.custom.create_cluster_custom_object(
+                RESOURCE_GROUP, self.taint_rule_version, "devicetaintrules", dict(body)
+            )
+        except ApiException as exc:
+            raise _translate(exc) from exc
+
+    async def delete_taint_rule(self, name: str) -> bool:
+        """Delete a DeviceTaintRule; False when it was gone already."""
+        self._fence(f"deletion of DeviceTaintRule {name}")
+        try:
+            await self.custom.delete_cluster_custom_object(
+                RESOURCE_GROUP, self.taint_rule_version, "devicetaintrules", name
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise _translate(exc) from exc
+        return True
+
+    async def list_taint_rules(self, label: str) -> list[str]:
+        """The names of the DeviceTaintRules that carry ``label``."""
+        page = await self.custom.list_cluster_custom_object(
+            RESOURCE_GROUP, self.taint_rule_version, "devicetaintrules", label_selector=label
+        )
+        return [str(item["metadata"]["name"]) for item in page.get("items", [])]
 
     # -- core --------------------------------------------------------------------------------------
 

@@ -34,10 +34,15 @@ class Unallocatable:
 
 class Placer(Protocol):
     def place(
-        self, *, claims: Sequence[ResourceClaim], model: ClusterModel, policy: str | None = None
+        self,
+        *,
+        claims: Sequence[ResourceClaim],
+        model: ClusterModel,
+        policy: str | None = None,
+        node: str | None = None,
     ) -> Placement | Unallocatable:
         """Where ``claims`` go together, by the placer's own policy or by ``policy`` ('first-fit',
-        'bin-pack', 'spread') for this one call."""
+        'bin-pack', 'spread') for this one call; with ``node``, on that node or nowhere."""
         ...
 
     def disagreements(self, model: ClusterModel) -> list[str]:

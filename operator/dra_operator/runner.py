@@ -105,6 +105,7 @@ async def run(
         await api_client.close()  # an unclosed session would add a warning to the one-line error
         raise
     api = KubeApi(api_client, resource_version=version, instance=identity)
+    await _discover_taint_rules(api, settings)
     model = ClusterModel()
     metrics = Metrics()
     keeper = DeviceClassKeeper(api=api, settings=settings)
@@ -253,6 +254,10 @@ async def run(
             raise
         # The forced stop after a signal (see _take_signals): an orderly exit, not a crash.
     finally:
+        # A reservation left behind would keep kube-scheduler off a node until the next active
+        # instance's sweep: delete them while this one may still write.
+        with contextlib.suppress(Exception):
+            await claims.reservations.stop(grace=2.0)
         for task in background:
             task.cancel()
         for task in background:
@@ -261,6 +266,31 @@ async def run(
         await http.cleanup()
         await api_client.close()
         uninstall_watch_log()
+
+
+async def _discover_taint_rules(api: KubeApi, settings: Settings) -> None:
+    """Whether nodes can be reserved for claims that wait long for kube-scheduler; said once."""
+    if settings.scheduler_reserve_after_s < 0:
+        logger.info("node reservations are off (--scheduler-reserve-after-seconds is negative)")
+        return
+    try:
+        version = await api.discover_taint_rules()
+    except Exception as exc:  # reservations are an addition; the operator runs without them
+        logger.warning("could not discover DeviceTaintRules (%s): claims only give way", exc)
+        return
+    if version is None:
+        logger.info(
+            "the API server serves no DeviceTaintRules (feature gate DRADeviceTaintRules, and "
+            "resource.k8s.io/v1beta2 in 1.36): claims waiting for kube-scheduler only give way, "
+            "and may wait for as long as pods ask for every device"
+        )
+    else:
+        logger.info(
+            "DeviceTaintRules served (resource.k8s.io/%s): a claim waiting %g s for kube-scheduler "
+            "gets a node reserved",
+            version,
+            settings.scheduler_reserve_after_s,
+        )
 
 
 async def _take_signals(
@@ -324,6 +354,7 @@ async def _worker(
             try:
                 await claims.resync()
                 await keeper.ensure_all()
+                await claims.reservations.sweep()
             except Exception:
                 logger.exception("initial listing failed; retrying")
                 claims.metrics.reconcile_errors.labels("Resync").inc()

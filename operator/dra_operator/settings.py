@@ -146,6 +146,14 @@ class Settings:
     that finds no such device waits, says so (WaitingForScheduler) and is placed again as soon as
     those pods, their claims or the devices change."""
 
+    scheduler_reserve_after_s: float = 2.0
+    """A claim that has given way to kube-scheduler this long (counted from its creation) while
+    pods keep taking every device it could use gets a node reserved for it: a DeviceTaintRule
+    (NoSchedule) keeps kube-scheduler from allocating more there, and the claim takes the next
+    device freed on that node. Needs DeviceTaintRules (feature gate DRADeviceTaintRules; served as
+    resource.k8s.io/v1beta2 in 1.36) and RBAC to create and delete them; without them claims only
+    give way. At most one node in four is reserved at a time. Negative: never reserve."""
+
     scheduler_pending_explain_after_s: float = 30.0
     """How long a claim of the operator's classes that kube-scheduler owns (the operator does not
     allocate it) may stay unallocated, while its pod waits unscheduled, before the operator posts a

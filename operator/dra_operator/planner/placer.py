@@ -107,9 +107,14 @@ class PlannerPlacer:
         return problems
 
     def place(
-        self, *, claims: Sequence[ResourceClaim], model: ClusterModel, policy: str | None = None
+        self,
+        *,
+        claims: Sequence[ResourceClaim],
+        model: ClusterModel,
+        policy: str | None = None,
+        node: str | None = None,
     ) -> Placement | Unallocatable:
-        outcome = self.planner_for(model).plan(list(claims), policy=policy)
+        outcome = self.planner_for(model).plan(list(claims), policy=policy, node=node)
         if isinstance(outcome, PlanError):
             return Unallocatable(reason=outcome.reason, message=outcome.message[:1024])
         if isinstance(outcome, NotPlaced):

@@ -30,7 +30,13 @@ from dra_operator.planner import SPREAD
 from dra_operator.reconcile.claimchecks import validate_claim
 from dra_operator.reconcile.contention import Crowded, SchedulerDemand
 from dra_operator.reconcile.placerindex import PlacerIndexCheck
-from dra_operator.reconcile.schedulerwait import WAITING_REASON, SchedulerWaits, waiting_message
+from dra_operator.reconcile.reservation import NodeReservations, choose_target
+from dra_operator.reconcile.schedulerwait import (
+    WAITING_REASON,
+    SchedulerWaits,
+    reserved_message,
+    waiting_message,
+)
 from dra_operator.reconcile.status import (
     CONDITION_ANNOTATION,
     ClaimInput,
@@ -43,6 +49,8 @@ from dra_operator.reconcile.status import (
 from dra_operator.settings import Settings
 
 logger = logging.getLogger(__name__)
+
+RESERVED_REASON = "NodeReserved"
 
 _CLASS_SELECTOR_ERROR = re.compile(r"class (\S+): selector #(\d+) on device \S+:")
 
@@ -82,6 +90,7 @@ class ClaimAllocator:
         events: EventSink,
         writer: ClaimStatusWriter,
         waits: SchedulerWaits,
+        reservations: NodeReservations,
         index_check: PlacerIndexCheck,
         on_claim_event: ClaimInput,
         clock: Callable[[], float],
@@ -95,6 +104,7 @@ class ClaimAllocator:
         self.events = events
         self.writer = writer
         self.waits = waits
+        self.reservations = reservations
         self.index_check = index_check
         self.on_claim_event = on_claim_event
         self.clock = clock
@@ -116,13 +126,19 @@ class ClaimAllocator:
         key = ClaimKey(claim.namespace, claim.name)
         outcome = self.assess(claim)
         if isinstance(outcome, Unallocatable):
+            # Every device it could use is held: while pods wait for kube-scheduler, each one freed
+            # goes to one of them; a claim that has waited long enough gets a node reserved.
+            demand = self.waits.demand()
+            if outcome.reason == "NoFit" and not demand.empty and await self._reserve_if_due(claim, demand):
+                return
             await self.fail(claim, outcome)
             return
         demand = self.waits.demand()
         if not demand.empty:
             found = self._clear_of_scheduler(claim, outcome, demand)
             if isinstance(found, Crowded):
-                await self._wait_for_scheduler(claim, demand, found)
+                if not await self._reserve_if_due(claim, demand):
+                    await self._wait_for_scheduler(claim, demand, found)
                 return
             outcome = found
         # kube-scheduler (1.34+ with DRADeviceBindingConditions and DRAResourceClaimDeviceStatus) stamps
@@ -146,7 +162,7 @@ class ClaimAllocator:
             # have taken one of the devices (its write shows up in the model through the watch).
             # Checking both again here shrinks the race to the status write itself.
             demand = self.waits.demand()
-            crowded = self.waits.crowded(allocation, demand)
+            crowded = self.waits.crowded(allocation, demand, reserved=self.reservations.settled_pools(key))
             if crowded is not None:
                 self.model.forget_assumed(key)
                 await self._wait_for_scheduler(current, demand, crowded)
@@ -167,6 +183,7 @@ class ClaimAllocator:
             raise
         self.on_claim_event(obj, deleted=False)
         self.model.forget_assumed(key)
+        self.reservations.allocated(key)
         waited = self.waits.forget(key)
         unallocatable = self.failing.pop(key, None)
         self.metrics.allocations.inc()
@@ -188,16 +205,75 @@ class ClaimAllocator:
         self, claim: ResourceClaim, placement: Placement, demand: SchedulerDemand
     ) -> Placement | Crowded:
         """``placement``, or one on other devices, that kube-scheduler cannot reach while it places
-        the waiting pods; or why the best found is not clear."""
-        crowded = self.waits.crowded(placement.allocations[0], demand)
+        the waiting pods (on the node reserved for the claim, if any); or why the best found is not
+        clear."""
+        key = ClaimKey(claim.namespace, claim.name)
+        reserved = self.reservations.settled_pools(key)
+        crowded = self.waits.crowded(placement.allocations[0], demand, reserved=reserved)
         if crowded is None:
             return placement
         # The node with the most free devices has the most of them ahead of its last one.
         spread = self.placer.place(claims=[claim], model=self.model, policy=SPREAD)
-        if not isinstance(spread, Placement):
-            return crowded
-        again = self.waits.crowded(spread.allocations[0], demand)
-        return spread if again is None else again
+        if isinstance(spread, Placement):
+            again = self.waits.crowded(spread.allocations[0], demand, reserved=reserved)
+            if again is None:
+                return spread
+            crowded = again
+        reservation = self.reservations.of(key)
+        if reserved and reservation is not None:
+            there = self.placer.place(claims=[claim], model=self.model, node=reservation.target.node)
+            if (
+                isinstance(there, Placement)
+                and self.waits.crowded(there.allocations[0], demand, reserved=reserved) is None
+            ):
+                return there
+        return crowded
+
+    async def _reserve_if_due(self, claim: ResourceClaim, demand: SchedulerDemand) -> bool:
+        """Whether the claim waits on a node reserved for it (reserved now or before); False when
+        it has not waited long enough, no node qualifies, or reservations are off or refused."""
+        key = ClaimKey(claim.namespace, claim.name)
+        for expired in self.reservations.expire():
+            self.waits.queue.dirty[expired] = None
+        reservation = self.reservations.of(key)
+        if reservation is None:
+            waited = _age_seconds(self.model.claim_created.get(key, ""), now=self.clock())
+            if waited is None or not self.reservations.due(claim, waited_s=waited):
+                return False
+            index = self.waits.clearance.index(self.model)
+            in_use = self.model.devices_in_use()
+            busy = self.reservations.reserved_nodes()
+            tried = self.reservations.tried_nodes(key)
+            target = choose_target(
+                claim=claim, model=self.model, index=index, in_use=in_use, excluded=busy | tried
+            ) or choose_target(claim=claim, model=self.model, index=index, in_use=in_use, excluded=busy)
+            if target is None:
+                return False
+            reservation = await self.reservations.reserve(claim, target)
+            if reservation is None:
+                return False
+            self.events.post(
+                involved=involved(claim, api_version=self.api.api_version),
+                type_="Normal",
+                reason=RESERVED_REASON,
+                message=reserved_message(demand=demand, node=target.node, rules=reservation.rules),
+            )
+            self.failing.pop(key, None)
+            wait = self.waits.start(key)
+            wait.announced = True  # the Event above says it; the condition follows
+            await self.writer.patch_meta(
+                claim,
+                finalizer=OPERATOR_FINALIZER in claim.metadata.finalizers,
+                condition=condition_json(
+                    status="False",
+                    reason=WAITING_REASON,
+                    message=reserved_message(demand=demand, node=target.node, rules=reservation.rules),
+                ),
+            )
+            return True
+        self.failing.pop(key, None)
+        self.waits.start(key)
+        return True
 
     async def _wait_for_scheduler(
         self, claim: ResourceClaim, demand: SchedulerDemand, crowded: Crowded
@@ -225,6 +301,8 @@ class ClaimAllocator:
     async def fail(self, claim: ResourceClaim, why: Unallocatable) -> None:
         key = ClaimKey(claim.namespace, claim.name)
         self.waits.stop(key)
+        if why.reason != "NoFit":
+            self.reservations.gone(key)  # it cannot use the node either
         self.metrics.allocation_failures.labels(why.reason).inc()
         previous = self.failing.get(key)
         self.failing[key] = Failure(why.reason, why.message)

@@ -58,6 +58,7 @@ from dra_operator.reconcile.ownership import allocated_by_us, is_ours
 from dra_operator.reconcile.placerindex import PlacerIndexCheck
 from dra_operator.reconcile.release import ClaimReleaser
 from dra_operator.reconcile.relist import Relister
+from dra_operator.reconcile.reservation import NodeReservations
 from dra_operator.reconcile.schedulerwait import SchedulerWaits
 from dra_operator.reconcile.status import ClaimStatusWriter
 from dra_operator.reconcile.workqueue import ClaimQueue
@@ -103,6 +104,9 @@ class ClaimReconciler:
         self.backoff = Backoff()
         self._log_throttle = LogThrottle()
         self.waits = SchedulerWaits(model=model, settings=settings, classes=self.classes, queue=self.queue)
+        self.reservations = NodeReservations(
+            api=api, model=model, queue=self.queue, after_s=settings.scheduler_reserve_after_s
+        )
         writer = ClaimStatusWriter(api=api, model=model, on_claim_event=self.on_claim_event)
         self.writer = writer
         self.index_check = PlacerIndexCheck(
@@ -117,6 +121,7 @@ class ClaimReconciler:
             events=self.events,
             writer=writer,
             waits=self.waits,
+            reservations=self.reservations,
             index_check=self.index_check,
             on_claim_event=self.on_claim_event,
             clock=clock,
@@ -167,6 +172,7 @@ class ClaimReconciler:
             self.allocator.failing.pop(key, None)
             self.releaser.was_reserved.discard(key)
             self.waits.forget(key)
+            self.reservations.gone(key)
             self.backoff.forget(key)
             if held_before:
                 self.waits.parked_helped()
@@ -367,6 +373,7 @@ class ClaimReconciler:
             return
         if not is_ours(claim, ownership=self.settings.ownership, classes=self.classes):
             self.waits.stop(key)
+            self.reservations.gone(key)
             if ours_by_finalizer:
                 await self.writer.patch_meta(claim, finalizer=False, condition=None)
             return

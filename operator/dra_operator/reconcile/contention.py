@@ -166,6 +166,10 @@ class Clearance:
         self._index: SliceIndex | None = None
         self._where: dict[DeviceID, tuple[DeviceEntry, int]] = {}
 
+    def index(self, model: ClusterModel) -> SliceIndex:
+        """The slice index of the model as it is now."""
+        return self._refresh(model)
+
     def _refresh(self, model: ClusterModel) -> SliceIndex:
         if self._index is None or self._generation != model.generation:
             self._index = SliceIndex(model.slices.values(), previous=self._index)
@@ -183,10 +187,13 @@ class Clearance:
         allocation: AllocationResult,
         demand: SchedulerDemand,
         headroom: int,
+        reserved: Collection[tuple[str, str]] = (),
     ) -> Crowded | None:
         """The first device of ``allocation`` kube-scheduler could reach while placing the waiting
         pods, or None when it can reach none of them. The allocation's own devices count as
-        taken by nobody but itself: kube-scheduler sees them free until the write reaches it."""
+        taken by nobody but itself: kube-scheduler sees them free until the write reaches it.
+        Devices of the ``reserved`` pools (driver, pool), which kube-scheduler no longer allocates
+        from (:mod:`dra_operator.reconcile.reservation`), are out of its reach."""
         if demand.empty:
             return None
         index = self._refresh(model)
@@ -195,6 +202,8 @@ class Clearance:
         for result in allocation.devices:
             if result.admin_access or result.share_id is not None:
                 continue  # takes the device for no one: nothing to collide with
+            if result.device_id[:2] in reserved:
+                continue
             found = self._where.get(result.device_id)
             if found is None:
                 continue

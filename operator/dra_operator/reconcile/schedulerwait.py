@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from dra_api.model import AllocationResult
@@ -38,6 +39,17 @@ class Wait:
     """time.monotonic() of the first wait."""
     announced: bool = False
     """Whether its condition and Event were written (once per claim, not per try)."""
+
+
+def reserved_message(*, demand: SchedulerDemand, node: str, rules: list[str]) -> str:
+    """What the WaitingForScheduler condition says once a node is reserved for the claim."""
+    pods = f"{demand.pods} pod{'s' if demand.pods != 1 else ''}"
+    return (
+        f"kube-scheduler is placing {pods} that take every device this claim could get as soon as it "
+        f"is freed. Node {node} is now reserved for this claim (DeviceTaintRule "
+        f"{', '.join(rules)}, effect NoSchedule: running pods keep their devices); the claim is "
+        "allocated there when a device frees, and the rule is deleted then"
+    )
 
 
 def waiting_message(*, demand: SchedulerDemand, crowded: Crowded) -> str:
@@ -110,9 +122,19 @@ class SchedulerWaits:
             self.model, ownership=self.settings.ownership, classes=self.classes, parked=parked
         )
 
-    def crowded(self, allocation: AllocationResult, demand: SchedulerDemand) -> Crowded | None:
+    def crowded(
+        self,
+        allocation: AllocationResult,
+        demand: SchedulerDemand,
+        *,
+        reserved: Collection[tuple[str, str]] = (),
+    ) -> Crowded | None:
         return self.clearance.crowded(
-            model=self.model, allocation=allocation, demand=demand, headroom=self.settings.scheduler_headroom
+            model=self.model,
+            allocation=allocation,
+            demand=demand,
+            headroom=self.settings.scheduler_headroom,
+            reserved=reserved,
         )
 
     def recheck(self) -> None:

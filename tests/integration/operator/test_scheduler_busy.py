@@ -95,6 +95,89 @@ def test_standalone_claims_are_allocated_within_the_bound_while_pods_stream_in(
     assert operator.log_count(INDEX_DISAGREES) == 0, summary
 
 
+def test_when_pods_ask_for_every_gpu_a_starved_claim_gets_a_node_reserved(
+    local_cluster: LocalCluster, tmp_path: Path
+) -> None:
+    # Two nodes of 4 GPUs, and pods asking for 12 (two a second, each for six seconds): every GPU
+    # freed goes to a waiting pod within milliseconds, so no GPU is ever out of their reach and
+    # giving way alone would leave the standalone claims waiting until the pods stop. A claim that
+    # has waited 2 s gets a node reserved with a DeviceTaintRule that kube-scheduler honours, and
+    # the next GPU freed there (the local cluster turns DRADeviceTaintRules on).
+    config = BusyConfig(
+        namespace="op-saturated",
+        gpu_class="op-saturated-gpu",
+        driver="saturated.gpu.example.com",
+        nodes=("op-sat-a", "op-sat-b"),
+        gpus=4,
+        pods_per_s=2.0,
+        pod_lifetime_s=6.0,
+        claim_every_s=3.0,
+        duration_s=36.0,
+        drain_s=20.0,
+    )
+    prepare_cluster(local_cluster, config=config)
+    log = tmp_path / "operator.log"
+    operator = OperatorControl(
+        operator_process(
+            kubeconfig=local_cluster.kubeconfig,
+            log=log,
+            config=config,
+            extra=("--tpu-class=op-saturated-tpu", "--verify-placer-index=true"),
+        ),
+        log,
+    )
+    operator.start()
+    try:
+        local_cluster.wait_for(
+            lambda: (
+                local_cluster.kubectl("get", "deviceclass", config.gpu_class, check=False).returncode == 0
+            ),
+            what="the operator's GPU class",
+        )
+        report = asyncio.run(run_round(kubeconfig=local_cluster.kubeconfig, config=config))
+        # Every rule is deleted a moment after its claim's allocation.
+        local_cluster.wait_for(
+            lambda: not _reservation_rules(local_cluster),
+            timeout=20,
+            what="the reservations' DeviceTaintRules deleted",
+        )
+    finally:
+        operator.kill()
+        for node in config.nodes:
+            local_cluster.kubectl("delete", "node", node, "--ignore-not-found", "--wait=false", check=False)
+        local_cluster.kubectl(
+            "delete", "resourceslice", *(f"{n}-gpu" for n in config.nodes), "--ignore-not-found", check=False
+        )
+        local_cluster.kubectl("delete", "namespace", config.namespace, "--wait=false", check=False)
+        local_cluster.kubectl(
+            "delete", "deviceclass", config.gpu_class, "op-saturated-tpu", "--ignore-not-found", check=False
+        )
+        for name in _reservation_rules(local_cluster):
+            local_cluster.kubectl("delete", "devicetaintrule", name, "--ignore-not-found", check=False)
+
+    summary = report.summary()
+    tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
+    assert report.pods_created >= 60, summary
+    assert report.claims_created >= 10, summary
+    # The pods did ask for more than there is: some were deleted before kube-scheduler bound them.
+    assert report.pods_unbound > 0, summary
+    assert len(report.pod_latencies) >= 30, summary
+    # Every standalone claim allocated within the bound, none held back until the pods stopped.
+    assert report.waiting == [], f"{summary}\nlog tail:\n{tail}"
+    slow = {name: round(wait, 2) for name, wait in report.waits.items() if wait > BOUND_S}
+    assert slow == {}, f"{summary}\nlog tail:\n{tail}"
+    assert operator.log_count("reserved node ") >= 1, f"{summary}\nlog tail:\n{tail}"
+    assert report.double_bookings == [], summary
+    assert operator.log_count(INDEX_DISAGREES) == 0, summary
+
+
+def _reservation_rules(cluster: LocalCluster) -> list[str]:
+    listed = cluster.kubectl(
+        "get", "devicetaintrules", "-l", "dra.accel.dev/reserved-for-claim", "-o", "name", check=False
+    )
+    return [line.split("/", 1)[-1] for line in listed.stdout.split()] if listed.returncode == 0 else ["?"]
+
+
 def test_a_claim_that_waits_for_kube_scheduler_says_so_once_and_goes_when_the_pods_do(
     local_cluster: LocalCluster, operators: Operators, scratch: list[tuple[str, ...]]
 ) -> None:

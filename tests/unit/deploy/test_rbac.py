@@ -34,6 +34,8 @@ OPERATOR_GRANTS = (
     | _verbs(RES, "resourceclaims/status", "update patch")
     | _verbs(RES, "resourceclaims/binding", "update patch")
     | _verbs(RES, "resourceslices", "get list watch delete")
+    # Nodes reserved for claims that kube-scheduler's pods starve (DeviceTaintRules).
+    | _verbs(RES, "devicetaintrules", "list create delete")
     | _verbs("", "nodes", "get list watch")
     | _verbs("", "pods", "get list watch")
     | _verbs("", "events", "create patch")

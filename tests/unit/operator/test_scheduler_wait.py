@@ -32,6 +32,7 @@ KEY = ClaimKey("ns", "c")
 
 class ClaimApi:
     api_version = "resource.k8s.io/v1"
+    taint_rule_version: str | None = None  # no DeviceTaintRules: claims only give way
 
     def __init__(self) -> None:
         self.objects: dict[str, dict[str, Any]] = {}
