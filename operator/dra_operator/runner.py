@@ -287,7 +287,7 @@ async def _discover_taint_rules(api: KubeApi, settings: Settings) -> None:
     else:
         logger.info(
             "DeviceTaintRules served (resource.k8s.io/%s): a claim waiting %g s for kube-scheduler "
-            "gets a node reserved",
+            "gets devices reserved",
             version,
             settings.scheduler_reserve_after_s,
         )

@@ -148,11 +148,12 @@ class Settings:
 
     scheduler_reserve_after_s: float = 2.0
     """A claim that has given way to kube-scheduler this long (counted from its creation) while
-    pods keep taking every device it could use gets a node reserved for it: a DeviceTaintRule
-    (NoSchedule) keeps kube-scheduler from allocating more there, and the claim takes the next
-    device freed on that node. Needs DeviceTaintRules (feature gate DRADeviceTaintRules; served as
-    resource.k8s.io/v1beta2 in 1.36) and RBAC to create and delete them; without them claims only
-    give way. At most one node in four is reserved at a time. Negative: never reserve."""
+    pods keep taking every device it could use gets devices reserved for it on one node: a
+    DeviceTaintRule (NoSchedule) per device keeps kube-scheduler from giving them to another pod
+    (the pods using them keep them), and the claim takes them once they are free. Needs
+    DeviceTaintRules (feature gate DRADeviceTaintRules; served as resource.k8s.io/v1beta2 in 1.36)
+    and RBAC to create and delete them; without them claims only give way. At most one node in
+    four holds a reservation at a time. Negative: never reserve."""
 
     scheduler_pending_explain_after_s: float = 30.0
     """How long a claim of the operator's classes that kube-scheduler owns (the operator does not

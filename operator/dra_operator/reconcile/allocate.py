@@ -162,7 +162,7 @@ class ClaimAllocator:
             # have taken one of the devices (its write shows up in the model through the watch).
             # Checking both again here shrinks the race to the status write itself.
             demand = self.waits.demand()
-            crowded = self.waits.crowded(allocation, demand, reserved=self.reservations.settled_pools(key))
+            crowded = self.waits.crowded(allocation, demand, reserved=self.reservations.settled_devices(key))
             if crowded is not None:
                 self.model.forget_assumed(key)
                 await self._wait_for_scheduler(current, demand, crowded)
@@ -208,7 +208,7 @@ class ClaimAllocator:
         the waiting pods (on the node reserved for the claim, if any); or why the best found is not
         clear."""
         key = ClaimKey(claim.namespace, claim.name)
-        reserved = self.reservations.settled_pools(key)
+        reserved = self.reservations.settled_devices(key)
         crowded = self.waits.crowded(placement.allocations[0], demand, reserved=reserved)
         if crowded is None:
             return placement
@@ -256,7 +256,12 @@ class ClaimAllocator:
                 involved=involved(claim, api_version=self.api.api_version),
                 type_="Normal",
                 reason=RESERVED_REASON,
-                message=reserved_message(demand=demand, node=target.node, rules=reservation.rules),
+                message=reserved_message(
+                    demand=demand,
+                    node=target.node,
+                    devices=[d[2] for d in target.devices],
+                    rules=reservation.rules,
+                ),
             )
             self.failing.pop(key, None)
             wait = self.waits.start(key)
@@ -267,7 +272,12 @@ class ClaimAllocator:
                 condition=condition_json(
                     status="False",
                     reason=WAITING_REASON,
-                    message=reserved_message(demand=demand, node=target.node, rules=reservation.rules),
+                    message=reserved_message(
+                        demand=demand,
+                        node=target.node,
+                        devices=[d[2] for d in target.devices],
+                        rules=reservation.rules,
+                    ),
                 ),
             )
             return True

@@ -187,13 +187,13 @@ class Clearance:
         allocation: AllocationResult,
         demand: SchedulerDemand,
         headroom: int,
-        reserved: Collection[tuple[str, str]] = (),
+        reserved: Collection[DeviceID] = (),
     ) -> Crowded | None:
         """The first device of ``allocation`` kube-scheduler could reach while placing the waiting
         pods, or None when it can reach none of them. The allocation's own devices count as
         taken by nobody but itself: kube-scheduler sees them free until the write reaches it.
-        Devices of the ``reserved`` pools (driver, pool), which kube-scheduler no longer allocates
-        from (:mod:`dra_operator.reconcile.reservation`), are out of its reach."""
+        The ``reserved`` devices, which kube-scheduler no longer allocates
+        (:mod:`dra_operator.reconcile.reservation`), are out of its reach."""
         if demand.empty:
             return None
         index = self._refresh(model)
@@ -202,7 +202,7 @@ class Clearance:
         for result in allocation.devices:
             if result.admin_access or result.share_id is not None:
                 continue  # takes the device for no one: nothing to collide with
-            if result.device_id[:2] in reserved:
+            if result.device_id in reserved:
                 continue
             found = self._where.get(result.device_id)
             if found is None:

@@ -1,23 +1,24 @@
-"""Reserving a node's devices for a claim that has waited too long for kube-scheduler.
+"""Reserving devices for a claim that has waited too long for kube-scheduler.
 
 Giving way (:mod:`dra_operator.reconcile.contention`) is enough while some free device lies out of
 the waiting pods' reach. When pods ask for more devices than the cluster has, none does: every
 device freed is taken by a waiting pod within milliseconds, and a standalone claim would wait for
 as long as the pods keep coming. So a claim that has waited :attr:`Settings.scheduler_reserve_after_s`
-gets a node reserved for it: a DeviceTaintRule with a ``NoSchedule`` taint on the node's pools of
-the claim's devices. kube-scheduler then allocates nothing more there (pods already running keep
-their devices: ``NoSchedule`` evicts nobody), the next device freed on that node stays free, and the
-claim takes it. ``RESERVATION_SETTLE_S`` after the rule was written, kube-scheduler has seen it and
-finished any pod it was placing there before; only then does the claim use the node's devices. The
-rule is deleted ``RESERVATION_SETTLE_S`` after the claim's allocation was written, so that
-kube-scheduler has seen the allocation before the devices look untainted again. The operator itself
-does not read DeviceTaintRules, so the claim is placed on the reserved node as on any other.
+gets devices reserved for it: on one node, as many as it asks for, each by a DeviceTaintRule with a
+``NoSchedule`` taint. kube-scheduler then allocates them to no pod; the pods holding them keep them
+(``NoSchedule`` evicts nobody), so pods lose nothing but the devices the claim takes, and each stays
+free once freed. ``RESERVATION_SETTLE_S`` after the rules were written, kube-scheduler has seen them
+and finished any pod it was placing on them before; only then does the claim use them. The rules
+are deleted ``RESERVATION_SETTLE_S`` after the claim's allocation was written, so that kube-scheduler
+has seen the allocation before the devices look untainted again. The operator itself does not read
+DeviceTaintRules: the claim is placed on the reserved node as on any other, and the reserved
+devices count as out of kube-scheduler's reach.
 
 Which node: one where the claim fits once its devices are free, with the most matching devices free
-now, then the one whose devices have been held longest (the likeliest to be freed next). At most
-one node in :data:`NODES_PER_RESERVATION` is reserved at a time, so pods keep most of the cluster;
-a reservation that brings nothing within ``RESERVATION_TTL_S`` is given up and the claim may get
-another node.
+now, then the one whose devices have been held longest; there the free devices, then those held
+longest (the likeliest to be freed next). At most one node in :data:`NODES_PER_RESERVATION` holds a
+reservation at a time. A reservation that brings nothing within ``RESERVATION_TTL_S`` is given up
+and the claim may get another node.
 
 DeviceTaintRule is served as ``resource.k8s.io/v1beta2`` from 1.36 behind DRADeviceTaintRules (off by
 default there); without it claims only give way, as before, and the operator says so once at start.
@@ -58,16 +59,14 @@ RESERVATION_TTL_S = 30.0
 NODES_PER_RESERVATION = 4
 """At most one node in this many (at least one node) is reserved at any time."""
 
-Pool = tuple[str, str]
-"""(driver, pool name)."""
-
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """The node to reserve for a claim, and its pools that hold devices the claim could use."""
+    """The node to reserve for a claim, and the devices there to reserve: as many as the claim
+    asks for, the free ones first, then those held longest."""
 
     node: str
-    pools: tuple[Pool, ...]
+    devices: tuple[DeviceID, ...]
 
 
 @dataclass
@@ -111,9 +110,10 @@ def choose_target(
     excluded: Collection[str] = (),
     now: float | None = None,
 ) -> Target | None:
-    """The node to reserve for ``claim``: one with enough devices it could use once they are free
-    (nodes in ``excluded`` never), the most of them free now first, then the longest held; None when
-    no node qualifies or the claim is not of a kind reserved for."""
+    """What to reserve for ``claim``: on a node with enough devices it could use once they are
+    free (nodes in ``excluded`` never), the most of them free now first, then the longest held;
+    there, per request, the free devices first, then those held longest. None when no node
+    qualifies or the claim is not of a kind reserved for."""
     keys = _request_keys(claim, model)
     if keys is None:
         return None
@@ -122,21 +122,30 @@ def choose_target(
     for node, slices in index.on_node.items():
         if node in excluded:
             continue
-        matching: set[DeviceID] = set()
-        pools: set[Pool] = set()
-        fits = True
+        chosen: list[DeviceID] = []
+        free = 0
+        oldest = now
         for key, count in keys:
-            found = [e for s in slices for e in index.entries(s) if key_matches(key=key, entry=e)]
-            fits &= len(found) >= count
-            matching.update(e.id for e in found)
-            pools.update((e.id[0], e.id[1]) for e in found)
-        if not fits or len(matching) < sum(count for _, count in keys):
-            continue
-        free = sum(1 for d in matching if d not in in_use)
-        held_since = min((_held_since(model, d, now=now) for d in matching if d in in_use), default=now)
-        score = (-free, held_since)
-        if best is None or score < best[0]:
-            best = (score, Target(node=node, pools=tuple(sorted(pools))))
+            found = [
+                e.id
+                for s in slices
+                for e in index.entries(s)
+                if e.id not in chosen and key_matches(key=key, entry=e)
+            ]
+            # Free first, then by how long their holders have held them.
+            order = sorted(
+                found, key=lambda d: (d in in_use, _held_since(model, d, now=now) if d in in_use else 0.0)
+            )
+            picked = order[:count]
+            if len(picked) < count:
+                break
+            chosen += picked
+            free += sum(1 for d in found if d not in in_use)
+            oldest = min([oldest, *(_held_since(model, d, now=now) for d in found if d in in_use)])
+        else:
+            score = (-free, oldest)
+            if best is None or score < best[0]:
+                best = (score, Target(node=node, devices=tuple(chosen)))
     return best[1] if best is not None else None
 
 
@@ -146,8 +155,8 @@ def _held_since(model: ClusterModel, device: DeviceID, *, now: float) -> float:
     return min((s for s in stamps if s is not None), default=now)
 
 
-def rule_body(*, name: str, claim: ResourceClaim, pool: Pool, api_version: str) -> dict[str, object]:
-    driver, pool_name = pool
+def rule_body(*, name: str, claim: ResourceClaim, device: DeviceID, api_version: str) -> dict[str, object]:
+    driver, pool_name, device_name = device
     return {
         "apiVersion": api_version,
         "kind": "DeviceTaintRule",
@@ -157,7 +166,7 @@ def rule_body(*, name: str, claim: ResourceClaim, pool: Pool, api_version: str) 
             "annotations": {f"{PROJECT_DOMAIN}/claim": f"{claim.namespace}/{claim.name}"},
         },
         "spec": {
-            "deviceSelector": {"driver": driver, "pool": pool_name},
+            "deviceSelector": {"driver": driver, "pool": pool_name, "device": device_name},
             "taint": {"key": RESERVATION_TAINT_KEY, "value": claim.metadata.uid, "effect": "NoSchedule"},
         },
     }
@@ -183,12 +192,12 @@ class NodeReservations:
     def of(self, key: ClaimKey) -> Reservation | None:
         return self.by_claim.get(key)
 
-    def settled_pools(self, key: ClaimKey) -> frozenset[Pool]:
-        """The pools reserved for ``key`` that kube-scheduler no longer allocates from."""
+    def settled_devices(self, key: ClaimKey) -> frozenset[DeviceID]:
+        """The devices reserved for ``key`` that kube-scheduler no longer allocates."""
         found = self.by_claim.get(key)
         if found is None or not found.settled(time.monotonic()):
             return frozenset()
-        return frozenset(found.target.pools)
+        return frozenset(found.target.devices)
 
     def due(self, claim: ResourceClaim, *, waited_s: float) -> bool:
         """Whether a node should be reserved for the claim now."""
@@ -212,10 +221,10 @@ class NodeReservations:
         self.by_claim[key] = reservation
         self._tried.setdefault(key, set()).add(target.node)
         try:
-            for i, pool in enumerate(target.pools):
+            for i, device in enumerate(target.devices):
                 name = f"reserved-{claim.metadata.uid}-{i}"
                 version = self.api.taint_rule_api_version
-                body = rule_body(name=name, claim=claim, pool=pool, api_version=version)
+                body = rule_body(name=name, claim=claim, device=device, api_version=version)
                 # A conflict: written by an earlier try for the same claim, the same rule.
                 with contextlib.suppress(Conflict):
                     await self.api.create_taint_rule(body)
@@ -229,11 +238,11 @@ class NodeReservations:
             return None
         reservation.made_at = time.monotonic()
         logger.info(
-            "claim %s: reserved node %s (%s) for it with a DeviceTaintRule; it is placed there once "
-            "kube-scheduler has seen the rule and a device there is free",
+            "claim %s: reserved node %s for it (%s) with DeviceTaintRules; it is placed there once "
+            "kube-scheduler has seen them and the devices are free",
             key,
             target.node,
-            ", ".join("/".join(p) for p in target.pools),
+            ", ".join("/".join(d) for d in target.devices),
         )
         # Placed again once settled and once expired, whether or not anything else changes by then.
         loop = asyncio.get_running_loop()

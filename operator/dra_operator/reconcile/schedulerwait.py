@@ -14,7 +14,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from dra_api.model import AllocationResult
-from dra_operator.clustermodel import ClaimKey, ClusterModel
+from dra_operator.clustermodel import ClaimKey, ClusterModel, DeviceID
 from dra_operator.reconcile.contention import (
     PARKED_RETRY_WINDOW_S,
     Clearance,
@@ -41,14 +41,15 @@ class Wait:
     """Whether its condition and Event were written (once per claim, not per try)."""
 
 
-def reserved_message(*, demand: SchedulerDemand, node: str, rules: list[str]) -> str:
-    """What the WaitingForScheduler condition says once a node is reserved for the claim."""
+def reserved_message(*, demand: SchedulerDemand, node: str, devices: list[str], rules: list[str]) -> str:
+    """What the WaitingForScheduler condition and the NodeReserved Event say once devices are
+    reserved for the claim."""
     pods = f"{demand.pods} pod{'s' if demand.pods != 1 else ''}"
     return (
         f"kube-scheduler is placing {pods} that take every device this claim could get as soon as it "
-        f"is freed. Node {node} is now reserved for this claim (DeviceTaintRule "
-        f"{', '.join(rules)}, effect NoSchedule: running pods keep their devices); the claim is "
-        "allocated there when a device frees, and the rule is deleted then"
+        f"is freed. Node {node}'s {', '.join(devices)} are now reserved for this claim (DeviceTaintRule "
+        f"{', '.join(rules)}, effect NoSchedule: the pods using them keep them); the claim is "
+        "allocated there once they are free, and the rules are deleted then"
     )
 
 
@@ -127,7 +128,7 @@ class SchedulerWaits:
         allocation: AllocationResult,
         demand: SchedulerDemand,
         *,
-        reserved: Collection[tuple[str, str]] = (),
+        reserved: Collection[DeviceID] = (),
     ) -> Crowded | None:
         return self.clearance.crowded(
             model=self.model,

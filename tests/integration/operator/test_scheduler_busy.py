@@ -95,14 +95,14 @@ def test_standalone_claims_are_allocated_within_the_bound_while_pods_stream_in(
     assert operator.log_count(INDEX_DISAGREES) == 0, summary
 
 
-def test_when_pods_ask_for_every_gpu_a_starved_claim_gets_a_node_reserved(
+def test_when_pods_ask_for_every_gpu_a_starved_claim_gets_one_reserved(
     local_cluster: LocalCluster, tmp_path: Path
 ) -> None:
     # Two nodes of 4 GPUs, and pods asking for 12 (two a second, each for six seconds): every GPU
     # freed goes to a waiting pod within milliseconds, so no GPU is ever out of their reach and
     # giving way alone would leave the standalone claims waiting until the pods stop. A claim that
-    # has waited 2 s gets a node reserved with a DeviceTaintRule that kube-scheduler honours, and
-    # the next GPU freed there (the local cluster turns DRADeviceTaintRules on).
+    # has waited 2 s gets a GPU reserved with a DeviceTaintRule that kube-scheduler honours, and
+    # takes it once its pod is gone (the local cluster turns DRADeviceTaintRules on).
     config = BusyConfig(
         namespace="op-saturated",
         gpu_class="op-saturated-gpu",

@@ -75,7 +75,7 @@ def test_the_node_whose_devices_were_held_longest_is_chosen_when_none_is_free() 
     # "small" has the oldest holder but only one GPU: a two-GPU claim never fits there.
     target = choose_target(claim=claim, model=model, index=index, in_use=in_use)  # type: ignore[arg-type]
     assert target is not None
-    assert (target.node, target.pools) == ("n2", ((h.GPU, "n2"),))
+    assert (target.node, target.devices) == ("n2", ((h.GPU, "n2", "gpu-0"), (h.GPU, "n2", "gpu-1")))
     again = choose_target(claim=claim, model=model, index=index, in_use=in_use, excluded={"n2"})  # type: ignore[arg-type]
     assert again is not None
     assert again.node == "n1"
@@ -158,23 +158,40 @@ async def test_a_claim_starved_by_pods_gets_a_node_reserved_and_the_next_device_
         (rule,) = api.rules.values()
         assert rule["apiVersion"] == "resource.k8s.io/v1beta2"
         assert rule["metadata"]["labels"] == {RESERVED_FOR_LABEL: "uid-c"}
-        assert rule["spec"]["deviceSelector"] == {"driver": h.GPU, "pool": "n2"}
+        assert rule["spec"]["deviceSelector"] == {"driver": h.GPU, "pool": "n2", "device": "gpu-0"}
         assert rule["spec"]["taint"]["effect"] == "NoSchedule"
         await reconciler.events.flush()
         assert [e["reason"] for e in api.events] == [RESERVED_REASON]
-        assert "Node n2 is now reserved for this claim" in api.events[0]["message"]
+        assert "Node n2's gpu-0 are now reserved for this claim" in api.events[0]["message"]
         condition = json.loads(model.claims[KEY].metadata.annotations[CONDITION_ANNOTATION])
         assert condition["reason"] == WAITING_REASON
         assert KEY in reconciler.waiting()
 
-        # A GPU frees on n1 and one on n2 at once: the pods may get n1's; the claim takes n2's,
-        # where kube-scheduler no longer allocates.
+        # A GPU frees on n1 and n2's other GPU: within the waiting pods' reach, the claim leaves
+        # them.
         _free(reconciler, model, "n1-gpu-0")
         _free(reconciler, model, "n2-gpu-1")
+        await asyncio.sleep(0.5)
+        assert model.claims[KEY].status.allocation is None
+        # kube-scheduler gives those two to the waiting pods; another pod comes and waits.
+        for i, (node, device) in enumerate((("n1", "gpu-0"), ("n2", "gpu-1"))):
+            placed = pod_claim(f"w{i}-gpu", pod_name=f"w{i}")
+            placed["metadata"]["resourceVersion"] = "2"
+            placed["status"] = {"allocation": h.allocation(node, device)}
+            reconciler.on_claim_event(placed, deleted=False)
+            model.upsert_pod(pod(f"w{i}", claims=(f"w{i}-gpu",), node=node))
+        reconciler.on_claim_event(pod_claim("w2-gpu", pod_name="w2"), deleted=False)
+        model.upsert_pod(pod("w2", claims=("w2-gpu",)))
+        reconciler.on_pod_change()
+        await asyncio.sleep(0.2)
+        assert model.claims[KEY].status.allocation is None
+        # The reserved GPU frees: the waiting pod could use it, but kube-scheduler no longer
+        # allocates it, and the claim takes it.
+        _free(reconciler, model, "n2-gpu-0")
         await _until(lambda: model.claims[KEY].status.allocation is not None)
         allocation = model.claims[KEY].status.allocation
         assert allocation is not None
-        assert [(r.pool, r.device) for r in allocation.devices] == [("n2", "gpu-1")]
+        assert [(r.pool, r.device) for r in allocation.devices] == [("n2", "gpu-0")]
         # The rule goes once kube-scheduler has had time to see the allocation.
         assert api.rules
         await _until(lambda: not api.rules)
