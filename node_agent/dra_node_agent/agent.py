@@ -164,6 +164,7 @@ async def _start_driver(
         if settings.mps_support
         else None,
         dynamic_mig=await asyncio.to_thread(prepare_tools.mig_instances, backend),
+        vendor_env=await asyncio.to_thread(prepare_tools.vendor_env, backend),
     )
     # Listening before the first load, so a checkpoint found corrupt at start is reported too.
     reporter = CorruptionReporter(

@@ -3,8 +3,8 @@
 One JSON spec per claim, kind `k8s.<driver>/claim` (e.g. `k8s.gpu.nvidia.com/claim`), file name
 `<vendor>-claim_<claimUID>.json` like the CDI helpers' transient specs, one CDI device per allocated
 device named `<claimUID>-<device>` so a name is never reused across claims. Spec-level edits carry
-what every container of the claim needs (control device nodes, NVIDIA_VISIBLE_DEVICES or the TPU_*
-environment); device-level edits carry each device's own nodes.
+what every container of the claim needs (control device nodes, and the environment of the devices'
+vendor, `VendorEnv`); device-level edits carry each device's own nodes.
 
 `CdiWriter`'s methods do blocking file I/O: async callers run them with `asyncio.to_thread`.
 """
@@ -17,14 +17,11 @@ import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from dra_node_agent.checkpoint import atomic_write_file, fsync_directory, remove_temp_files
 from dra_node_agent.devices import ContainerEdits, DiscoveredDevice, DiscoveredInventory, TpuWorkers
-from dra_node_agent.opaqueconfig import DriverConfig, TpuConfig
-
-# The one import of vendor code in the core (.importlinter says so): a TPU claim's environment.
-from dra_node_agent.tpu.container_env import tpu_claim_env, tpu_device_env
+from dra_node_agent.opaqueconfig import DriverConfig
 
 log = logging.getLogger(__name__)
 
@@ -73,14 +70,29 @@ def minimum_cdi_version(spec: dict[str, Any]) -> str:
     return version
 
 
-def gpu_claim_edits(devices: Sequence[DiscoveredDevice]) -> ContainerEdits:
-    """Spec-level env for an NVIDIA claim: the UUIDs of its GPUs and MIG devices, for the NVIDIA runtime.
+class VendorEnv(Protocol):
+    """The environment a vendor's runtime and libraries read in a claim's containers, beyond the
+    edits discovery gave each device (``nvidia.container_env``, ``tpu.container_env``).
 
-    Nothing for a driver of other devices (the simulated NIC driver): an empty NVIDIA_VISIBLE_DEVICES
-    from its spec would hide the claim's GPUs from the NVIDIA runtime.
+    The core knows no vendor: the agent's wiring (``prepare_tools``) picks one per driver and hands
+    it to the writer. A driver without one (the simulated NIC driver) adds no environment.
     """
-    uuids = ",".join(d.uuid for d in devices if d.kind in ("gpu", "mig"))
-    return ContainerEdits(env=(f"NVIDIA_VISIBLE_DEVICES={uuids}",)) if uuids else ContainerEdits()
+
+    def device_env(
+        self, device: DiscoveredDevice, *, claim_uid: str, inventory: DiscoveredInventory
+    ) -> tuple[str, ...]:
+        """Environment entries ("K=V") for one device of the claim, beside its own edits."""
+
+    def claim_env(
+        self,
+        devices: Sequence[DiscoveredDevice],
+        *,
+        inventory: DiscoveredInventory,
+        node_name: str | None,
+        config: DriverConfig | None,
+        workers: TpuWorkers | None,
+    ) -> tuple[str, ...]:
+        """Environment entries ("K=V") that every container of the claim gets."""
 
 
 def build_claim_spec(
@@ -91,11 +103,13 @@ def build_claim_spec(
     node_name: str | None = None,
     config: DriverConfig | None = None,
     workers: TpuWorkers | None = None,
+    vendor_env: VendorEnv | None = None,
 ) -> dict[str, Any]:
     """The CDI spec for one claim's devices of `inventory.driver` (pure; no I/O).
 
-    `config` is the claim's validated opaque config, if any; a `TpuConfig` shapes the TPU env, as
-    does `workers`, the multi-host identity prepare derived from the pod's Job.
+    `vendor_env` adds the environment of the devices' vendor. `config` is the claim's validated
+    opaque config, if any, and `workers` the multi-host identity prepare derived from the pod's
+    Job; both are passed on to `vendor_env` (a TPU claim's environment depends on them).
 
     A simulated inventory's device nodes are named only when they exist on the host as character
     devices (``simulated_nodes_on_host``); otherwise its specs carry environment only (a runtime
@@ -108,12 +122,12 @@ def build_claim_spec(
             f"claim {claim_uid}: no devices of driver {inventory.driver} to write a CDI spec for"
         )
     driver = inventory.driver
-    is_tpu = inventory.tpu_host is not None
     cdi_devices = []
     for device in devices:
         edits = device.edits
-        if is_tpu:
-            edits = edits.merged(ContainerEdits(env=(tpu_device_env(device=device, claim_uid=claim_uid),)))
+        if vendor_env is not None:
+            env = vendor_env.device_env(device, claim_uid=claim_uid, inventory=inventory)
+            edits = edits.merged(ContainerEdits(env=env))
         if inventory.simulated:
             nodes = edits.device_nodes if inventory.simulated_nodes_on_host else ()
             edits = ContainerEdits(
@@ -125,20 +139,12 @@ def build_claim_spec(
                 "containerEdits": edits.to_cdi(),
             }
         )
-    if inventory.tpu_host is not None:
-        claim_edits = ContainerEdits(
-            env=tpu_claim_env(
-                host=inventory.tpu_host,
-                chips=len(devices),
-                driver=driver,
-                node_name=node_name,
-                config=config if isinstance(config, TpuConfig) else None,
-                workers=workers,
-            )
+    common = inventory.common_edits
+    if vendor_env is not None:
+        env = vendor_env.claim_env(
+            devices, inventory=inventory, node_name=node_name, config=config, workers=workers
         )
-    else:
-        claim_edits = gpu_claim_edits(devices)
-    common = inventory.common_edits.merged(claim_edits)
+        common = common.merged(ContainerEdits(env=env))
     if inventory.simulated and not inventory.simulated_nodes_on_host:
         # Nothing of the fake host can be injected; its mounts are only made alongside real nodes.
         common = ContainerEdits(env=common.env)
@@ -159,10 +165,18 @@ class CdiWriter:
     All methods block (file I/O and fsync); call them through `asyncio.to_thread`.
     """
 
-    def __init__(self, *, driver: str, cdi_dir: str | Path = DEFAULT_CDI_DIR, node_name: str | None = None):
+    def __init__(
+        self,
+        *,
+        driver: str,
+        cdi_dir: str | Path = DEFAULT_CDI_DIR,
+        node_name: str | None = None,
+        vendor_env: VendorEnv | None = None,
+    ):
         self.driver = driver
         self.cdi_dir = Path(cdi_dir)
         self.node_name = node_name
+        self.vendor_env = vendor_env
 
     def spec_path(self, claim_uid: str) -> Path:
         return self.cdi_dir / spec_file_name(driver=self.driver, claim_uid=claim_uid)
@@ -189,6 +203,7 @@ class CdiWriter:
             node_name=self.node_name,
             config=config,
             workers=workers,
+            vendor_env=self.vendor_env,
         )
         self.cdi_dir.mkdir(parents=True, exist_ok=True)
         data = _encode(spec)

@@ -2,8 +2,9 @@
 
 Discovery only discovers; what changes a device's state at prepare (a GPU's time slice, a claim's
 MPS daemon, a dynamic MIG instance) is built here, from the driver install that NVML discovery found
-(on a simulated node, the NVML backend it runs over its fake hardware). Each returns None where the
-devices have no such tool (TPUs, the simulated NIC driver). All blocking: callers use a thread.
+(on a simulated node, the NVML backend it runs over its fake hardware), and so is the environment
+the devices' vendor adds to a claim's CDI spec. Each returns None where the devices have no such
+tool (TPUs, the simulated NIC driver). All blocking: callers use a thread.
 """
 
 from __future__ import annotations
@@ -11,12 +12,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from dra_api.kubeletapi.socketpaths import MAX_SOCKET_PATH_BYTES
+from dra_node_agent.cdi import VendorEnv
 from dra_node_agent.devices import DiscoveryBackend
 from dra_node_agent.nvidia import mps
+from dra_node_agent.nvidia.container_env import NvidiaEnv
 from dra_node_agent.nvidia.discovery import NvmlBackend
 from dra_node_agent.nvidia.dynamic_mig import DynamicMig
 from dra_node_agent.nvidia.gpu_sharing import GpuSharing, NvmlComputeModes
 from dra_node_agent.simulated.discovery import SimulatedBackend
+from dra_node_agent.tpu.container_env import TpuEnv
+from dra_node_agent.tpu.discovery import TpuBackend
 
 
 def nvml_backend(backend: DiscoveryBackend) -> NvmlBackend | None:
@@ -25,6 +30,25 @@ def nvml_backend(backend: DiscoveryBackend) -> NvmlBackend | None:
         return backend
     if isinstance(backend, SimulatedBackend):
         return backend.nvml_backend()
+    return None
+
+
+def tpu_backend(backend: DiscoveryBackend) -> TpuBackend | None:
+    """The TPU backend behind ``backend``: itself, or the one a simulated TPU profile runs."""
+    if isinstance(backend, TpuBackend):
+        return backend
+    if isinstance(backend, SimulatedBackend):
+        return backend.tpu_backend()
+    return None
+
+
+def vendor_env(backend: DiscoveryBackend) -> VendorEnv | None:
+    """The environment these devices' vendor adds to a claim's CDI spec (None: the simulated NIC
+    driver, whose devices carry all they need in their own edits)."""
+    if nvml_backend(backend) is not None:
+        return NvidiaEnv()
+    if tpu_backend(backend) is not None:
+        return TpuEnv()
     return None
 
 

@@ -21,6 +21,7 @@ import pytest
 
 from dra_node_agent.cdi import build_claim_spec
 from dra_node_agent.devices import DiscoveredInventory, check_inventory
+from dra_node_agent.nvidia.container_env import NvidiaEnv
 from dra_node_agent.nvidia.discovery import NvmlBackend, possible_placements
 from dra_node_agent.nvidia.health_probe import NvmlHealthProbe
 
@@ -79,7 +80,10 @@ def test_discovery_publishes_each_gpu_as_nvidia_smi_describes_it(inventory: Disc
 def test_the_device_nodes_named_for_containers_exist(inventory: DiscoveredInventory) -> None:
     whole = [d for d in inventory.devices if d.kind == "gpu"]
     spec = build_claim_spec(
-        claim_uid="6c8e3a36-1a1c-4e3a-9d63-2b8d1c9f0a11", devices=whole[:1], inventory=inventory
+        claim_uid="6c8e3a36-1a1c-4e3a-9d63-2b8d1c9f0a11",
+        devices=whole[:1],
+        inventory=inventory,
+        vendor_env=NvidiaEnv(),
     )
     print(spec)
     nodes = [n for d in spec["devices"] for n in d["containerEdits"].get("deviceNodes", [])]

@@ -17,7 +17,7 @@ from typing import Any, Final
 
 from dra_api.kubeletapi.model import ClaimRef, PrepareResult
 from dra_node_agent import checkpoint as cp
-from dra_node_agent.cdi import CdiWriter
+from dra_node_agent.cdi import CdiWriter, VendorEnv
 from dra_node_agent.claim_reader import ClaimError, ClaimSource, describe
 from dra_node_agent.device_setup import DeviceSetupError, MigInstances, MpsControl, TimeSlicing
 from dra_node_agent.devices import DiscoveredInventory
@@ -54,6 +54,7 @@ class PrepareHandler:
         gpu_sharing: TimeSlicing | None = None,
         mps: MpsControl[Any] | None = None,
         dynamic_mig: MigInstances | None = None,
+        vendor_env: VendorEnv | None = None,
     ) -> None:
         self.driver = driver
         self.node_name = node_name
@@ -72,7 +73,7 @@ class PrepareHandler:
             proc_root / "sys/kernel/random/boot_id",
             driver=driver,
         )
-        self.cdi = CdiWriter(driver=driver, cdi_dir=cdi_dir, node_name=node_name)
+        self.cdi = CdiWriter(driver=driver, cdi_dir=cdi_dir, node_name=node_name, vendor_env=vendor_env)
         self._devices = DeviceSetUp(self._node, self.store, self.cdi)
         self._steps = ClaimSteps(
             node=self._node,

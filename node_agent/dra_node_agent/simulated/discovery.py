@@ -490,6 +490,12 @@ class SimulatedBackend:
         backend = self.hardware().backend
         return backend if isinstance(backend, NvmlBackend) else None
 
+    def tpu_backend(self) -> TpuBackend | None:
+        """The TPU backend run over the fake sysfs (None for NVIDIA and NIC profiles); blocking, as
+        it builds the fake hardware on first use."""
+        backend = self.hardware().backend
+        return backend if isinstance(backend, TpuBackend) else None
+
     def hardware(self) -> SimulatedHardware:
         """Build the fake hardware on first use (blocking file writes)."""
         with self._lock:

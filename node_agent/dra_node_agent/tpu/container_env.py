@@ -1,7 +1,8 @@
 """The TPU_* environment of a TPU claim's containers, as GKE's device plugin and Google's TPU DRA
 driver set it: the (sub-)slice topology, its bounds, the visible chips and the worker identity.
 
-The CDI writer puts it into the claim's spec; it is pure (no I/O).
+``TpuEnv`` hands it to the CDI writer (its ``VendorEnv``), which puts it into the claim's spec;
+it is pure (no I/O).
 """
 
 from __future__ import annotations
@@ -9,8 +10,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from dra_node_agent.devices import DiscoveredDevice, TpuHostInfo, TpuWorkers
-from dra_node_agent.opaqueconfig import TpuConfig
+from dra_node_agent.devices import DiscoveredDevice, DiscoveredInventory, TpuHostInfo, TpuWorkers
+from dra_node_agent.opaqueconfig import DriverConfig, TpuConfig
 from dra_node_agent.tpu.discovery import GENERATIONS, chips_per_host_bounds, host_topology
 
 TPU_RUNTIME_METRICS_FIRST_PORT = 8431
@@ -115,3 +116,36 @@ def tpu_device_env(*, device: DiscoveredDevice, claim_uid: str) -> str:
     """TPU_DEVICE_<id>_RESOURCE_CLAIM=<claim UID>, <id> being `accel0` or the VFIO group."""
     local = _ENV_NAME_UNSAFE.sub("_", device.local_id or device.name)
     return f"TPU_DEVICE_{local}_RESOURCE_CLAIM={claim_uid}"
+
+
+class TpuEnv:
+    """The CDI writer's ``VendorEnv`` for TPU drivers. An inventory without a TPU host (no chips
+    found) gets no environment."""
+
+    def device_env(
+        self, device: DiscoveredDevice, *, claim_uid: str, inventory: DiscoveredInventory
+    ) -> tuple[str, ...]:
+        if inventory.tpu_host is None:
+            return ()
+        return (tpu_device_env(device=device, claim_uid=claim_uid),)
+
+    def claim_env(
+        self,
+        devices: Sequence[DiscoveredDevice],
+        *,
+        inventory: DiscoveredInventory,
+        node_name: str | None,
+        config: DriverConfig | None,
+        workers: TpuWorkers | None,
+    ) -> tuple[str, ...]:
+        if inventory.tpu_host is None:
+            return ()
+        return tpu_claim_env(
+            host=inventory.tpu_host,
+            chips=len(devices),
+            driver=inventory.driver,
+            node_name=node_name,
+            # Prepare passes the claim's tpu.google.com TpuConfig, the one that shapes these.
+            config=config if isinstance(config, TpuConfig) else None,
+            workers=workers,
+        )

@@ -14,11 +14,12 @@ import pytest
 
 from dra_node_agent.cdi import CdiWriter, build_claim_spec, minimum_cdi_version
 from dra_node_agent.devices import DiscoveredInventory, TpuHostInfo
+from dra_node_agent.nvidia.container_env import NvidiaEnv
 from dra_node_agent.nvidia.discovery import NvmlBackend
 from dra_node_agent.opaqueconfig import TpuConfig
 from dra_node_agent.simulated.discovery import SimulatedBackend
 from dra_node_agent.simulated.fakehw import FakeGpu, FakeNvml
-from dra_node_agent.tpu.container_env import tpu_claim_env
+from dra_node_agent.tpu.container_env import TpuEnv, tpu_claim_env
 from dra_node_agent.tpu.discovery import TpuBackend
 
 SYSFS = Path(__file__).parents[3] / "fixtures" / "sysfs"
@@ -69,7 +70,7 @@ def tpu_inventory(host: str, **kwargs: Any) -> DiscoveredInventory:
 def test_gpu_claim_spec() -> None:
     inventory = gpu_inventory()
     devices = [inventory.by_name()["gpu-2"], inventory.by_name()["gpu-0"]]
-    spec = build_claim_spec(claim_uid=UID, devices=devices, inventory=inventory)
+    spec = build_claim_spec(claim_uid=UID, devices=devices, inventory=inventory, vendor_env=NvidiaEnv())
     assert_valid_cdi(spec)
     assert spec["kind"] == "k8s.gpu.nvidia.com/claim"
     assert spec["cdiVersion"] == "0.5.0"  # device names start with a digit (the claim UID)
@@ -87,7 +88,9 @@ def test_gpu_claim_spec() -> None:
 def test_host_dev_dir_becomes_host_path() -> None:
     gpus = [FakeGpu(uuid="GPU-0", name="x", minor=0, pci_bus_id="0000:10:00.0", memory_total=1 << 30)]
     inventory = NvmlBackend(nvml=FakeNvml(gpus=gpus), host_dev_dir="/run/nvidia/driver/dev").discover_sync()
-    spec = build_claim_spec(claim_uid="abc", devices=inventory.devices, inventory=inventory)
+    spec = build_claim_spec(
+        claim_uid="abc", devices=inventory.devices, inventory=inventory, vendor_env=NvidiaEnv()
+    )
     assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [
         {"path": "/dev/nvidia0", "hostPath": "/run/nvidia/driver/dev/nvidia0"}
     ]
@@ -102,7 +105,11 @@ def test_minimum_version_without_host_paths_or_digit_names() -> None:
 def test_tpu_claim_spec_for_all_chips_of_a_v6e_host() -> None:
     inventory = tpu_inventory("tpu-v6e-host")
     spec = build_claim_spec(
-        claim_uid=UID, devices=inventory.devices, inventory=inventory, node_name="tpu-node"
+        claim_uid=UID,
+        devices=inventory.devices,
+        inventory=inventory,
+        node_name="tpu-node",
+        vendor_env=TpuEnv(),
     )
     assert_valid_cdi(spec)
     assert spec["kind"] == "k8s.tpu.google.com/claim"
@@ -131,7 +138,9 @@ def test_tpu_claim_spec_for_all_chips_of_a_v6e_host() -> None:
 
 def test_tpu_subset_gets_its_own_single_host_slice() -> None:
     inventory = tpu_inventory("tpu-v6e-host")
-    spec = build_claim_spec(claim_uid=UID, devices=inventory.devices[4:], inventory=inventory)
+    spec = build_claim_spec(
+        claim_uid=UID, devices=inventory.devices[4:], inventory=inventory, vendor_env=TpuEnv()
+    )
     env = env_of(spec["containerEdits"])
     assert env["TPU_ACCELERATOR_TYPE"] == "v6e-4"
     assert env["TPU_TOPOLOGY"] == "2x2"
@@ -148,7 +157,9 @@ def test_tpu_subset_gets_its_own_single_host_slice() -> None:
 def test_tpu_host_of_a_multi_host_slice() -> None:
     inventory = tpu_inventory("tpu-v5p-host")  # tpu-env: 2x2x4 slice, worker 1, 4 chips per host
     env = env_of(
-        build_claim_spec(claim_uid=UID, devices=inventory.devices, inventory=inventory)["containerEdits"]
+        build_claim_spec(claim_uid=UID, devices=inventory.devices, inventory=inventory, vendor_env=TpuEnv())[
+            "containerEdits"
+        ]
     )
     assert env["TPU_ACCELERATOR_TYPE"] == "v5p-32"
     assert env["TPU_TOPOLOGY"] == "2x2x4"
@@ -161,7 +172,9 @@ def test_tpu_host_of_a_multi_host_slice() -> None:
 
 def test_tpu_v4_accel_nodes_and_wraparound() -> None:
     inventory = tpu_inventory("tpu-v4-host")
-    spec = build_claim_spec(claim_uid=UID, devices=inventory.devices, inventory=inventory)
+    spec = build_claim_spec(
+        claim_uid=UID, devices=inventory.devices, inventory=inventory, vendor_env=TpuEnv()
+    )
     first = spec["devices"][0]["containerEdits"]
     assert first["deviceNodes"] == [{"path": "/dev/accel0"}]
     assert env_of(first) == {"TPU_DEVICE_accel0_RESOURCE_CLAIM": UID}
@@ -187,7 +200,9 @@ def test_simulated_specs_name_the_fake_device_nodes_when_they_are_character_devi
     if inventory.simulated_nodes_on_host:
         assert (os.major(nvidia0.lstat().st_rdev), os.minor(nvidia0.lstat().st_rdev)) == (195, 0)
     with_nodes = dataclasses.replace(inventory, simulated_nodes_on_host=True)
-    spec = build_claim_spec(claim_uid=UID, devices=with_nodes.devices[:2], inventory=with_nodes)
+    spec = build_claim_spec(
+        claim_uid=UID, devices=with_nodes.devices[:2], inventory=with_nodes, vendor_env=NvidiaEnv()
+    )
     assert_valid_cdi(spec)
     assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [
         {"path": "/dev/nvidia0", "hostPath": str(nvidia0)}
@@ -202,7 +217,7 @@ def test_simulated_specs_name_the_fake_device_nodes_when_they_are_character_devi
 def test_simulated_specs_carry_no_device_nodes_the_host_cannot_inject(tmp_path: Path) -> None:
     inventory = SimulatedBackend(profile="h100-80gb-x8", node_name="n", state_dir=tmp_path).discover_sync()
     plain = dataclasses.replace(inventory, simulated_nodes_on_host=False)
-    spec = build_claim_spec(claim_uid=UID, devices=plain.devices[:2], inventory=plain)
+    spec = build_claim_spec(claim_uid=UID, devices=plain.devices[:2], inventory=plain, vendor_env=NvidiaEnv())
     assert_valid_cdi(spec)
     assert "deviceNodes" not in json.dumps(spec)
     assert env_of(spec["devices"][0]["containerEdits"]) == {
@@ -217,7 +232,7 @@ def test_bad_input_is_rejected(uid: str, message: str) -> None:
     inventory = gpu_inventory()
     devices = inventory.devices if uid != UID else ()
     with pytest.raises(ValueError, match=message):
-        build_claim_spec(claim_uid=uid, devices=devices, inventory=inventory)
+        build_claim_spec(claim_uid=uid, devices=devices, inventory=inventory, vendor_env=NvidiaEnv())
 
 
 def test_writer_writes_atomically_and_removes(tmp_path: Path) -> None:
@@ -277,13 +292,17 @@ def test_writer_refuses_another_drivers_inventory(tmp_path: Path) -> None:
 def test_tpu_config_supplies_multi_host_identity_and_ici_resiliency() -> None:
     inventory = tpu_inventory("tpu-v5p-host")
     config = TpuConfig(worker_id=2, worker_hostnames=("w-0", "w-1", "w-2", "w-3"), ici_resiliency=True)
-    spec = build_claim_spec(claim_uid=UID, devices=inventory.devices, inventory=inventory, config=config)
+    spec = build_claim_spec(
+        claim_uid=UID, devices=inventory.devices, inventory=inventory, config=config, vendor_env=TpuEnv()
+    )
     env = env_of(spec["containerEdits"])
     assert env["TPU_WORKER_ID"] == "2"
     assert env["TPU_WORKER_HOSTNAMES"] == "w-0,w-1,w-2,w-3"
     assert env["ENABLE_ICI_RESILIENCY"] == "true"
     without = env_of(
-        build_claim_spec(claim_uid=UID, devices=inventory.devices, inventory=inventory)["containerEdits"]
+        build_claim_spec(claim_uid=UID, devices=inventory.devices, inventory=inventory, vendor_env=TpuEnv())[
+            "containerEdits"
+        ]
     )
     assert "ENABLE_ICI_RESILIENCY" not in without  # 2x2x4 is below 4x4x4
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pynvml
 import pytest
 
+from dra_node_agent import prepare_tools
 from dra_node_agent.cdi import build_claim_spec
 from dra_node_agent.devices import check_inventory
 from dra_node_agent.discovery.detect import DiscoveryConfig, select_backends
@@ -113,11 +114,12 @@ async def test_an_agent_runs_the_nic_driver_beside_the_gpus(tmp_path: Path) -> N
 
 
 async def test_a_prepared_nic_gives_the_container_its_interface_and_root_only(tmp_path: Path) -> None:
-    inventory = await SimulatedBackend(
-        profile="nic-sim-h100-x4", node_name="n", state_dir=tmp_path
-    ).discover()
+    backend = SimulatedBackend(profile="nic-sim-h100-x4", node_name="n", state_dir=tmp_path)
+    inventory = await backend.discover()
     device = inventory.by_name()["nic-2"]
-    spec = build_claim_spec(claim_uid=CLAIM_UID, devices=[device], inventory=inventory)
+    # The environment its vendor adds as the agent's wiring picks it for this driver.
+    vendor_env = prepare_tools.vendor_env(backend)
+    spec = build_claim_spec(claim_uid=CLAIM_UID, devices=[device], inventory=inventory, vendor_env=vendor_env)
     assert spec["kind"] == f"k8s.{NIC_DRIVER}/claim"
     (cdi_device,) = spec["devices"]
     edits = cdi_device["containerEdits"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from dra_node_agent import prepare_tools
 from dra_node_agent.prepare import PrepareHandler
 from dra_node_agent.simulated.discovery import SimulatedBackend
 from tests.unit.agent.prepare.test_prepare_configs import GPU, NODE, Claims
@@ -25,7 +26,9 @@ class SimulatedNode:
 
     async def handler(self, **components: Any) -> PrepareHandler:
         """A fresh handler over the same hardware and state (an agent (re)start); ``components``
-        are the handler's optional parts (gpu_sharing, mps, dynamic_mig)."""
+        are the handler's optional parts (gpu_sharing, mps, dynamic_mig). The vendor's container
+        environment is the one the agent's wiring picks for these GPUs."""
+        components.setdefault("vendor_env", prepare_tools.vendor_env(self.backend))
         handler = PrepareHandler(
             driver=GPU,
             node_name=NODE,

@@ -86,6 +86,7 @@ async def make(tmp_path: Path, *, driver: str, profile: str) -> tuple[PrepareHan
         cdi_dir=tmp_path / "cdi",
         proc_root=tmp_path / "proc",
         gpu_sharing=prepare_tools.gpu_sharing(backend),
+        vendor_env=prepare_tools.vendor_env(backend),
     )
     await handler.start()
     return handler, claims

@@ -21,6 +21,7 @@ from dra_api.kubeletapi.model import ClaimRef
 from dra_node_agent.claim_reader import ClaimAllocation, ClaimGone, driver_allocation
 from dra_node_agent.prepare import PrepareHandler
 from dra_node_agent.simulated.discovery import SimulatedBackend
+from dra_node_agent.tpu.container_env import TpuEnv
 from dra_node_agent.tpu.multihost import TpuWorkerResolver
 from dra_node_agent.tpu.workers import (
     HOST_MISSING,
@@ -215,6 +216,7 @@ async def make_host(tmp_path: Path, *, profile: str, node: str, env_file: Path |
         cdi_dir=tmp_path / node / "cdi",
         proc_root=tmp_path / node / "proc",
         tpu_workers=resolver,
+        vendor_env=TpuEnv(),
     )
     await handler.start()
     return Host(handler, claims, api, events, resolver)
