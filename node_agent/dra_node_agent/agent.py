@@ -27,10 +27,10 @@ from dra_node_agent.claim_reader import ClaimReader
 from dra_node_agent.devices import DiscoveredInventory, DiscoveryBackend
 from dra_node_agent.discovery.detect import DiscoveryConfig, select_backends
 from dra_node_agent.driver_health import DriverHealth, attach_health
-from dra_node_agent.health import HealthSettings, TaintEffect, parse_xid_list
+from dra_node_agent.health import HealthSettings, TaintEffect
 from dra_node_agent.health.events import NodeEvents
 from dra_node_agent.http_endpoints import HttpEndpoints
-from dra_node_agent.nvidia.health_probe import DEFAULT_IGNORED_XIDS
+from dra_node_agent.nvidia.health_probe import DEFAULT_IGNORED_XIDS, parse_xid_list
 from dra_node_agent.plugin import RunningPlugin, serve_plugin
 from dra_node_agent.prepare import PrepareHandler
 from dra_node_agent.publisher import SlicePublisher

@@ -10,18 +10,6 @@ _PCIE_ROOT = re.compile(r"^pci([0-9a-f]{4}):([0-9a-f]{2})$")
 _ADDRESS = re.compile(r"^([0-9a-f]{4}):([0-9a-f]{2}):([0-9a-f]{2})\.([0-7])$")
 
 
-def normalize_bus_id(raw: str | bytes) -> str:
-    """NVML's "00000000:3B:00.0" (or legacy "0000:3B:00.0") -> sysfs form "0000:3b:00.0"."""
-    text = raw.decode() if isinstance(raw, bytes) else raw
-    text = text.strip().rstrip("\x00").lower()
-    domain, sep, rest = text.partition(":")
-    if not sep:
-        raise ValueError(f"PCI bus ID {text!r}: missing domain")
-    if len(domain) > 4:
-        domain = domain[-4:]
-    return f"{domain.zfill(4)}:{rest}"
-
-
 def split_address(address: str) -> tuple[str, int]:
     """ "0000:c0:02.1" -> ("0000:c0:02", 1): the slot and the PCI function number."""
     match = _ADDRESS.match(address)

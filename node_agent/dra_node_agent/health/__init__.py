@@ -9,7 +9,7 @@ from dra_node_agent.health.monitor import (
     MonitorHealthSource,
     republish_on_change,
 )
-from dra_node_agent.health.state import State, parse_xid_list
+from dra_node_agent.health.state import State
 from dra_node_agent.health.taint_support import server_keeps_device_taints
 from dra_node_agent.health.taints import TaintEffect
 
@@ -19,7 +19,6 @@ __all__ = [
     "MonitorHealthSource",
     "State",
     "TaintEffect",
-    "parse_xid_list",
     "republish_on_change",
     "server_keeps_device_taints",
 ]

@@ -11,7 +11,6 @@ All times are Unix seconds from the injected clock.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Final
@@ -155,18 +154,3 @@ class DeviceHealthState:
 
 def _reason(problem: Problem) -> str:
     return f"{problem.kind.value}={problem.value}" if problem.value else problem.kind.value
-
-
-def parse_xid_list(raw: str | Iterable[int]) -> frozenset[int]:
-    """``"13,31, 43"`` or an iterable of ints -> a set of XIDs; bad entries are a one-line error."""
-    if not isinstance(raw, str):
-        return frozenset(int(x) for x in raw)
-    out: set[int] = set()
-    for part in raw.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        if not part.isdigit():
-            raise ValueError(f"XID list {raw!r}: {part!r} is not a non-negative integer")
-        out.add(int(part))
-    return frozenset(out)

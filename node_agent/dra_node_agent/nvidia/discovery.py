@@ -34,7 +34,7 @@ from dra_node_agent.devices import (
     string_attr,
     version_attr,
 )
-from dra_node_agent.pci import normalize_bus_id, pci_device_dir, pcie_root, read_int
+from dra_node_agent.pci import pci_device_dir, pcie_root, read_int
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +111,18 @@ def mig_profile_name(
 
 def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def normalize_bus_id(raw: str | bytes) -> str:
+    """NVML's "00000000:3B:00.0" (or legacy "0000:3B:00.0") -> sysfs form "0000:3b:00.0"."""
+    text = raw.decode() if isinstance(raw, bytes) else raw
+    text = text.strip().rstrip("\x00").lower()
+    domain, sep, rest = text.partition(":")
+    if not sep:
+        raise ValueError(f"PCI bus ID {text!r}: missing domain")
+    if len(domain) > 4:
+        domain = domain[-4:]
+    return f"{domain.zfill(4)}:{rest}"
 
 
 @dataclass

@@ -33,6 +33,21 @@ _LOST: Final = (pynvml.NVML_ERROR_GPU_IS_LOST, pynvml.NVML_ERROR_NOT_FOUND)
 _ERROR_PAUSE: Final = 1.0  # seconds between retries after a failed wait: never a busy loop
 
 
+def parse_xid_list(raw: str | Iterable[int]) -> frozenset[int]:
+    """``"13,31, 43"`` or an iterable of ints -> a set of XIDs; bad entries are a one-line error."""
+    if not isinstance(raw, str):
+        return frozenset(int(x) for x in raw)
+    out: set[int] = set()
+    for part in raw.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if not part.isdigit():
+            raise ValueError(f"XID list {raw!r}: {part!r} is not a non-negative integer")
+        out.add(int(part))
+    return frozenset(out)
+
+
 def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import pytest
-
-from dra_node_agent.health.state import DeviceHealthState, Observation, ProblemKind, State, parse_xid_list
+from dra_node_agent.health.state import DeviceHealthState, Observation, ProblemKind, State
 
 
 def current(state: DeviceHealthState) -> State:
@@ -85,11 +83,3 @@ def test_history_is_bounded() -> None:
     assert len(state.history) == 4
     assert state.history[-1].new is State.HEALTHY
     assert state.history[-1].time == 95
-
-
-def test_parse_xid_list() -> None:
-    assert parse_xid_list("13, 31,,43") == {13, 31, 43}
-    assert parse_xid_list([1, 2]) == {1, 2}
-    assert parse_xid_list("") == frozenset()
-    with pytest.raises(ValueError, match=r"XID list '13,x': 'x' is not a non-negative integer"):
-        parse_xid_list("13,x")

@@ -11,7 +11,7 @@ import pytest
 
 from dra_node_agent.health.probe import XidReport
 from dra_node_agent.health.state import Observation, ProblemKind
-from dra_node_agent.nvidia.health_probe import DEFAULT_IGNORED_XIDS, NvmlHealthProbe
+from dra_node_agent.nvidia.health_probe import DEFAULT_IGNORED_XIDS, NvmlHealthProbe, parse_xid_list
 from dra_node_agent.simulated.health_probe import FakeNvmlHealth
 from tests.unit.agent.health.fakes import Clock, a100_mig, discover, fake_nvml, h100
 
@@ -200,3 +200,11 @@ def test_poll_problems_row_remap_new_uncorrected_ecc_and_lost(fake: FakeNvmlHeal
     lost = [o for o in result.observations if o.device == "gpu-1"]
     assert [(o.kind, o.value) for o in lost] == [(ProblemKind.GPU_LOST, "")]
     assert result.telemetry["gpu-1"].temperature_celsius is None
+
+
+def test_parse_xid_list() -> None:
+    assert parse_xid_list("13, 31,,43") == {13, 31, 43}
+    assert parse_xid_list([1, 2]) == {1, 2}
+    assert parse_xid_list("") == frozenset()
+    with pytest.raises(ValueError, match=r"XID list '13,x': 'x' is not a non-negative integer"):
+        parse_xid_list("13,x")
