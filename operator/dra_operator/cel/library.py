@@ -126,21 +126,12 @@ _builtin("matches", function([2], "bool"), member("string", [1], "bool"))
 _builtin("contains", member("string", [1], "bool"))
 _builtin("startsWith", member("string", [1], "bool"))
 _builtin("endsWith", member("string", [1], "bool"))
-for _getter in (
-    "getDate",
-    "getDayOfMonth",
-    "getDayOfWeek",
-    "getDayOfYear",
-    "getFullYear",
-    "getHours",
-    "getMilliseconds",
-    "getMinutes",
-    "getMonth",
-    "getSeconds",
-):
-    # Declared for durations too, and with a time zone, though cel-python serves only part of that
-    # (see tests/unit/operator/cel/test_declarations.py); kept as the checker has always accepted it.
-    _builtin(_getter, member("timestamp duration", [0, 1], "int"))
+# A timestamp has all ten getters, each with an optional time zone; a duration only those of time
+# units, without one. That is upstream CEL's declaration, and all that cel-python serves.
+for _getter in ("getDate", "getDayOfMonth", "getDayOfWeek", "getDayOfYear", "getFullYear", "getMonth"):
+    _builtin(_getter, member("timestamp", [0, 1], "int"))
+for _getter in ("getHours", "getMilliseconds", "getMinutes", "getSeconds"):
+    _builtin(_getter, member("timestamp", [0, 1], "int"), member("duration", [0], "int"))
 
 
 @_declare("dyn", function([1], DYN), pure=True)
