@@ -24,6 +24,10 @@ WAIT_REASONS = ("none", "scheduler_busy", "unallocatable")
 """Reasons of ``dra_operator_allocation_wait_seconds``: what held the claim before its allocation."""
 
 
+RESERVATION_OUTCOMES = ("allocated", "expired", "gone", "refused")
+"""How a reservation of devices ends (``dra_operator_device_reservations_total``)."""
+
+
 def claim_state(*, allocated: bool, deleting: bool, ours: bool, failing: bool, waiting: bool = False) -> str:
     if deleting:
         return "deleting"
@@ -226,6 +230,17 @@ class Metrics:
             ["found_by"],
             registry=self.registry,
         )
+        self.reservations = PromCounter(
+            "dra_operator_device_reservations",
+            "Devices reserved for claims that kube-scheduler's pods kept from every device they could "
+            "use (DeviceTaintRules), by how the reservation ended: 'allocated', 'expired' (no device "
+            "freed in time), 'gone' (the claim was deleted or no longer waits) or 'refused' (the API "
+            "refused the rules).",
+            ["outcome"],
+            registry=self.registry,
+        )
+        for outcome in RESERVATION_OUTCOMES:
+            self.reservations.labels(outcome)
         self.events_dropped = PromCounter(
             "dra_operator_events_dropped",
             "Events not posted because the event queue was full.",

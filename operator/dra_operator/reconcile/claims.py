@@ -105,7 +105,11 @@ class ClaimReconciler:
         self._log_throttle = LogThrottle()
         self.waits = SchedulerWaits(model=model, settings=settings, classes=self.classes, queue=self.queue)
         self.reservations = NodeReservations(
-            api=api, model=model, queue=self.queue, after_s=settings.scheduler_reserve_after_s
+            api=api,
+            model=model,
+            queue=self.queue,
+            after_s=settings.scheduler_reserve_after_s,
+            ended=lambda outcome: metrics.reservations.labels(outcome).inc(),
         )
         writer = ClaimStatusWriter(api=api, model=model, on_claim_event=self.on_claim_event)
         self.writer = writer

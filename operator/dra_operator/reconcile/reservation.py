@@ -32,7 +32,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 
 from dra_api.aiotasks import BackgroundTasks
@@ -175,8 +175,18 @@ def rule_body(*, name: str, claim: ResourceClaim, device: DeviceID, api_version:
 class NodeReservations:
     """The reservations of the claims that have waited too long; writes and deletes their rules."""
 
-    def __init__(self, *, api: KubeApi, model: ClusterModel, queue: ClaimQueue, after_s: float) -> None:
+    def __init__(
+        self,
+        *,
+        api: KubeApi,
+        model: ClusterModel,
+        queue: ClaimQueue,
+        after_s: float,
+        ended: Callable[[str], None] = lambda outcome: None,
+    ) -> None:
         self.api = api
+        self.ended = ended
+        """Called with how each reservation ended (metrics.RESERVATION_OUTCOMES)."""
         self.model = model
         self.queue = queue
         self.after_s = after_s
@@ -230,11 +240,11 @@ class NodeReservations:
                     await self.api.create_taint_rule(body)
                 reservation.rules.append(name)
         except NotActive:
-            self._drop(key, delay=0.0)
+            self._drop(key, delay=0.0, outcome="refused")
             raise
         except Exception as exc:  # any refusal: give way as before, say why
             logger.warning("claim %s: could not reserve node %s: %s", key, target.node, error_text(exc))
-            self._drop(key, delay=0.0)
+            self._drop(key, delay=0.0, outcome="refused")
             return None
         reservation.made_at = time.monotonic()
         logger.info(
@@ -265,21 +275,23 @@ class NodeReservations:
                 key,
                 self.by_claim[key].target.node,
             )
-            self._drop(key, delay=0.0)
+            self._drop(key, delay=0.0, outcome="expired")
         return expired
 
     def allocated(self, key: ClaimKey) -> None:
         """The claim's allocation is written: its rules go once kube-scheduler has seen it."""
         self._tried.pop(key, None)
-        self._drop(key, delay=RESERVATION_SETTLE_S)
+        self._drop(key, delay=RESERVATION_SETTLE_S, outcome="allocated")
 
     def gone(self, key: ClaimKey) -> None:
         """The claim is deleted or no longer waits: its rules go now."""
         self._tried.pop(key, None)
-        self._drop(key, delay=0.0)
+        self._drop(key, delay=0.0, outcome="gone")
 
-    def _drop(self, key: ClaimKey, *, delay: float) -> None:
+    def _drop(self, key: ClaimKey, *, delay: float, outcome: str) -> None:
         reservation = self.by_claim.pop(key, None)
+        if reservation is not None:
+            self.ended(outcome)
         if reservation is not None and reservation.rules:
             self._tasks.spawn(self._delete(reservation.rules, delay), name=f"unreserve {key}")
 
@@ -309,5 +321,5 @@ class NodeReservations:
     async def stop(self, *, grace: float) -> None:
         """Delete every rule still held (the operator is stopping), within ``grace`` seconds."""
         for key in list(self.by_claim):
-            self._drop(key, delay=0.0)
+            self._drop(key, delay=0.0, outcome="gone")
         await self._tasks.drain(grace=grace)

@@ -200,6 +200,10 @@ async def test_a_claim_starved_by_pods_gets_a_node_reserved_and_the_next_device_
             "dra_operator_allocation_wait_seconds_count", {"reason": "scheduler_busy"}
         )
         assert value == 1
+        ended = metrics.registry.get_sample_value(
+            "dra_operator_device_reservations_total", {"outcome": "allocated"}
+        )
+        assert ended == 1
     finally:
         worker.cancel()
         await reconciler.reservations.stop(grace=1.0)
