@@ -299,6 +299,10 @@ class BusyRound:
             listing = await self.custom.list_namespaced_custom_object(
                 GROUP, VERSION, cfg.namespace, "resourceclaims"
             )
+            listed = {obj["metadata"]["name"] for obj in listing.get("items", [])}
+            # A claim deleted while no watch ran (the gap before this listing) has let go.
+            for name in [n for n in self.holdings.devices if n not in listed]:
+                self.holdings.update(name, [])
             for obj in listing.get("items", []):
                 self._on_claim(obj, deleted=False)
             self._claims_watching.set()

@@ -219,6 +219,7 @@ class ClaimReconciler:
     def on_pod_change(self) -> None:
         """A pod changed (created, bound, deleted, ...): what kube-scheduler has yet to place may
         have changed, so claims waiting for it get another try."""
+        self.waits.pods_changed()
         self.waits.recheck()
 
     def on_pod_gone(self, *, namespace: str, name: str) -> None:

@@ -65,11 +65,13 @@ class SchedulerDemand:
     requests: Mapping[RequestShape, int]
     """How many requests of each shape their unallocated claims make."""
     unknown: int = 0
-    """Claims those pods use that the operator has not seen yet."""
+    """Claims those pods use that the operator has not seen yet; or, with no pod known to wait,
+    one for a pod the operator may not have seen yet while pods keep coming (see
+    :meth:`dra_operator.reconcile.schedulerwait.SchedulerWaits.demand`)."""
 
     @property
     def empty(self) -> bool:
-        return not self.pods
+        return not self.pods and not self.unknown
 
 
 NO_DEMAND = SchedulerDemand(pods=0, requests={})

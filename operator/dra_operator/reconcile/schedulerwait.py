@@ -26,6 +26,12 @@ from dra_operator.reconcile.workqueue import ClaimQueue
 from dra_operator.settings import Settings
 
 WAITING_REASON = "WaitingForScheduler"
+POD_STREAM_WINDOW_S = 2.0
+"""For this long after the operator last saw a pod waiting for kube-scheduler, it assumes another
+may be waiting that it has not seen yet: its pod events come through Kopf, which hands an object's
+events over only after 0.1 s without another, while kube-scheduler may place a new pod within tens
+of milliseconds. A benchmark at five pods a second saw the operator take a device such a pod got in
+the same moment (bench/RESULTS.md)."""
 RECHECK_DELAY_S = 0.1
 """Claims waiting for kube-scheduler are placed again this long after a change of pods, claims or
 devices: one try for a burst of changes."""
@@ -44,7 +50,7 @@ class Wait:
 def reserved_message(*, demand: SchedulerDemand, node: str, devices: list[str], rules: list[str]) -> str:
     """What the WaitingForScheduler condition and the NodeReserved Event say once devices are
     reserved for the claim."""
-    pods = f"{demand.pods} pod{'s' if demand.pods != 1 else ''}"
+    pods = _pods_text(demand)
     return (
         f"kube-scheduler is placing {pods} that take every device this claim could get as soon as it "
         f"is freed. Node {node}'s {', '.join(devices)} are now reserved for this claim (DeviceTaintRule "
@@ -53,9 +59,15 @@ def reserved_message(*, demand: SchedulerDemand, node: str, devices: list[str], 
     )
 
 
+def _pods_text(demand: SchedulerDemand) -> str:
+    if not demand.pods:
+        return "pods that keep coming (one was waiting less than 2 s ago)"
+    return f"{demand.pods} pod{'s' if demand.pods != 1 else ''}"
+
+
 def waiting_message(*, demand: SchedulerDemand, crowded: Crowded) -> str:
     """What the WaitingForScheduler condition and Event say."""
-    pods = f"{demand.pods} pod{'s' if demand.pods != 1 else ''}"
+    pods = _pods_text(demand)
     device = "/".join(crowded.device)
     return (
         f"kube-scheduler is placing {pods} that could use the devices this claim would get, and "
@@ -84,6 +96,8 @@ class SchedulerWaits:
         # When devices were last freed or slices, classes or nodes changed (time.monotonic()):
         # what sends parked pods back to kube-scheduler. -inf until then: nothing did yet.
         self._helped_parked_at = float("-inf")
+        # When a pod was last seen waiting for kube-scheduler (time.monotonic()); -inf: never.
+        self._pods_waiting_at = float("-inf")
         self._settle_timer: asyncio.TimerHandle | None = None
         self._settle_at = 0.0
 
@@ -116,12 +130,21 @@ class SchedulerWaits:
         self._recheck_when_parked_settle()
         return wait
 
+    def pods_changed(self) -> None:
+        """A pod changed: note when pods were last seen waiting for kube-scheduler."""
+        if self.model.unscheduled:
+            self._pods_waiting_at = time.monotonic()
+
     def demand(self) -> SchedulerDemand:
-        """What the pods waiting for kube-scheduler could take now."""
+        """What the pods waiting for kube-scheduler could take now; while pods keep coming, at
+        least one pod not seen yet (:data:`POD_STREAM_WINDOW_S`)."""
         parked = time.monotonic() - self._helped_parked_at < PARKED_RETRY_WINDOW_S
-        return scheduler_demand(
+        found = scheduler_demand(
             self.model, ownership=self.settings.ownership, classes=self.classes, parked=parked
         )
+        if found.empty and time.monotonic() - self._pods_waiting_at < POD_STREAM_WINDOW_S:
+            return SchedulerDemand(pods=0, requests={}, unknown=1)
+        return found
 
     def crowded(
         self,
@@ -146,9 +169,12 @@ class SchedulerWaits:
             )
 
     def _recheck_when_parked_settle(self) -> None:
-        """Parked pods stop counting a while after the last change that may help them, with no
-        event to say so: try the waiting claims again then."""
-        settle = self._helped_parked_at + PARKED_RETRY_WINDOW_S - time.monotonic()
+        """Parked pods stop counting a while after the last change that may help them, and a pod
+        stream after its last pod, with no event to say so: try the waiting claims again then."""
+        settle = (
+            max(self._helped_parked_at + PARKED_RETRY_WINDOW_S, self._pods_waiting_at + POD_STREAM_WINDOW_S)
+            - time.monotonic()
+        )
         if settle <= 0 or (self._settle_timer is not None and self._settle_at >= settle + time.monotonic()):
             return
         if self._settle_timer is not None:

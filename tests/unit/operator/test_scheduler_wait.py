@@ -153,6 +153,25 @@ async def test_without_pods_waiting_it_keeps_its_own_placement() -> None:
     assert _devices(model, KEY) == ["n1/gpu-2"]
 
 
+async def test_while_pods_keep_coming_it_leaves_room_for_one_it_has_not_seen_yet() -> None:
+    # A pod was waiting a moment ago and is placed now: none waits, but the next may already be
+    # at kube-scheduler before the operator hears of it. n1/gpu-2 has 2 free ahead, short of that
+    # pod plus the headroom (3); n2/gpu-7 has 7.
+    reconciler, model, api, _ = _setup({"n1": 3, "n2": 8})
+    model.upsert_pod(pod("p0", templates=1))
+    reconciler.on_pod_change()
+    model.upsert_pod(pod("p0", node="n9"))
+    reconciler.on_pod_change()
+    assert not model.unscheduled
+    _add_claim(reconciler, api, h.claim("c"))
+    worker = await _worker(reconciler)
+    try:
+        await reconciler.drain()
+    finally:
+        worker.cancel()
+    assert _devices(model, KEY) == ["n2/gpu-7"]
+
+
 async def test_a_crowded_claim_waits_says_so_once_and_goes_when_the_pods_are_placed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
