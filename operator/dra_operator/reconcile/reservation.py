@@ -3,22 +3,25 @@
 Giving way (:mod:`dra_operator.reconcile.contention`) is enough while some free device lies out of
 the waiting pods' reach. When pods ask for more devices than the cluster has, none does: every
 device freed is taken by a waiting pod within milliseconds, and a standalone claim would wait for
-as long as the pods keep coming. So a claim that has waited :attr:`Settings.scheduler_reserve_after_s`
-gets devices reserved for it: on one node, as many as it asks for, each by a DeviceTaintRule with a
-``NoSchedule`` taint. kube-scheduler then allocates them to no pod; the pods holding them keep them
-(``NoSchedule`` evicts nobody), so pods lose nothing but the devices the claim takes, and each stays
-free once freed. ``RESERVATION_SETTLE_S`` after the rules were written, kube-scheduler has seen them
-and finished any pod it was placing on them before; only then does the claim use them. The rules
-are deleted ``RESERVATION_SETTLE_S`` after the claim's allocation was written, so that kube-scheduler
-has seen the allocation before the devices look untainted again. The operator itself does not read
+as long as the pods keep coming. So a claim that has waited
+:attr:`Settings.scheduler_reserve_after_s` gets devices reserved for it on one node, each by a
+DeviceTaintRule with a ``NoSchedule`` taint: as many free ones as it asks for (kube-scheduler may be
+giving them to a pod at this moment) and as many of those held longest (the likeliest to be freed
+next); it takes the first that are free. kube-scheduler then allocates them to no pod; the pods
+holding them keep them (``NoSchedule`` evicts nobody), so pods lose little more than the devices the
+claim takes.
+
+``RESERVATION_SETTLE_S`` after the rules were written, kube-scheduler has seen them and finished any
+pod it was placing on them before; only then does the claim use them. The rules are deleted
+``RESERVATION_SETTLE_S`` after the claim's allocation was written, so that kube-scheduler has seen
+the allocation before the devices look untainted again. The operator itself does not read
 DeviceTaintRules: the claim is placed on the reserved node as on any other, and the reserved
 devices count as out of kube-scheduler's reach.
 
 Which node: one where the claim fits once its devices are free, with the most matching devices free
-now, then the one whose devices have been held longest; there the free devices, then those held
-longest (the likeliest to be freed next). At most one node in :data:`NODES_PER_RESERVATION` holds a
-reservation at a time. A reservation that brings nothing within ``RESERVATION_TTL_S`` is given up
-and the claim may get another node.
+now, then the one whose devices have been held longest. At most one node in
+:data:`NODES_PER_RESERVATION` holds a reservation at a time. A reservation that brings nothing
+within ``RESERVATION_TTL_S`` is given up and the claim may get another node.
 
 DeviceTaintRule is served as ``resource.k8s.io/v1beta2`` from 1.36 behind DRADeviceTaintRules (off by
 default there); without it claims only give way, as before, and the operator says so once at start.
@@ -62,8 +65,8 @@ NODES_PER_RESERVATION = 4
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """The node to reserve for a claim, and the devices there to reserve: as many as the claim
-    asks for, the free ones first, then those held longest."""
+    """The node to reserve for a claim, and the devices there to reserve: per request, as many
+    free ones as it asks for and as many of those held longest."""
 
     node: str
     devices: tuple[DeviceID, ...]
@@ -112,8 +115,8 @@ def choose_target(
 ) -> Target | None:
     """What to reserve for ``claim``: on a node with enough devices it could use once they are
     free (nodes in ``excluded`` never), the most of them free now first, then the longest held;
-    there, per request, the free devices first, then those held longest. None when no node
-    qualifies or the claim is not of a kind reserved for."""
+    there, per request, as many free devices as it asks for and as many of those held longest.
+    None when no node qualifies or the claim is not of a kind reserved for."""
     keys = _request_keys(claim, model)
     if keys is None:
         return None
@@ -132,14 +135,13 @@ def choose_target(
                 for e in index.entries(s)
                 if e.id not in chosen and key_matches(key=key, entry=e)
             ]
-            # Free first, then by how long their holders have held them.
-            order = sorted(
-                found, key=lambda d: (d in in_use, _held_since(model, d, now=now) if d in in_use else 0.0)
-            )
-            picked = order[:count]
-            if len(picked) < count:
+            if len(found) < count:
                 break
-            chosen += picked
+            # As many free ones (kube-scheduler may be giving them to a pod this moment) and as many
+            # held longest (the likeliest to be freed next): the claim takes the first free.
+            free_now = [d for d in found if d not in in_use]
+            held = sorted((d for d in found if d in in_use), key=lambda d: _held_since(model, d, now=now))
+            chosen += free_now[:count] + held[:count]
             free += sum(1 for d in found if d not in in_use)
             oldest = min([oldest, *(_held_since(model, d, now=now) for d in found if d in in_use)])
         else:

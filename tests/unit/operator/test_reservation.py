@@ -90,7 +90,8 @@ def test_free_devices_count_before_age_and_alternatives_get_no_reservation() -> 
     claim = model.upsert_claim(h.claim("c"))
     target = choose_target(claim=claim, model=model, index=index, in_use=model.devices_in_use())  # type: ignore[arg-type]
     assert target is not None
-    assert target.node == "n1"
+    # One GPU free on n1: it, and the one held longest there, in case a pod gets the free one now.
+    assert target.devices == ((h.GPU, "n1", "gpu-1"), (h.GPU, "n1", "gpu-0"))
     alternatives = h.claim("alt")
     alternatives["spec"]["devices"]["requests"] = [
         {"name": "r", "firstAvailable": [{"name": "a", "deviceClassName": h.GPU}]}
