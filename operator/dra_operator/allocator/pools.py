@@ -184,9 +184,11 @@ class SliceIndex:
         for pool_id, slices in seen.items():
             generation = slices[0].pool.generation
             if len(slices) == slices[0].pool.resource_slice_count:
-                pools.append(self._build(node, pool_id, generation, slices, ()))
+                pools.append(self._build(node, pool_id, generation, slices, (), partitionable=partitionable))
                 continue
-            # Looks incomplete from this node: consult the whole cluster for this pool.
+            # Looks incomplete from this node: consult the whole cluster for this pool. Whatever the
+            # gate: a counter slice it hides still counts towards the pool (upstream's
+            # checkSlicesInPool does not filter either).
             same_generation = []
             obsolete = False
             for s in self.by_pool.get(pool_id, ()):
@@ -202,7 +204,7 @@ class SliceIndex:
                 continue
             targeting = {id(s) for s in slices}
             others = tuple(s for s in same_generation if id(s) not in targeting)
-            pools.append(self._build(node, pool_id, generation, slices, others))
+            pools.append(self._build(node, pool_id, generation, slices, others, partitionable=partitionable))
         pools.sort(key=lambda p: (p.has_binding_conditions, p.id))
         return tuple(pools)
 
@@ -213,12 +215,19 @@ class SliceIndex:
         generation: int,
         slices: list[ResourceSlice],
         others: tuple[ResourceSlice, ...],
+        *,
+        partitionable: bool,
     ) -> Pool:
         slices = sorted(slices, key=lambda s: s.name)
         invalid: str | None = None
         names: set[str] = set()
         counter_sets: dict[str, Mapping[str, Quantity]] = {}
         binding = False
+        if not partitionable:
+            # Without DRAPartitionableDevices, counters are neither read nor validated (upstream's
+            # buildPool returns before it looks at them): a device that consumes counters is skipped
+            # when allocating, so the counter sets the gate hides must not make the pool invalid.
+            others = ()
         for s in (*slices, *others):
             for cs in s.shared_counters:
                 if cs.name in counter_sets and invalid is None:
@@ -238,7 +247,7 @@ class SliceIndex:
                 else None
             )
             entries.append(SliceEntry(slice=s, entries=self._entries[id(s)], node_ok=node_ok))
-        if invalid is None:
+        if invalid is None and partitionable:
             invalid = _check_counter_references((*slices, *others), counter_sets)
         return Pool(
             id=pool_id,

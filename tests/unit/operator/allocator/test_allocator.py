@@ -7,10 +7,12 @@ from typing import Any
 import pytest
 
 from dra_api.model import DeviceClass, Node, ResourceClaim, ResourceSlice
+from dra_api.quantity import Quantity
 from dra_operator.allocator import (
     AllocatedState,
     AllocationError,
     Allocator,
+    FailedAllocationOnNode,
     FeatureGates,
     SliceIndex,
     parse_device_id,
@@ -245,3 +247,96 @@ def test_many_claims_in_one_call() -> None:
     results = allocator.allocate(node=Node.make("node-1"), claims=claims)
     assert results is not None
     assert len({d.device for r in results for d in r.devices}) == 128
+
+
+def _partitioned_pool(*, counter_set: str = "gpu-0-counters") -> list[ResourceSlice]:
+    """One pool on node-1: a counter slice, and a device slice with a whole GPU that consumes no
+    counters and one partition that does."""
+    pool = {"name": "node-1", "generation": 1, "resourceSliceCount": 2}
+    counters = ResourceSlice.from_json(
+        {
+            "apiVersion": V1,
+            "kind": "ResourceSlice",
+            "metadata": {"name": "node-1-counters"},
+            "spec": {
+                "driver": "gpu.example.com",
+                "pool": pool,
+                "nodeName": "node-1",
+                "sharedCounters": [{"name": "gpu-0-counters", "counters": {"memory": {"value": "80Gi"}}}],
+            },
+        }
+    )
+    devices = ResourceSlice.from_json(
+        {
+            "apiVersion": V1,
+            "kind": "ResourceSlice",
+            "metadata": {"name": "node-1-devices"},
+            "spec": {
+                "driver": "gpu.example.com",
+                "pool": pool,
+                "nodeName": "node-1",
+                "devices": [
+                    {"name": "gpu-1", "attributes": {"kind": {"string": "whole"}}},
+                    {
+                        "name": "gpu-0-part",
+                        "attributes": {"kind": {"string": "partition"}},
+                        "consumesCounters": [
+                            {"counterSet": counter_set, "counters": {"memory": {"value": "40Gi"}}}
+                        ],
+                    },
+                ],
+            },
+        }
+    )
+    return [counters, devices]
+
+
+PARTITIONABLE_OFF = FeatureGates.from_mapping({"DRAPartitionableDevices": False})
+ONLY_PARTITION = 'device.attributes["gpu.example.com"].kind == "partition"'
+
+
+def test_partitionable_devices_off_skips_counter_consumers_but_keeps_the_pool() -> None:
+    allocator = Allocator(classes=[GPU_CLASS], slices=_partitioned_pool(), gates=PARTITIONABLE_OFF)
+    node = Node.make("node-1")
+    (pool,) = allocator.pools(node)
+    assert not pool.unusable
+    assert not pool.counter_sets  # the gate hides counters: not read, not validated
+    one = allocator.allocate(node=node, claims=[_claim("a")])
+    assert one is not None
+    assert [d.device for d in one[0].devices] == ["gpu-1"]
+    # The partition never counts: two devices do not fit, and that is no error.
+    assert allocator.allocate(node=node, claims=[_claim("b", count=2)]) is None
+    partition = _claim("c", selector=ONLY_PARTITION)
+    assert allocator.allocate(node=node, claims=[partition]) is None
+
+
+def test_partitionable_devices_off_makes_all_mode_over_a_counter_consumer_unallocatable() -> None:
+    # Upstream lists the partition among "all" devices (the gate is checked only when a device is
+    # taken), so the request cannot be met; it is not an error.
+    allocator = Allocator(classes=[GPU_CLASS], slices=_partitioned_pool(), gates=PARTITIONABLE_OFF)
+    body = _claim("a").to_json()
+    body["spec"]["devices"]["requests"][0]["exactly"] = {"deviceClassName": "gpu", "allocationMode": "All"}
+    assert allocator.allocate(node=Node.make("node-1"), claims=[ResourceClaim.from_json(body)]) is None
+
+
+def test_partitionable_devices_on_allocates_counter_consumers() -> None:
+    allocator = Allocator(classes=[GPU_CLASS], slices=_partitioned_pool(), gates=FeatureGates())
+    node = Node.make("node-1")
+    (pool,) = allocator.pools(node)
+    assert dict(pool.counter_sets["gpu-0-counters"]) == {"memory": Quantity.parse("80Gi")}
+    both = allocator.allocate(node=node, claims=[_claim("a", count=2)])
+    assert both is not None
+    assert sorted(d.device for d in both[0].devices) == ["gpu-0-part", "gpu-1"]
+    partition = allocator.allocate(node=node, claims=[_claim("b", selector=ONLY_PARTITION)])
+    assert partition is not None
+    assert [d.device for d in partition[0].devices] == ["gpu-0-part"]
+
+
+def test_counter_references_are_validated_only_with_partitionable_devices_on() -> None:
+    broken = _partitioned_pool(counter_set="no-such-counters")
+    node = Node.make("node-1")
+    off = Allocator(classes=[GPU_CLASS], slices=broken, gates=PARTITIONABLE_OFF)
+    assert off.allocate(node=node, claims=[_claim("a", selector=ONLY_PARTITION)]) is None
+    on = Allocator(classes=[GPU_CLASS], slices=broken, gates=FeatureGates())
+    with pytest.raises(FailedAllocationOnNode, match="invalid resource pools were encountered"):
+        on.allocate(node=node, claims=[_claim("a", selector=ONLY_PARTITION)])
