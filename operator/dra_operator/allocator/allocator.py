@@ -144,6 +144,9 @@ class RequestFunnel:
     within_counters: int
     within_capacity: int
     binding_excluded: int = 0  # devices with binding conditions while the feature is off
+    # Devices that consume counters while DRAPartitionableDevices is off: they fail at
+    # ``within_counters`` whatever the counters hold, because the gate makes the allocator skip them.
+    counters_excluded: int = 0
     unavailable_pools: tuple[str, ...] = ()  # "driver/pool (reason)" for incomplete or invalid pools
     match_values: tuple[MatchValues, ...] = ()  # per matchAttribute constraint covering the request
     # The counters that turned devices away at ``within_counters``: ("<pool> <counter set>/<counter>",
@@ -660,6 +663,7 @@ class _Run:
         seen: dict[int, dict[str, int]] = {k.index: {} for k in matching}
         missing: dict[int, int] = dict.fromkeys(seen, 0)
         binding_excluded = 0
+        counters_excluded = 0
         unavailable: list[str] = []
         short_counters: dict[str, int] = {}
         taints = self.gates.device_taints
@@ -694,6 +698,7 @@ class _Run:
                     counts[4] += 1
                     if device.consumes_counters:
                         if not self.gates.partitionable_devices:
+                            counters_excluded += 1
                             continue
                         if not (multi and entry.id in self.alloc._in_use):
                             short = _short_counters(available, entry)
@@ -726,6 +731,7 @@ class _Run:
             within_counters=counts[5],
             within_capacity=counts[6],
             binding_excluded=binding_excluded,
+            counters_excluded=counters_excluded,
             unavailable_pools=tuple(unavailable),
             short_counters=tuple(sorted(short_counters.items(), key=lambda item: (-item[1], item[0]))),
             match_values=tuple(

@@ -241,6 +241,8 @@ def _funnel_text(row: RequestFunnel, *, prefix: str) -> str:
     text = f"{prefix}request {row.request}: {', '.join(parts)}; needs {needs}"
     if row.binding_excluded:
         text += f" ({row.binding_excluded} with binding conditions left out)"
+    if row.counters_excluded:
+        text += f" ({row.counters_excluded} consuming counters left out: DRAPartitionableDevices is off)"
     if row.unavailable_pools:
         text += f" (unusable pools: {', '.join(row.unavailable_pools)})"
     if stop == "within_counters" and row.short_counters:
@@ -311,6 +313,14 @@ def _advice(
             out.append(f"lower the count of {request} or wait for other claims to release devices")
         elif stage == "untainted":
             out.append(f"add a toleration to {request} for the devices' taints, or fix the devices")
+        elif stage == "within_counters" and row.counters_excluded:
+            # No partition can be released to make room: the gate, not the counters, keeps them out.
+            n = row.counters_excluded
+            out.append(
+                f"{n} device{'s' if n != 1 else ''} for {request} consume counters, which the allocator "
+                "skips while feature gate DRAPartitionableDevices is off: ask for devices that consume "
+                "no counters, or turn the gate on"
+            )
         elif stage == "within_counters":
             used_up = f" (counters used up: {_counter_list(row)})" if row.short_counters else ""
             out.append(

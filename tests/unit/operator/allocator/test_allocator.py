@@ -308,6 +308,10 @@ def test_partitionable_devices_off_skips_counter_consumers_but_keeps_the_pool() 
     assert allocator.allocate(node=node, claims=[_claim("b", count=2)]) is None
     partition = _claim("c", selector=ONLY_PARTITION)
     assert allocator.allocate(node=node, claims=[partition]) is None
+    (funnel,) = allocator.funnel(node=node, claims=[partition])
+    assert (funnel.selectors_kept, funnel.free, funnel.untainted) == (1, 1, 1)
+    assert (funnel.within_counters, funnel.counters_excluded, funnel.short_counters) == (0, 1, ())
+    assert not funnel.unavailable_pools
 
 
 def test_partitionable_devices_off_makes_all_mode_over_a_counter_consumer_unallocatable() -> None:

@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from dra_api.model import AllocationResult, DeviceClass, Node, ResourceClaim, ResourceSlice
+from dra_operator.allocator import FeatureGates
 from dra_operator.planner import NotPlaced, Planned, Planner
 
 DRIVER = "gpu.nvidia.com"
@@ -130,6 +131,7 @@ def make_planner(
     allocated: Iterable[dict[str, Any]] = (),
     policy: str = "first-fit",
     labels: dict[str, dict[str, str]] | None = None,
+    gates: FeatureGates | None = None,
 ) -> Planner:
     parsed = [ResourceSlice.from_json(s) for s in slices]
     names = list(nodes) if nodes is not None else sorted({s.node_name for s in parsed if s.node_name})
@@ -139,6 +141,7 @@ def make_planner(
         nodes=[Node.make(n, (labels or {}).get(n)) for n in names],
         allocated=[AllocationResult.from_json(a) for a in allocated],
         policy=policy,
+        gates=gates,
     )
 
 

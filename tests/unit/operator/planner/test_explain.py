@@ -7,6 +7,7 @@ from typing import Any
 
 from dra_node_agent.publisher import chunk_pool
 from dra_node_agent.simulated.discovery import SimulatedBackend
+from dra_operator.allocator import FeatureGates
 from dra_operator.planner import EVENT_MESSAGE_LIMIT, truncate
 from tests.unit.operator.planner.builders import (
     DRIVER,
@@ -189,6 +190,24 @@ def test_partitions_that_fit_the_counters_are_placed_and_an_overlapping_one_name
         f"{pool}/{c} for 1 device" for c in [*(f"memory-slice-{i}" for i in range(4)), "multiprocessors"]
     )
     assert "release other partitions of the same devices (counters used up:" in why.full
+
+
+def test_partitions_are_left_out_not_the_pool_when_partitionable_devices_is_off() -> None:
+    off = FeatureGates.from_mapping({"DRAPartitionableDevices": False})
+    planner = make_planner(_mig_pool("n1"), gates=off)
+    why = not_placed(planner.plan([rc("c")])).explanation
+    # Each placement consumes counters: the gate keeps all three out, the pool itself stays usable.
+    assert (
+        f"n1: request gpu: 3 devices, 3 match class {DRIVER}, 3 match the selectors, 3 free, 3 untainted, "
+        "0 within counters; needs 1 (3 consuming counters left out: DRAPartitionableDevices is off)"
+    ) in why.full
+    assert (
+        "to change: 3 devices for request gpu consume counters, which the allocator skips while feature "
+        "gate DRAPartitionableDevices is off: ask for devices that consume no counters, or turn the gate on"
+    ) in why.full
+    assert "unusable pools" not in why.full
+    assert "invalid" not in why.full
+    assert "release other partitions" not in why.full
 
 
 def test_the_agents_dynamic_mig_pool_holds_two_3g_placements_and_refuses_a_third(tmp_path: Path) -> None:
