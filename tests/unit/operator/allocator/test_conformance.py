@@ -14,7 +14,7 @@ CASES = cl.load_cases()
 
 
 def test_case_file_is_complete() -> None:
-    assert len(CASES) == 90
+    assert len(CASES) == 92
     assert len({c["name"] for c in CASES}) == len(CASES)
 
 
