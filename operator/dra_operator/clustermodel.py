@@ -131,6 +131,9 @@ class ClusterModel:
         # allocating now is known without a pass over every claim and pod.
         self._pending: dict[ClaimKey, None] = {}
         self.unscheduled: dict[tuple[str, str], PodInfo] = {}
+        self.pods_arrived = 0
+        """How many pods have started waiting for kube-scheduler (a pod that keeps waiting counts
+        once): a steady rise means pods keep coming."""
         """Pods that use claims and await kube-scheduler (:meth:`PodInfo.awaits_scheduler`)."""
         self._in_use: dict[DeviceID, set[ClaimKey]] = defaultdict(set)
         # Allocations decided but not yet written (or not yet seen back): they hold their devices
@@ -273,6 +276,7 @@ class ClusterModel:
             unschedulable=bool(scheduled) and scheduled[0].get("reason") == "Unschedulable",
         )
         if (info.claims or info.unresolved_claims) and info.awaits_scheduler():
+            self.pods_arrived += key not in self.unscheduled
             self.unscheduled[key] = info
         else:
             self.unscheduled.pop(key, None)

@@ -27,7 +27,7 @@ from dra_operator.settings import Settings
 
 WAITING_REASON = "WaitingForScheduler"
 POD_STREAM_WINDOW_S = 2.0
-"""For this long after the operator last saw a pod waiting for kube-scheduler, it assumes another
+"""For this long after a pod last started waiting for kube-scheduler, the operator assumes another
 may be waiting that it has not seen yet: its pod events come through Kopf, which hands an object's
 events over only after 0.1 s without another, while kube-scheduler may place a new pod within tens
 of milliseconds. A benchmark at five pods a second saw the operator take a device such a pod got in
@@ -61,7 +61,7 @@ def reserved_message(*, demand: SchedulerDemand, node: str, devices: list[str], 
 
 def _pods_text(demand: SchedulerDemand) -> str:
     if not demand.pods:
-        return "pods that keep coming (one was waiting less than 2 s ago)"
+        return "pods that keep coming (one arrived less than 2 s ago)"
     return f"{demand.pods} pod{'s' if demand.pods != 1 else ''}"
 
 
@@ -98,6 +98,7 @@ class SchedulerWaits:
         self._helped_parked_at = float("-inf")
         # When a pod was last seen waiting for kube-scheduler (time.monotonic()); -inf: never.
         self._pods_waiting_at = float("-inf")
+        self._pods_arrived = 0
         self._settle_timer: asyncio.TimerHandle | None = None
         self._settle_at = 0.0
 
@@ -131,8 +132,10 @@ class SchedulerWaits:
         return wait
 
     def pods_changed(self) -> None:
-        """A pod changed: note when pods were last seen waiting for kube-scheduler."""
-        if self.model.unscheduled:
+        """A pod changed: note when a pod last started waiting for kube-scheduler (one that keeps
+        waiting, such as one no node can take, is not a stream of pods)."""
+        if self.model.pods_arrived != self._pods_arrived:
+            self._pods_arrived = self.model.pods_arrived
             self._pods_waiting_at = time.monotonic()
 
     def demand(self) -> SchedulerDemand:
