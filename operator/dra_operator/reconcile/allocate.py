@@ -183,7 +183,7 @@ class ClaimAllocator:
             raise
         self.on_claim_event(obj, deleted=False)
         self.model.forget_assumed(key)
-        self.reservations.allocated(key)
+        self.reservations.allocated(key, {r.device_id for r in allocation.devices})
         waited = self.waits.forget(key)
         unallocatable = self.failing.pop(key, None)
         self.metrics.allocations.inc()

@@ -12,11 +12,11 @@ holding them keep them (``NoSchedule`` evicts nobody), so pods lose little more 
 claim takes.
 
 ``RESERVATION_SETTLE_S`` after the rules were written, kube-scheduler has seen them and finished any
-pod it was placing on them before; only then does the claim use them. The rules are deleted
-``RESERVATION_SETTLE_S`` after the claim's allocation was written, so that kube-scheduler has seen
-the allocation before the devices look untainted again. The operator itself does not read
-DeviceTaintRules: the claim is placed on the reserved node as on any other, and the reserved
-devices count as out of kube-scheduler's reach.
+pod it was placing on them before; only then does the claim use them. The rules on the devices it
+takes are deleted ``RESERVATION_SETTLE_S`` after its allocation was written, so that kube-scheduler
+has seen the allocation before the devices look untainted again; the others go at once. The
+operator itself does not read DeviceTaintRules: the claim is placed on the reserved node as on any
+other, and the reserved devices count as out of kube-scheduler's reach.
 
 Which node: one where the claim fits once its devices are free, with the most matching devices free
 now, then the one whose devices have been held longest. At most one node in
@@ -80,6 +80,7 @@ class Reservation:
     made_at: float
     """time.monotonic() when its rules were written."""
     rules: list[str] = field(default_factory=list)
+    """The rules written, in the order of ``target.devices``."""
 
     def settled(self, now: float) -> bool:
         return now - self.made_at >= RESERVATION_SETTLE_S
@@ -280,9 +281,19 @@ class NodeReservations:
             self._drop(key, delay=0.0, outcome="expired")
         return expired
 
-    def allocated(self, key: ClaimKey) -> None:
-        """The claim's allocation is written: its rules go once kube-scheduler has seen it."""
+    def allocated(self, key: ClaimKey, devices: Collection[DeviceID]) -> None:
+        """The claim's allocation of ``devices`` is written: the rules on those go once
+        kube-scheduler has seen it, the others (reserved but not taken) at once."""
         self._tried.pop(key, None)
+        reservation = self.by_claim.get(key)
+        if reservation is not None:
+            taken = [
+                n for d, n in zip(reservation.target.devices, reservation.rules, strict=True) if d in devices
+            ]
+            spare = [n for n in reservation.rules if n not in taken]
+            if spare:
+                self._tasks.spawn(self._delete(spare, 0.0), name=f"unreserve spare {key}")
+            reservation.rules = taken
         self._drop(key, delay=RESERVATION_SETTLE_S, outcome="allocated")
 
     def gone(self, key: ClaimKey) -> None:

@@ -253,3 +253,32 @@ async def test_a_deleted_claim_gives_its_reservation_up_and_a_sweep_deletes_stra
         assert reconciler.reservations.by_claim == {}
     finally:
         worker.cancel()
+
+
+async def test_the_reserved_device_not_taken_is_freed_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(schedulerwait, "RECHECK_DELAY_S", 0.01)
+    monkeypatch.setattr(reservation, "RESERVATION_SETTLE_S", 0.5)
+    api = TaintRuleApi()
+    reconciler, model, _ = _setup(api)
+    _saturate(reconciler, model)
+    _free(reconciler, model, "n2-gpu-1")  # one free GPU, within the waiting pods' reach
+    claim = h.claim("c")
+    api.objects["c"] = copy.deepcopy(claim)
+    reconciler.on_claim_event(claim, deleted=False)
+    worker = asyncio.gather(reconciler.run(), reconciler.events.run())
+    try:
+        # Reserved: the free GPU, and the one held longest there in case a pod takes the free one.
+        await _until(lambda: len(api.rules) == 2)
+        selectors = sorted(r["spec"]["deviceSelector"]["device"] for r in api.rules.values())
+        assert selectors == ["gpu-0", "gpu-1"]
+        await _until(lambda: model.claims[KEY].status.allocation is not None)
+        allocation = model.claims[KEY].status.allocation
+        assert allocation is not None
+        assert [(r.pool, r.device) for r in allocation.devices] == [("n2", "gpu-1")]
+        # The spare goes at once; the taken one once kube-scheduler has had time to see the claim.
+        await _until(lambda: len(api.rules) == 1, within=0.3)
+        (left,) = api.rules.values()
+        assert left["spec"]["deviceSelector"]["device"] == "gpu-1"
+        await _until(lambda: not api.rules)
+    finally:
+        worker.cancel()
