@@ -19,11 +19,12 @@ import asyncio
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from bench.operator_chaos import OperatorControl
-from bench.scheduler_busy import BusyConfig, operator_process, prepare_cluster, run_round
+from bench.scheduler_busy import BusyConfig, BusyReport, operator_process, prepare_cluster, run_round
 from dra_devcluster import LocalCluster
 from tests.integration.operator.conftest import INDEX_DISAGREES, Operators, events_for, wait_seconds
 from tests.integration.operator.objects import CONDITION_ANNOTATION, add_gpu_node, claim, pod
@@ -46,38 +47,7 @@ def test_standalone_claims_are_allocated_within_the_bound_while_pods_stream_in(
         duration_s=45.0,
         drain_s=20.0,
     )
-    prepare_cluster(local_cluster, config=config)
-    log = tmp_path / "operator.log"
-    operator = OperatorControl(
-        operator_process(
-            kubeconfig=local_cluster.kubeconfig,
-            log=log,
-            config=config,
-            extra=("--tpu-class=op-busy-tpu", "--verify-placer-index=true"),
-        ),
-        log,
-    )
-    operator.start()
-    try:
-        local_cluster.wait_for(
-            lambda: (
-                local_cluster.kubectl("get", "deviceclass", config.gpu_class, check=False).returncode == 0
-            ),
-            what="the operator's GPU class",
-        )
-        report = asyncio.run(run_round(kubeconfig=local_cluster.kubeconfig, config=config))
-    finally:
-        operator.kill()
-        for node in config.nodes:
-            local_cluster.kubectl("delete", "node", node, "--ignore-not-found", "--wait=false", check=False)
-        local_cluster.kubectl(
-            "delete", "resourceslice", *(f"{n}-gpu" for n in config.nodes), "--ignore-not-found", check=False
-        )
-        local_cluster.kubectl("delete", "namespace", config.namespace, "--wait=false", check=False)
-        local_cluster.kubectl(
-            "delete", "deviceclass", config.gpu_class, "op-busy-tpu", "--ignore-not-found", check=False
-        )
-
+    report, operator, log = _busy_round(local_cluster, tmp_path, config, tpu_class="op-busy-tpu")
     summary = report.summary()
     tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
     # The stream ran: pods and claims at their rates, and kube-scheduler placed every pod in it.
@@ -115,46 +85,10 @@ def test_when_pods_ask_for_every_gpu_a_starved_claim_gets_one_reserved(
         duration_s=36.0,
         drain_s=20.0,
     )
-    prepare_cluster(local_cluster, config=config)
-    log = tmp_path / "operator.log"
-    operator = OperatorControl(
-        operator_process(
-            kubeconfig=local_cluster.kubeconfig,
-            log=log,
-            config=config,
-            extra=("--tpu-class=op-saturated-tpu", "--verify-placer-index=true"),
-        ),
-        log,
+    # Every rule is deleted a moment after its claim's allocation.
+    report, operator, log = _busy_round(
+        local_cluster, tmp_path, config, tpu_class="op-saturated-tpu", then=_rules_deleted
     )
-    operator.start()
-    try:
-        local_cluster.wait_for(
-            lambda: (
-                local_cluster.kubectl("get", "deviceclass", config.gpu_class, check=False).returncode == 0
-            ),
-            what="the operator's GPU class",
-        )
-        report = asyncio.run(run_round(kubeconfig=local_cluster.kubeconfig, config=config))
-        # Every rule is deleted a moment after its claim's allocation.
-        local_cluster.wait_for(
-            lambda: not _reservation_rules(local_cluster),
-            timeout=20,
-            what="the reservations' DeviceTaintRules deleted",
-        )
-    finally:
-        operator.kill()
-        for node in config.nodes:
-            local_cluster.kubectl("delete", "node", node, "--ignore-not-found", "--wait=false", check=False)
-        local_cluster.kubectl(
-            "delete", "resourceslice", *(f"{n}-gpu" for n in config.nodes), "--ignore-not-found", check=False
-        )
-        local_cluster.kubectl("delete", "namespace", config.namespace, "--wait=false", check=False)
-        local_cluster.kubectl(
-            "delete", "deviceclass", config.gpu_class, "op-saturated-tpu", "--ignore-not-found", check=False
-        )
-        for name in _reservation_rules(local_cluster):
-            local_cluster.kubectl("delete", "devicetaintrule", name, "--ignore-not-found", check=False)
-
     summary = report.summary()
     tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
     assert report.pods_created >= 60, summary
@@ -169,6 +103,57 @@ def test_when_pods_ask_for_every_gpu_a_starved_claim_gets_one_reserved(
     assert operator.log_count("reserved node ") >= 1, f"{summary}\nlog tail:\n{tail}"
     assert report.double_bookings == [], summary
     assert operator.log_count(INDEX_DISAGREES) == 0, summary
+
+
+def _busy_round(
+    cluster: LocalCluster,
+    tmp_path: Path,
+    config: BusyConfig,
+    *,
+    tpu_class: str,
+    then: Callable[[LocalCluster], object] = lambda _: None,
+) -> tuple[BusyReport, OperatorControl, Path]:
+    """One round of :func:`bench.scheduler_busy.run_round` with an operator of its own, ``then``
+    checked before the operator stops; the cluster cleaned up after."""
+    prepare_cluster(cluster, config=config)
+    log = tmp_path / "operator.log"
+    operator = OperatorControl(
+        operator_process(
+            kubeconfig=cluster.kubeconfig,
+            log=log,
+            config=config,
+            extra=(f"--tpu-class={tpu_class}", "--verify-placer-index=true"),
+        ),
+        log,
+    )
+    operator.start()
+    try:
+        cluster.wait_for(
+            lambda: cluster.kubectl("get", "deviceclass", config.gpu_class, check=False).returncode == 0,
+            what="the operator's GPU class",
+        )
+        report = asyncio.run(run_round(kubeconfig=cluster.kubeconfig, config=config))
+        then(cluster)
+    finally:
+        operator.kill()
+        for node in config.nodes:
+            cluster.kubectl("delete", "node", node, "--ignore-not-found", "--wait=false", check=False)
+        cluster.kubectl(
+            "delete", "resourceslice", *(f"{n}-gpu" for n in config.nodes), "--ignore-not-found", check=False
+        )
+        cluster.kubectl("delete", "namespace", config.namespace, "--wait=false", check=False)
+        cluster.kubectl(
+            "delete", "deviceclass", config.gpu_class, tpu_class, "--ignore-not-found", check=False
+        )
+        for name in _reservation_rules(cluster):
+            cluster.kubectl("delete", "devicetaintrule", name, "--ignore-not-found", check=False)
+    return report, operator, log
+
+
+def _rules_deleted(cluster: LocalCluster) -> None:
+    cluster.wait_for(
+        lambda: not _reservation_rules(cluster), timeout=20, what="the reservations' DeviceTaintRules deleted"
+    )
 
 
 def _reservation_rules(cluster: LocalCluster) -> list[str]:
