@@ -252,35 +252,24 @@ class ClaimAllocator:
             reservation = await self.reservations.reserve(claim, target)
             if reservation is None:
                 return False
+            message = reserved_message(
+                demand=demand,
+                node=target.node,
+                devices=[d[2] for d in target.devices],
+                rules=reservation.rules,
+            )
             self.events.post(
                 involved=involved(claim, api_version=self.api.api_version),
                 type_="Normal",
                 reason=RESERVED_REASON,
-                message=reserved_message(
-                    demand=demand,
-                    node=target.node,
-                    devices=[d[2] for d in target.devices],
-                    rules=reservation.rules,
-                ),
+                message=message,
             )
-            self.failing.pop(key, None)
-            wait = self.waits.start(key)
-            wait.announced = True  # the Event above says it; the condition follows
+            self.waits.start(key).announced = True  # the Event says it; the condition follows
             await self.writer.patch_meta(
                 claim,
                 finalizer=OPERATOR_FINALIZER in claim.metadata.finalizers,
-                condition=condition_json(
-                    status="False",
-                    reason=WAITING_REASON,
-                    message=reserved_message(
-                        demand=demand,
-                        node=target.node,
-                        devices=[d[2] for d in target.devices],
-                        rules=reservation.rules,
-                    ),
-                ),
+                condition=condition_json(status="False", reason=WAITING_REASON, message=message),
             )
-            return True
         self.failing.pop(key, None)
         self.waits.start(key)
         return True

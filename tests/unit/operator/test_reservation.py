@@ -29,7 +29,7 @@ from dra_operator.settings import Settings
 
 from . import helpers as h
 from .test_contention import model_with, pod, pod_claim
-from .test_scheduler_wait import ClaimApi, _until
+from .test_scheduler_wait import ClaimApi, _add_claim, _until, _worker
 
 KEY = ClaimKey("ns", "c")
 
@@ -149,10 +149,8 @@ async def test_a_claim_starved_by_pods_gets_a_node_reserved_and_the_next_device_
     api = TaintRuleApi()
     reconciler, model, metrics = _setup(api)
     _saturate(reconciler, model)
-    claim = h.claim("c")
-    api.objects["c"] = copy.deepcopy(claim)
-    reconciler.on_claim_event(claim, deleted=False)
-    worker = asyncio.gather(reconciler.run(), reconciler.events.run())
+    _add_claim(reconciler, api, h.claim("c"))
+    worker = await _worker(reconciler)
     try:
         # Created long ago (the helper's timestamp): past the 2 s default at once.
         await _until(lambda: api.rules)
@@ -215,10 +213,8 @@ async def test_without_devicetaintrules_the_claim_only_gives_way() -> None:
     api.taint_rule_version = None
     reconciler, model, _ = _setup(api)
     _saturate(reconciler, model)
-    claim = h.claim("c")
-    api.objects["c"] = copy.deepcopy(claim)
-    reconciler.on_claim_event(claim, deleted=False)
-    worker = asyncio.gather(reconciler.run(), reconciler.events.run())
+    _add_claim(reconciler, api, h.claim("c"))
+    worker = await _worker(reconciler)
     try:
         await reconciler.drain()
         await asyncio.sleep(0.1)
@@ -240,10 +236,8 @@ async def test_a_deleted_claim_gives_its_reservation_up_and_a_sweep_deletes_stra
     assert await reconciler.reservations.sweep() == 1
     assert api.rules == {}
     _saturate(reconciler, model)
-    claim = h.claim("c")
-    api.objects["c"] = copy.deepcopy(claim)
-    reconciler.on_claim_event(claim, deleted=False)
-    worker = asyncio.gather(reconciler.run(), reconciler.events.run())
+    _add_claim(reconciler, api, h.claim("c"))
+    worker = await _worker(reconciler)
     try:
         await _until(lambda: api.rules)
         reconciler.on_claim_event(
@@ -262,10 +256,8 @@ async def test_the_reserved_device_not_taken_is_freed_at_once(monkeypatch: pytes
     reconciler, model, _ = _setup(api)
     _saturate(reconciler, model)
     _free(reconciler, model, "n2-gpu-1")  # one free GPU, within the waiting pods' reach
-    claim = h.claim("c")
-    api.objects["c"] = copy.deepcopy(claim)
-    reconciler.on_claim_event(claim, deleted=False)
-    worker = asyncio.gather(reconciler.run(), reconciler.events.run())
+    _add_claim(reconciler, api, h.claim("c"))
+    worker = await _worker(reconciler)
     try:
         # Reserved: the free GPU, and the one held longest there in case a pod takes the free one.
         await _until(lambda: len(api.rules) == 2)
