@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
@@ -108,6 +109,18 @@ def parse_time(text: str) -> float | None:
     except ValueError:
         return None
     return stamp.timestamp()
+
+
+ARRIVAL_AGE_S = 10.0
+"""A pod first seen waiting when it is older than this (by its creationTimestamp) was listed, not
+created just now: it does not count as arriving. An operator that starts, or resumes its pod watch,
+beside a pod stuck pending would otherwise take it for a stream of pods and hold every claim."""
+
+
+def _young(created: str) -> bool:
+    """Whether a pod created at ``created`` is new (or its age unknown): see :data:`ARRIVAL_AGE_S`."""
+    stamp = parse_time(created)
+    return stamp is None or time.time() - stamp < ARRIVAL_AGE_S
 
 
 def claim_key_of(obj: Mapping[str, Any]) -> ClaimKey:
@@ -255,6 +268,7 @@ class ClusterModel:
             for r in spec.get("resourceClaims") or []
             if r.get("resourceClaimTemplateName") and str(r.get("name", "")) not in generated
         )
+        known = key in self.pods
         info = self.pods[key] = PodInfo(
             job=str(labels.get(JOB_NAME_LABEL) or ""),
             completion_index=int(index) if isinstance(index, str) and index.isdigit() else None,
@@ -276,7 +290,8 @@ class ClusterModel:
             unschedulable=bool(scheduled) and scheduled[0].get("reason") == "Unschedulable",
         )
         if (info.claims or info.unresolved_claims) and info.awaits_scheduler():
-            self.pods_arrived += key not in self.unscheduled
+            if key not in self.unscheduled and (known or _young(info.created)):
+                self.pods_arrived += 1
             self.unscheduled[key] = info
         else:
             self.unscheduled.pop(key, None)

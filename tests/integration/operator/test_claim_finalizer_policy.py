@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,9 @@ import yaml
 
 from dra_devcluster import LocalCluster
 from dra_devcluster.faultproxy import FaultProxy
+from dra_operator.clustermodel import ARRIVAL_AGE_S
 from tests.integration.operator.conftest import Operators
-from tests.integration.operator.objects import OPERATOR_FINALIZER, add_gpu_node, claim
+from tests.integration.operator.objects import OPERATOR_FINALIZER, add_gpu_node, claim, pod
 
 POLICY_DIR = Path(__file__).resolve().parents[3] / "manifests" / "optional" / "claim-finalizer-policy"
 
@@ -53,6 +55,13 @@ def test_claims_the_operator_owns_are_created_with_its_finalizer_and_allocated_i
     local_cluster.create_namespace(ns)
     scratch.append(("namespace", ns))
     add_gpu_node(local_cluster, scratch, "op-mutate", 2)
+    # A pod stuck pending (its claim's class does not exist), as a shared cluster often has one:
+    # an operator that starts beside it must not take it for pods arriving and make claims wait
+    # (CI saw that as two extra writes of the claim's condition).
+    local_cluster.apply(
+        [claim("stuck", ns, cls=f"{operators.gpu_class}-missing"), pod("stuck", ns, claim_name="stuck")]
+    )
+    stuck_since = time.monotonic()
     policy, binding = _scoped_policy(operators.gpu_class, ns)
     local_cluster.apply([policy, binding])
     scratch.append(("mutatingadmissionpolicybinding", binding["metadata"]["name"]))
@@ -76,6 +85,8 @@ def test_claims_the_operator_owns_are_created_with_its_finalizer_and_allocated_i
     other = claim("other-class", ns, cls=f"{operators.gpu_class}-other")
     assert "finalizers" not in _created(local_cluster, other, dry_run=True)["metadata"]
 
+    # Old enough when the operator lists it to be a pod that was there, not one arriving.
+    time.sleep(max(0.0, stuck_since + ARRIVAL_AGE_S + 1 - time.monotonic()))
     with FaultProxy(local_cluster) as proxy:
         op = operators.start(kubeconfig=proxy.kubeconfig)
         created = _created(local_cluster, claim("mine", ns, cls=operators.gpu_class))

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import time
+
 from dra_api.model import AllocationResult
 from dra_operator.clustermodel import ClaimKey, ClusterModel
 from tests.unit.operator.helpers import allocation, claim, gpu_class, gpu_slice
@@ -98,3 +100,37 @@ def test_a_reader_behind_a_trimmed_holding_log_is_told_to_start_over() -> None:
         model.upsert_claim(claim("a", rv=str(2 * i + 2)))
     assert model.holding_changes_since(start) is None
     assert model.holding_changes_since(model.holding_position) == set()
+
+
+def _pending_pod(name: str, *, created: str | None, gated: bool = False) -> dict[str, object]:
+    meta: dict[str, object] = {"name": name, "namespace": "ns", "uid": f"uid-{name}"}
+    if created is not None:
+        meta["creationTimestamp"] = created
+    spec: dict[str, object] = {"resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "t"}]}
+    if gated:
+        spec["schedulingGates"] = [{"name": "wait"}]
+    return {"metadata": meta, "spec": spec, "status": {"phase": "Pending"}}
+
+
+def test_only_pods_that_newly_wait_for_kube_scheduler_count_as_arriving() -> None:
+    """A pod listed long after it was made (one stuck pending when the operator starts) is not an
+    arrival; a new pod is, and so is a known pod that starts waiting (its gate removed)."""
+    now = time.time()
+
+    def stamp(age: float) -> str:
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now - age))
+
+    model = ClusterModel()
+    model.upsert_pod(_pending_pod("stuck", created=stamp(120)))
+    assert ("ns", "stuck") in model.unscheduled
+    assert model.pods_arrived == 0
+    model.upsert_pod(_pending_pod("stuck", created=stamp(120)))  # seen again: still no arrival
+    assert model.pods_arrived == 0
+    model.upsert_pod(_pending_pod("new", created=stamp(1)))
+    assert model.pods_arrived == 1
+    model.upsert_pod(_pending_pod("unknown-age", created=None))
+    assert model.pods_arrived == 2
+    model.upsert_pod(_pending_pod("gated", created=stamp(120), gated=True))
+    assert model.pods_arrived == 2
+    model.upsert_pod(_pending_pod("gated", created=stamp(120)))
+    assert model.pods_arrived == 3
