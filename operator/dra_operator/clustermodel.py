@@ -143,6 +143,9 @@ class ClusterModel:
         # kube-scheduler has yet to place: kept as they change, so that what kube-scheduler may be
         # allocating now is known without a pass over every claim and pod.
         self._pending: dict[ClaimKey, None] = {}
+        # The pending claims a Pod owns (from templates): what kube-scheduler may be about to
+        # allocate for a pod not seen yet, looked at on every placement beside a busy scheduler.
+        self._pending_of_pods: dict[ClaimKey, None] = {}
         self.unscheduled: dict[tuple[str, str], PodInfo] = {}
         self.pods_arrived = 0
         """How many pods have started waiting for kube-scheduler (a pod that keeps waiting counts
@@ -316,6 +319,7 @@ class ClusterModel:
         except ModelError as exc:
             self.claims.pop(key, None)
             self._pending.pop(key, None)
+            self._pending_of_pods.pop(key, None)
             invalid = InvalidClaim(
                 key=key, uid=str(meta.get("uid", "")), resource_version=rv, message=str(exc)
             )
@@ -327,8 +331,11 @@ class ClusterModel:
         allocation = claim.status.allocation
         if allocation is None and claim.metadata.deletion_timestamp is None:
             self._pending[key] = None
+            if any(o.kind == "Pod" for o in claim.metadata.owner_references):
+                self._pending_of_pods[key] = None
         else:
             self._pending.pop(key, None)
+            self._pending_of_pods.pop(key, None)
         if allocation is not None or claim.metadata.deletion_timestamp is not None:
             self.forget_assumed(key)
         if allocation is not None:
@@ -342,6 +349,7 @@ class ClusterModel:
         self._release(key)
         self.claims.pop(key, None)
         self._pending.pop(key, None)
+        self._pending_of_pods.pop(key, None)
         self.invalid_claims.pop(key, None)
         self.claim_created.pop(key, None)
         self._forget("claim", str(key), deleted_at=resource_version)
@@ -473,6 +481,10 @@ class ClusterModel:
     def pending_claims(self) -> Iterator[ResourceClaim]:
         """Claims without an allocation that are not being deleted."""
         return (self.claims[key] for key in list(self._pending))
+
+    def pending_pod_claims(self) -> Iterator[ResourceClaim]:
+        """The pending claims (:meth:`pending_claims`) that a Pod owns."""
+        return (self.claims[key] for key in list(self._pending_of_pods))
 
     def slices_of_node(self, node: str) -> list[ResourceSlice]:
         return [s for s in self.slices.values() if s.node_name == node]

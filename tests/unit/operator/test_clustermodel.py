@@ -134,3 +134,16 @@ def test_only_pods_that_newly_wait_for_kube_scheduler_count_as_arriving() -> Non
     assert model.pods_arrived == 2
     model.upsert_pod(_pending_pod("gated", created=stamp(120)))
     assert model.pods_arrived == 3
+
+
+def test_pending_claims_a_pod_owns_are_kept_apart_until_allocated_or_gone() -> None:
+    model = ClusterModel()
+    model.upsert_claim(claim("standalone", rv="1"))
+    model.upsert_claim(claim("of-pod", rv="2", owner_pod=True))
+    model.upsert_claim(claim("of-other-pod", rv="3", owner_pod=True))
+    assert {c.name for c in model.pending_claims()} == {"standalone", "of-pod", "of-other-pod"}
+    assert {c.name for c in model.pending_pod_claims()} == {"of-pod", "of-other-pod"}
+    model.upsert_claim(claim("of-pod", rv="4", owner_pod=True, allocation=allocation("n1", "gpu-0")))
+    model.remove_claim(ClaimKey("ns", "of-other-pod"))
+    assert [c.name for c in model.pending_pod_claims()] == []
+    assert [c.name for c in model.pending_claims()] == ["standalone"]
