@@ -32,6 +32,28 @@ def tpu_topology_wrap(*, generation: str, dims: Sequence[int]) -> str:
     return ",".join("true" if d == 16 else "false" for d in padded)
 
 
+def multihost_worker(
+    *, host: TpuHostInfo, chips: int, config: TpuConfig | None, workers: TpuWorkers | None
+) -> tuple[int, tuple[str, ...]] | None:
+    """The worker ID and the workers' hostnames (in index order, maybe none) of a container with
+    ``chips`` chips of this host, when they span a multi-host slice and the ID is known; else None.
+
+    Per field the claim's ``TpuConfig`` comes first, then ``workers`` (derived from the pod's
+    Indexed Job or JobSet at prepare), then the host's tpu-env WORKER_ID.
+    """
+    if chips != host.chips_on_host or host.single_host:
+        return None  # a single-host slice, or a sub-slice of this host: worker 0 of "localhost"
+    worker_id = host.worker_id
+    hostnames = host.worker_hostnames
+    if workers is not None:
+        worker_id, hostnames = workers.worker_id, workers.hostnames
+    if config is not None and config.worker_id is not None:
+        worker_id = config.worker_id
+    if config is not None and config.worker_hostnames:
+        hostnames = config.worker_hostnames
+    return None if worker_id is None else (worker_id, tuple(hostnames))
+
+
 def tpu_claim_env(
     *,
     host: TpuHostInfo,
@@ -87,18 +109,12 @@ def tpu_claim_env(
         "ALT=false",
         f"DRA_RESOURCE_DRIVER_NAME={driver}",
     ]
-    worker_id = host.worker_id
-    hostnames = host.worker_hostnames
-    if workers is not None:
-        worker_id, hostnames = workers.worker_id, workers.hostnames
-    if config is not None and config.worker_id is not None:
-        worker_id = config.worker_id
-    if config is not None and config.worker_hostnames:
-        hostnames = config.worker_hostnames
+    identity = multihost_worker(host=host, chips=chips, config=config, workers=workers)
     if single_host:
         env += ["TPU_WORKER_ID=0", "TPU_WORKER_HOSTNAMES=localhost"]
-    elif worker_id is not None:
+    elif identity is not None:
         # Multi-host identity normally comes from the workload controller; set it only when known.
+        worker_id, hostnames = identity
         env.append(f"TPU_WORKER_ID={worker_id}")
         if hostnames:
             env.append(f"TPU_WORKER_HOSTNAMES={','.join(hostnames)}")

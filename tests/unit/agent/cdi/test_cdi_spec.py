@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 
 from dra_node_agent.cdi import CdiWriter, build_claim_spec, minimum_cdi_version
-from dra_node_agent.devices import DiscoveredInventory, TpuHostInfo
+from dra_node_agent.devices import DiscoveredInventory, TpuHostInfo, TpuWorkers
 from dra_node_agent.nvidia.container_env import NvidiaEnv
 from dra_node_agent.nvidia.discovery import NvmlBackend
 from dra_node_agent.opaqueconfig import TpuConfig
 from dra_node_agent.simulated.discovery import SimulatedBackend
 from dra_node_agent.simulated.fakehw import FakeGpu, FakeNvml
-from dra_node_agent.tpu.container_env import TpuEnv, tpu_claim_env
+from dra_node_agent.tpu.container_env import TpuEnv, multihost_worker, tpu_claim_env
 from dra_node_agent.tpu.discovery import TpuBackend
 
 SYSFS = Path(__file__).parents[3] / "fixtures" / "sysfs"
@@ -190,6 +190,23 @@ def test_tpu_v4_accel_nodes_and_wraparound() -> None:
     assert env["TPU_ACCELERATOR_TYPE"] == "v4-128"
     assert env["TPU_HOST_BOUNDS"] == "2,2,4"
     assert env["TPU_WORKER_HOSTNAMES"] == "a,b"
+
+
+def test_the_multi_host_worker_identity_takes_config_then_the_pods_job_then_the_host() -> None:
+    host = TpuHostInfo(
+        "v4", "tpu-v4-podslice", 2, 4, "4x4x4", (2, 2, 1), worker_id=3, worker_hostnames=("a", "b")
+    )
+    workers = TpuWorkers(worker_id=1, hostnames=("w-0", "w-1"))
+    assert multihost_worker(host=host, chips=4, config=None, workers=None) == (3, ("a", "b"))
+    assert multihost_worker(host=host, chips=4, config=None, workers=workers) == (1, ("w-0", "w-1"))
+    config = TpuConfig(worker_id=0)
+    assert multihost_worker(host=host, chips=4, config=config, workers=workers) == (0, ("w-0", "w-1"))
+    # Fewer chips than the host has: a single-host sub-slice of its own, worker 0 of "localhost".
+    assert multihost_worker(host=host, chips=2, config=config, workers=workers) is None
+    single = TpuHostInfo("v6e", "tpu-v6e-slice", 1, 8, "2x4", (2, 4, 1))
+    assert multihost_worker(host=single, chips=8, config=None, workers=None) is None
+    unknown = dataclasses.replace(host, worker_id=None)
+    assert multihost_worker(host=unknown, chips=4, config=None, workers=None) is None
 
 
 def test_simulated_specs_name_the_fake_device_nodes_when_they_are_character_devices(tmp_path: Path) -> None:
