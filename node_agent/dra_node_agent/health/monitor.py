@@ -9,7 +9,8 @@ device has a ``DeviceHealthState``; a change of any device's state or problems
   no device taints;
 - wakes the kubelet health streams (``health_source()``), which also repeat the report every
   ``heartbeat_interval`` so kubelet never marks devices Unknown for staleness;
-- updates the metrics, and writes a Warning Event on the Node (Normal when a device recovers).
+- updates the metrics, and writes a Warning Event on the Node (Normal when a device recovers);
+- calls the change listeners with the devices that changed (the device status writer).
 
 Time comes from ``clock`` (Unix seconds), so tests drive recovery without sleeping.
 """
@@ -96,6 +97,7 @@ class HealthMonitor:
         self.settings = settings or HealthSettings()
         self._clock = clock
         self._on_change = on_change
+        self._listeners: list[Callable[[Sequence[str]], None]] = []
         self._events = NodeEvents(api=api, node_name=node_name) if api and self.settings.node_events else None
         self._devices: tuple[DiscoveredDevice, ...] = ()
         self._states: dict[str, DeviceHealthState] = {}
@@ -142,6 +144,11 @@ class HealthMonitor:
 
     def states(self) -> Mapping[str, DeviceHealthState]:
         return dict(self._states)
+
+    def add_change_listener(self, listener: Callable[[Sequence[str]], None]) -> None:
+        """Call ``listener`` on the event loop with the names of the devices whose state or problems
+        changed, after each change; it must return at once."""
+        self._listeners.append(listener)
 
     def taints_for(self, device: str) -> list[dict[str, str]]:
         state = self._states.get(device)
@@ -288,6 +295,11 @@ class HealthMonitor:
         self.changed.set()
         if self._on_change is not None:
             self._on_change()
+        for listener in self._listeners:
+            try:
+                listener(unique)
+            except Exception:  # a listener's bug must not stop health monitoring
+                logger.exception("health change listener of driver %s failed", self.driver)
 
     def _export(self, devices: list[str]) -> None:
         for name in devices:

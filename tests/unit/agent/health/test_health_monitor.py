@@ -296,3 +296,23 @@ async def test_nvml_that_cannot_start_leaves_devices_unknown(fake: FakeNvmlHealt
     finally:
         await mon.stop()
     assert sample("dra_agent_device_healthy", driver="unit-broken.nvidia.com", device="gpu-0") is None
+
+
+async def test_change_listeners_hear_which_devices_changed(
+    monitor: tuple[HealthMonitor, Clock], fake: FakeNvmlHealth
+) -> None:
+    mon, _ = monitor
+    heard: list[list[str]] = []
+
+    def broken(devices: object) -> None:
+        raise RuntimeError("a listener's bug")
+
+    mon.add_change_listener(broken)
+    mon.add_change_listener(lambda devices: heard.append(list(devices)))
+    await mon.check()
+    assert heard == [["gpu-0", "gpu-1"]]  # unknown -> healthy
+    fake.inject_xid(fake.gpus[1].uuid, 79)
+    await wait_state(mon, "gpu-1", State.UNHEALTHY)
+    assert heard[-1] == ["gpu-1"]
+    await mon.check()  # nothing changed: nobody is called
+    assert len(heard) == 2
