@@ -2,9 +2,10 @@
 
 Start-up order per driver: discover devices, publish the pool (a failure here is retried in the
 background, the plugin still starts so prepared claims can be unprepared), load the checkpoint,
-then serve the plugin sockets. SIGTERM/SIGINT stops the plugin servers (their sockets are removed,
-so kubelet sees the driver go) and leaves the ResourceSlices in place: a restarted agent finds them
-unchanged and running pods are not disturbed.
+start the health monitor and the device status writer (``status.devices`` of prepared claims, which
+follows the monitor), then serve the plugin sockets. SIGTERM/SIGINT stops the plugin servers (their
+sockets are removed, so kubelet sees the driver go) and leaves the ResourceSlices in place: a
+restarted agent finds them unchanged and running pods are not disturbed.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from dra_api.kube import UnsupportedServer, first_resource_version, make_api_cli
 from dra_node_agent import prepare_tools
 from dra_node_agent.checkpoint_report import CorruptionReporter
 from dra_node_agent.claim_reader import ClaimReader
+from dra_node_agent.device_status import DeviceStatusWriter, KubeClaimStatusApi, StatusSupport
 from dra_node_agent.devices import DiscoveredInventory, DiscoveryBackend
 from dra_node_agent.discovery.detect import DiscoveryConfig, select_backends
 from dra_node_agent.driver_health import DriverHealth, attach_health
@@ -55,6 +57,7 @@ class DriverRuntime:
     publisher: SlicePublisher
     handler: PrepareHandler
     checkpoint_reporter: CorruptionReporter | None = None
+    device_status: DeviceStatusWriter | None = None
     plugin: RunningPlugin | None = None
     health: DriverHealth | None = None
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
@@ -119,7 +122,12 @@ async def _clean_up_stale_claims(handler: PrepareHandler, *, interval: float) ->
 
 
 async def _start_driver(
-    *, settings: Settings, api: client.ApiClient, api_version: str, backend: DiscoveryBackend
+    *,
+    settings: Settings,
+    api: client.ApiClient,
+    api_version: str,
+    backend: DiscoveryBackend,
+    status_support: StatusSupport,
 ) -> DriverRuntime:
     driver = backend.driver
     inventory = await backend.discover()
@@ -134,6 +142,14 @@ async def _start_driver(
         resync_interval=settings.resync_interval,
         request_timeout=settings.api_request_timeout,
         watch_inactivity_timeout=settings.watch_inactivity_timeout,
+    )
+    device_status = DeviceStatusWriter(
+        driver=driver,
+        api=KubeClaimStatusApi(
+            api=api, api_version=api_version, request_timeout=settings.api_request_timeout
+        ),
+        support=status_support,
+        vendor=await asyncio.to_thread(prepare_tools.status_data, backend),
     )
     handler = PrepareHandler(
         driver=driver,
@@ -165,6 +181,7 @@ async def _start_driver(
         else None,
         dynamic_mig=await asyncio.to_thread(prepare_tools.mig_instances, backend),
         vendor_env=await asyncio.to_thread(prepare_tools.vendor_env, backend),
+        device_status=device_status,
     )
     # Listening before the first load, so a checkpoint found corrupt at start is reported too.
     reporter = CorruptionReporter(
@@ -181,6 +198,7 @@ async def _start_driver(
         publisher=publisher,
         handler=handler,
         checkpoint_reporter=reporter,
+        device_status=device_status,
     )
     if settings.health_enabled:
         runtime.health = await attach_health(
@@ -198,6 +216,10 @@ async def _start_driver(
             ),
             ignored_xids=DEFAULT_IGNORED_XIDS | parse_xid_list(settings.additional_xids_to_ignore),
         )
+    if runtime.health is not None:
+        device_status.use_health(runtime.health.monitor)
+        runtime.health.monitor.add_change_listener(device_status.devices_changed)
+    device_status.start()
     try:
         await publisher.publish(runtime.slice_devices(), runtime.inventory.slice_counter_sets())
     except Exception as exc:  # retried by the publisher's loop; the plugin must still serve unprepare
@@ -230,6 +252,8 @@ async def _stop_driver(runtime: DriverRuntime) -> None:
         await runtime.plugin.stop()
     if runtime.health is not None:
         await runtime.health.stop()
+    if runtime.device_status is not None:
+        await runtime.device_status.stop()
     for task in runtime.tasks:
         task.cancel()
     for task in runtime.tasks:
@@ -306,9 +330,17 @@ async def run_agent(settings: Settings, *, stop: asyncio.Event | None = None) ->
         if api_version is None:
             return 0
         backends = await select_backends(discovery_config(settings))
+        # Shared: a server that drops status.devices drops it for every driver (one log line).
+        status_support = StatusSupport()
         for backend in backends:
             runtimes.append(
-                await _start_driver(settings=settings, api=api, api_version=api_version, backend=backend)
+                await _start_driver(
+                    settings=settings,
+                    api=api,
+                    api_version=api_version,
+                    backend=backend,
+                    status_support=status_support,
+                )
             )
         endpoints.not_ready_because = lambda: _unregistered(runtimes)
         endpoints.ready = True

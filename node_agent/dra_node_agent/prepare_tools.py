@@ -13,6 +13,7 @@ from pathlib import Path
 
 from dra_api.kubeletapi.socketpaths import MAX_SOCKET_PATH_BYTES
 from dra_node_agent.cdi import VendorEnv
+from dra_node_agent.device_status import VendorStatusData
 from dra_node_agent.devices import DiscoveryBackend
 from dra_node_agent.nvidia import mps
 from dra_node_agent.nvidia.container_env import NvidiaEnv
@@ -22,6 +23,7 @@ from dra_node_agent.nvidia.gpu_sharing import GpuSharing, NvmlComputeModes
 from dra_node_agent.simulated.discovery import SimulatedBackend
 from dra_node_agent.tpu.container_env import TpuEnv
 from dra_node_agent.tpu.discovery import TpuBackend
+from dra_node_agent.tpu.status_data import TpuStatusData
 
 
 def nvml_backend(backend: DiscoveryBackend) -> NvmlBackend | None:
@@ -49,6 +51,14 @@ def vendor_env(backend: DiscoveryBackend) -> VendorEnv | None:
         return NvidiaEnv()
     if tpu_backend(backend) is not None:
         return TpuEnv()
+    return None
+
+
+def status_data(backend: DiscoveryBackend) -> VendorStatusData | None:
+    """What these devices' vendor adds to the data of a claim's device status (None: the UUID and
+    PCI bus ID every device gets are all there is, as for GPUs)."""
+    if tpu_backend(backend) is not None:
+        return TpuStatusData()
     return None
 
 

@@ -11,9 +11,10 @@ Prepare:
      CDI spec, record ``PrepareCompleted``; the checkpoint refuses a device held by another claim
      (unless both use admin access) before a device is touched, and at the latest at
      ``PrepareCompleted``, and a refused attempt leaves no trace;
-  6. answer with the CDI device IDs per result.
+  6. answer with the CDI device IDs per result, and hand the prepared claim to the device status
+     writer (``device_status``), which writes it in the background.
 Unprepare works from the checkpoint alone (the claim may be gone): tear down, remove the CDI spec,
-drop the entry. Unknown UIDs are a no-op.
+drop the entry, and tell the device status writer. Unknown UIDs are a no-op.
 
 Every file and checkpoint call runs in a thread (``asyncio.to_thread``): the event loop serves
 other drivers' calls meanwhile.
@@ -31,6 +32,7 @@ from dra_node_agent import checkpoint as cp
 from dra_node_agent.cdi import CdiWriter
 from dra_node_agent.claim_reader import ClaimAllocation, ClaimError, ClaimGone, ClaimSource, describe
 from dra_node_agent.device_setup import DeviceSetupError
+from dra_node_agent.device_status import DeviceStatusWriter
 from dra_node_agent.devices import TpuWorkers
 from dra_node_agent.prepare.driver_node import DriverNode
 from dra_node_agent.prepare.errors import PrepareError
@@ -55,8 +57,10 @@ class ClaimSteps:
         planner: Planner,
         devices: DeviceSetUp,
         pauses: PausePoints,
+        device_status: DeviceStatusWriter | None = None,
     ) -> None:
         self._node = node
+        self._status = device_status
         self._claims = claims
         self._store = store
         self._cdi = cdi
@@ -145,6 +149,10 @@ class ClaimSteps:
             describe(claim),
             ", ".join(f"{d.request}={d.pool}/{d.device}" for d in done.devices),
         )
+        if self._status is not None:
+            self._status.prepared(
+                done, devices=devices, inventory=self._node.inventory, config=plan.tpu_config, workers=workers
+            )
         return answer(done)
 
     async def _tpu_workers(self, allocation: ClaimAllocation, plan: PreparePlan) -> TpuWorkers | None:
@@ -166,6 +174,8 @@ class ClaimSteps:
         await self._pauses.reached("unprepare-started")
         await self._devices.roll_back(entry, strict=True)
         await asyncio.to_thread(self._store.remove, claim.uid)
+        if self._status is not None:
+            self._status.unprepared(entry)
         logger.info("unprepared %s", describe(claim))
 
     async def clean_up_stale(self, cutoff: datetime) -> list[str]:

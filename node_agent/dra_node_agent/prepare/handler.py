@@ -2,7 +2,8 @@
 
 It serialises the calls, runs each claim through ``claim_steps.ClaimSteps`` and maps what failed
 to the claim's error and a metric: errors stay per claim. A corrupt checkpoint refuses both calls,
-claim by claim.
+claim by claim. With a ``DeviceStatusWriter`` the claims it prepares get ``status.devices`` entries;
+at start it learns the claims prepared before from the checkpoint.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dra_node_agent import checkpoint as cp
 from dra_node_agent.cdi import CdiWriter, VendorEnv
 from dra_node_agent.claim_reader import ClaimError, ClaimSource, describe
 from dra_node_agent.device_setup import DeviceSetupError, MigInstances, MpsControl, TimeSlicing
+from dra_node_agent.device_status import DeviceStatusWriter
 from dra_node_agent.devices import DiscoveredInventory
 from dra_node_agent.opaqueconfig import OpaqueConfigParser
 from dra_node_agent.prepare.claim_steps import ClaimSteps
@@ -55,8 +57,10 @@ class PrepareHandler:
         mps: MpsControl[Any] | None = None,
         dynamic_mig: MigInstances | None = None,
         vendor_env: VendorEnv | None = None,
+        device_status: DeviceStatusWriter | None = None,
     ) -> None:
         self.driver = driver
+        self.device_status = device_status
         self.node_name = node_name
         self.state_dir = state_dir
         self._node = DriverNode(
@@ -83,6 +87,7 @@ class PrepareHandler:
             planner=Planner(self._node, config_parser or OpaqueConfigParser()),
             devices=self._devices,
             pauses=PausePoints(state_dir),
+            device_status=device_status,
         )
         # The plugin serializes calls already; this keeps the handler safe when used directly.
         self._lock = asyncio.Lock()
@@ -134,6 +139,12 @@ class PrepareHandler:
             await reconcile_mps(self.driver, self.store, self._node.mps)
         if self._node.dynamic_mig is not None:
             await reconcile_mig(self._node, self.store, self._node.dynamic_mig)
+        if self.device_status is not None:
+            try:
+                prepared = await asyncio.to_thread(self.store.entries, cp.ClaimState.PREPARE_COMPLETED)
+            except cp.CheckpointCorrupt:
+                prepared = []  # reported already; nothing can be unprepared either until it is fixed
+            self.device_status.seed(prepared, inventory=self._node.inventory)
 
     # --- DRAHandler ------------------------------------------------------------------------
 
