@@ -48,6 +48,13 @@ OPERATOR_GRANTS = (
 AGENT_GRANTS = (
     _verbs(RES, "resourceslices", "get list watch create update delete")
     | _verbs(RES, "resourceclaims", "get")
+    # KEP-4817 device status: a PUT of the claim's /status (update only), and on 1.36+ the per-driver
+    # check on the synthetic resourceclaims/driver with the agent's node in its token (associated-node).
+    | _verbs(RES, "resourceclaims/status", "update")
+    | {
+        (RES, "resourceclaims/driver", "associated-node:update", name)
+        for name in ("gpu.nvidia.com", "tpu.google.com")
+    }
     | _verbs("", "nodes", "get")
     # Multi-host TPU worker identity: the claim's pod and its Indexed Job, read at prepare.
     | _verbs("", "pods", "get")
