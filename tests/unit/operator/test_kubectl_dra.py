@@ -66,6 +66,7 @@ def _claim(
     ours: bool = False,
     pod: str | None = None,
     created: str = "2025-01-01T11:57:00Z",
+    status: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     meta: dict[str, Any] = {
         "name": name,
@@ -99,7 +100,28 @@ def _claim(
         }
         if pod:
             obj["status"]["reservedFor"] = [{"resource": "pods", "name": pod, "uid": f"uid-{pod}"}]
+        if status is not None:
+            obj["status"]["devices"] = [status]
     return obj
+
+
+def _device_status(node: str, device: str, *, ready: str, reason: str, uuid: str) -> dict[str, Any]:
+    """The node agent's status.devices entry (KEP-4817) of one device."""
+    return {
+        "driver": GPU,
+        "pool": node,
+        "device": device,
+        "conditions": [
+            {
+                "type": "Ready",
+                "status": ready,
+                "reason": reason,
+                "message": "XID 79 on GPU" if ready == "False" else "prepared and healthy",
+                "lastTransitionTime": "2025-01-01T11:58:00Z",
+            }
+        ],
+        "data": {"uuid": uuid, "pciBusID": "0000:10:00.0"},
+    }
 
 
 def _pod(name: str, claim: str) -> dict[str, Any]:
@@ -125,7 +147,12 @@ def cluster() -> ClusterObjects:
         slices=[_slice("b", tainted=(1,)), _slice("a")],
         claims=[
             _claim("solo", device=("a", "gpu-1"), ours=True),
-            _claim("p-gpu", device=("a", "gpu-0"), pod="p"),
+            _claim(
+                "p-gpu",
+                device=("a", "gpu-0"),
+                pod="p",
+                status=_device_status("a", "gpu-0", ready="False", reason="XID", uuid="GPU-a0"),
+            ),
             _claim("big", count=3, created="2025-01-01T09:00:00Z"),
         ],
         nodes=[_node("b"), _node("a")],
@@ -194,13 +221,50 @@ def test_claim_rows(cluster: ClusterObjects) -> None:
     assert claim_rows(cluster=cluster, namespace="other", now=NOW) == []
     text = render_claims(list(rows.values()), output="table", all_namespaces=True)
     assert text.splitlines() == [
-        "NAMESPACE   NAME    STATE                ALLOCATOR   NODE     DEVICES                  CONSUMERS   AGE",  # noqa: E501
-        "ns          big     pending              operator    <none>   <none>                   <none>      3h",  # noqa: E501
-        "ns          p-gpu   allocated,reserved   scheduler   a        gpu.nvidia.com/a/gpu-0   pod/p       3m",  # noqa: E501
-        "ns          solo    allocated            operator    a        gpu.nvidia.com/a/gpu-1   <none>      3m",  # noqa: E501
+        "NAMESPACE   NAME    STATE                ALLOCATOR   NODE     DEVICES                  READY        CONSUMERS   AGE",  # noqa: E501
+        "ns          big     pending              operator    <none>   <none>                   <none>       <none>      3h",  # noqa: E501
+        "ns          p-gpu   allocated,reserved   scheduler   a        gpu.nvidia.com/a/gpu-0   False(XID)   pod/p       3m",  # noqa: E501
+        "ns          solo    allocated            operator    a        gpu.nvidia.com/a/gpu-1   <none>       <none>      3m",  # noqa: E501
     ]
     data = yaml.safe_load(render_claims(list(rows.values()), output="yaml", all_namespaces=False))
     assert [i["allocator"] for i in data["items"]] == ["operator", "scheduler", "operator"]
+    (status,) = data["items"][1]["deviceStatus"]
+    assert status == {
+        "driver": GPU,
+        "pool": "a",
+        "device": "gpu-0",
+        "ready": "False",
+        "reason": "XID",
+        "message": "XID 79 on GPU",
+        "data": {"uuid": "GPU-a0", "pciBusID": "0000:10:00.0"},
+    }
+    assert data["items"][2]["deviceStatus"] == []
+
+
+def test_claim_rows_show_each_devices_ready_condition_and_data() -> None:
+    claims = [
+        _claim(
+            "two",
+            device=("a", "gpu-0"),
+            status=_device_status("a", "gpu-0", ready="True", reason="Healthy", uuid="GPU-a0"),
+        )
+    ]
+    # A second device of the claim whose driver wrote no entry yet, and another driver's entry.
+    claims[0]["status"]["allocation"]["devices"]["results"].append(
+        {"request": "gpu", "driver": GPU, "pool": "a", "device": "gpu-1"}
+    )
+    claims[0]["status"]["devices"].append({"driver": "other.example.com", "pool": "a", "device": "x"})
+    found = ClusterObjects.from_lists(
+        classes=[_class()], slices=[_slice("a")], claims=claims, nodes=[_node("a")], pods=[]
+    )
+    (row,) = claim_rows(cluster=found, namespace="ns", now=NOW)
+    assert row.ready_cell() == "True,-"
+    assert row.data_cell() == "uuid=GPU-a0,-"
+    wide = render_claims([row], output="wide", all_namespaces=False).splitlines()
+    assert wide[0].split()[-3:] == ["CLASSES", "REASON", "DEVICE-DATA"]
+    assert wide[1].split()[-1] == "uuid=GPU-a0,-"
+    as_json = json.loads(render_claims([row], output="json", all_namespaces=False))
+    assert [s["device"] for s in as_json["items"][0]["deviceStatus"]] == ["gpu-0"]
 
 
 def test_explain_pending_is_simulates_text(cluster: ClusterObjects) -> None:
