@@ -105,8 +105,14 @@ def profile_driver(profile: str) -> str:
     return NIC if profile.startswith("nic") else GPU
 
 
-def agent_kubeconfig(cluster: LocalCluster) -> Path:
-    """A kubeconfig with the node agent ServiceAccount's token, bound to the project's ClusterRole."""
+def agent_kubeconfig(cluster: LocalCluster, *, bound_node: str | None = None) -> Path:
+    """A kubeconfig with the node agent ServiceAccount's token, bound to the project's ClusterRole.
+
+    With ``bound_node`` the token is bound to that Node, as the agent pod's projected token is to
+    its pod and node: the API server then knows the caller's node
+    (``authentication.kubernetes.io/node-name``), which the ``associated-node`` verbs of claim
+    device status need (DRAResourceClaimGranularStatusAuthorization).
+    """
     cluster.kubectl("create", "namespace", AGENT_NAMESPACE, check=False)
     cluster.apply(
         [
@@ -119,8 +125,9 @@ def agent_kubeconfig(cluster: LocalCluster) -> Path:
     )
     for name in ("node-agent-clusterrole.yaml", "node-agent-clusterrolebinding.yaml"):
         cluster.apply((REPO / "manifests/base" / name).read_text())
+    binding = ["--bound-object-kind=Node", f"--bound-object-name={bound_node}"] if bound_node else []
     token = cluster.kubectl(
-        "create", "token", AGENT_SERVICE_ACCOUNT, "-n", AGENT_NAMESPACE, "--duration=2h"
+        "create", "token", AGENT_SERVICE_ACCOUNT, "-n", AGENT_NAMESPACE, "--duration=2h", *binding
     ).stdout.strip()
     return cluster.kubeconfig_for_token(token, name="node-agent")
 

@@ -148,7 +148,11 @@ def node_with_agent(
     agent = AgentProcess(
         node=NODE,
         dirs=AgentDirs.for_node(node),
-        kubeconfig=agent_kubeconfig(local_cluster),
+        # A module may bind the agent's token to the node (AGENT_TOKEN_BOUND_TO_NODE), as a pod's is.
+        kubeconfig=agent_kubeconfig(
+            local_cluster,
+            bound_node=NODE if getattr(request.module, "AGENT_TOKEN_BOUND_TO_NODE", False) else None,
+        ),
         # A test module may name the agent's simulated profiles (AGENT_PROFILES); else the H100s.
         profiles=getattr(request.module, "AGENT_PROFILES", ("h100-80gb-x8",)),
         # Faults are polled every second and a device recovers after 8 s without a new one.
