@@ -150,9 +150,16 @@ class ClaimSteps:
             ", ".join(f"{d.request}={d.pool}/{d.device}" for d in done.devices),
         )
         if self._status is not None:
-            self._status.prepared(
-                done, devices=devices, inventory=self._node.inventory, config=plan.tpu_config, workers=workers
-            )
+            try:
+                self._status.prepared(
+                    done,
+                    devices=devices,
+                    inventory=self._node.inventory,
+                    config=plan.tpu_config,
+                    workers=workers,
+                )
+            except Exception:  # the claim is prepared: a status bug must not fail it
+                logger.exception("recording the device status of %s failed", describe(claim))
         return answer(done)
 
     async def _tpu_workers(self, allocation: ClaimAllocation, plan: PreparePlan) -> TpuWorkers | None:
@@ -175,7 +182,10 @@ class ClaimSteps:
         await self._devices.roll_back(entry, strict=True)
         await asyncio.to_thread(self._store.remove, claim.uid)
         if self._status is not None:
-            self._status.unprepared(entry)
+            try:
+                self._status.unprepared(entry)
+            except Exception:  # the claim is unprepared: a status bug must not fail it
+                logger.exception("recording the device status of %s failed", describe(claim))
         logger.info("unprepared %s", describe(claim))
 
     async def clean_up_stale(self, cutoff: datetime) -> list[str]:

@@ -389,3 +389,19 @@ async def test_a_replaced_claim_is_left_alone(node: Node) -> None:
     await node.unprepare("c", "u1")
     assert node.server.puts == puts
     assert node.server.entries("c") == []
+
+
+async def test_a_bug_in_the_status_writer_fails_neither_prepare_nor_unprepare(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(node.writer, "prepared", broken)
+    monkeypatch.setattr(node.writer, "unprepared", broken)
+    node.server.add(claim("c", uid="u1", devices=["gpu-0"]))
+    ref = ClaimRef(namespace="ns", name="c", uid="u1")
+    result = (await node.handler.prepare([ref]))["u1"]
+    assert not result.error
+    assert result.devices
+    assert (await node.handler.unprepare([ref]))["u1"] == ""
