@@ -198,7 +198,8 @@ class DeviceStatusWriter:
     # --- running -----------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Begin writing (what happened before waits until now, so the first health check is in)."""
+        """Begin writing. What was recorded before (the checkpoint's claims) waits until now, so the
+        agent calls this once the health monitor is attached and the conditions can follow it."""
         self._started = True
         for uid in sorted(self._dirty - self._running):
             self._spawn(uid)
