@@ -7,6 +7,7 @@ driver's entries (a ``Ready`` condition from the device's health now, and its da
 keeps every other entry, and PUTs ``/status`` with the resourceVersion it read; a 409 starts over
 from a fresh read. Timeouts, connection errors, 429 and 5xx are retried with a growing delay until
 the write is done; several changes while a write is under way make one more write, not several.
+At most ``concurrency`` claims are written at once.
 
 What ends a claim's writes without retrying: the claim is gone (404) or replaced (another UID),
 not allocated (the API server keeps no entries then), or the server rejected the content (4xx,
@@ -116,6 +117,7 @@ class DeviceStatusWriter:
         retry_delay: float = 0.5,
         max_retry_delay: float = 60.0,
         conflict_attempts: int = 5,
+        concurrency: int = 4,
     ) -> None:
         self.driver = driver
         self._api = api
@@ -133,6 +135,9 @@ class DeviceStatusWriter:
         self._running: set[str] = set()
         self._rejected: set[str] = set()
         self._tasks = BackgroundTasks()
+        # A few writes at a time: a burst (a restart's rewrite of every claim) must not take the
+        # API client's connections from prepare's own claim reads.
+        self._slots = asyncio.Semaphore(max(1, concurrency))
         self._started = False
 
     # --- what happened ---------------------------------------------------------------------------
@@ -230,7 +235,8 @@ class DeviceStatusWriter:
             while uid in self._dirty and self.support.enabled(self.driver):
                 self._dirty.discard(uid)
                 try:
-                    await self._sync(uid)
+                    async with self._slots:
+                        await self._sync(uid)
                     failures = 0
                 except _Transient as exc:
                     STATUS_WRITES.labels(self.driver, "error").inc()

@@ -16,6 +16,7 @@ import pytest
 
 from dra_api.kubeletapi.model import ClaimRef
 from dra_node_agent import prepare_tools
+from dra_node_agent.checkpoint import ClaimEntry, ClaimState
 from dra_node_agent.claim_reader import ClaimAllocation, driver_allocation
 from dra_node_agent.device_status import DeviceStatusWriter, StatusSupport
 from dra_node_agent.devices import DiscoveredDevice
@@ -405,3 +406,33 @@ async def test_a_bug_in_the_status_writer_fails_neither_prepare_nor_unprepare(
     assert not result.error
     assert result.devices
     assert (await node.handler.unprepare([ref]))["u1"] == ""
+
+
+async def test_only_a_few_claims_are_written_at_once() -> None:
+    class Gated(FakeClaims):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gate = asyncio.Event()
+            self.in_flight = 0
+            self.most = 0
+
+        async def get(self, ref: ClaimRef) -> dict[str, Any]:
+            self.in_flight += 1
+            self.most = max(self.most, self.in_flight)
+            await self.gate.wait()
+            self.in_flight -= 1
+            return await super().get(ref)
+
+    server = Gated()
+    writer = DeviceStatusWriter(driver=GPU, api=server, concurrency=2)
+    writer.start()
+    for i in range(6):
+        server.add(claim(f"c{i}", uid=f"u{i}", devices=[f"gpu-{i}"]))
+        writer.unprepared(ClaimEntry(f"u{i}", "ns", f"c{i}", ClaimState.PREPARE_COMPLETED, (), "t"))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert server.most == 2
+    server.gate.set()
+    await writer.join()
+    assert server.gets == 6
+    await writer.stop(grace=1)
