@@ -1,0 +1,171 @@
+"""The supported Kubernetes versions: choosing one, and what the cluster does differently on each.
+
+The gate facts in :mod:`dra_devcluster.versions` were read in each release's
+``pkg/features/kube_features.go``; these tests hold the cluster's choices to those facts.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from dra_devcluster.versions import (
+    DEFAULT,
+    SUPPORTED,
+    VERSION_ENV,
+    KubernetesVersion,
+    UnsupportedVersion,
+    resolve,
+)
+
+IDS = [v.minor for v in SUPPORTED]
+
+
+def test_the_supported_versions_and_the_default() -> None:
+    assert [v.version for v in SUPPORTED] == ["v1.34.12", "v1.35.8", "v1.36.3", "v1.37.2"]
+    assert [v.etcd for v in SUPPORTED] == ["v3.6.4", "v3.6.5", "v3.6.8", "v3.7.0"]
+    # The default moves to 1.37 only after the whole suite has run on it.
+    assert DEFAULT.version == "v1.36.3"
+
+
+@pytest.mark.parametrize(
+    ("requested", "expected"),
+    [
+        ("1.34", "v1.34.12"),
+        ("v1.34", "v1.34.12"),
+        ("1.34.x", "v1.34.12"),
+        ("v1.35.x", "v1.35.8"),
+        ("1.35.8", "v1.35.8"),
+        ("v1.37.2", "v1.37.2"),
+        (" 1.37 ", "v1.37.2"),
+    ],
+)
+def test_a_request_names_its_entry(requested: str, expected: str) -> None:
+    assert resolve(requested, environ={}).version == expected
+
+
+def test_the_argument_wins_over_the_environment_which_wins_over_the_default() -> None:
+    assert resolve("1.34", environ={VERSION_ENV: "1.37"}).version == "v1.34.12"
+    assert resolve(None, environ={VERSION_ENV: "1.37"}).version == "v1.37.2"
+    assert resolve("", environ={VERSION_ENV: "v1.35.x"}).version == "v1.35.8"
+    assert resolve(None, environ={}) is DEFAULT
+    assert resolve(None, environ={VERSION_ENV: "  "}) is DEFAULT
+
+
+def test_the_process_environment_is_read_when_none_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(VERSION_ENV, "1.34")
+    assert resolve().version == "v1.34.12"
+    monkeypatch.delenv(VERSION_ENV)
+    assert resolve() is DEFAULT
+
+
+@pytest.mark.parametrize(
+    "requested", ["1.33", "1.38", "v1.34.11", "1.36.4", "latest", "1", "1.36.3.1", "v2.36"]
+)
+def test_an_unsupported_version_is_an_error_listing_the_supported_ones(requested: str) -> None:
+    with pytest.raises(UnsupportedVersion) as err:
+        resolve(requested, environ={})
+    message = str(err.value)
+    assert repr(requested) in message
+    assert "v1.34.12, v1.35.8, v1.36.3 (default), v1.37.2" in message
+    assert VERSION_ENV not in message  # it came from the argument
+
+
+def test_an_unsupported_version_from_the_environment_says_where_it_came_from() -> None:
+    with pytest.raises(UnsupportedVersion, match=rf"^{VERSION_ENV}='1.30' is not a supported"):
+        resolve(None, environ={VERSION_ENV: "1.30"})
+
+
+# ---- feature gates -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kubernetes", SUPPORTED, ids=IDS)
+def test_every_named_gate_exists_in_its_version_and_is_not_locked(kubernetes: KubernetesVersion) -> None:
+    for name in kubernetes.feature_gates:
+        gate = kubernetes.upstream_gates.get(name)
+        assert gate is not None, f"{kubernetes}: {name} does not exist; the component would refuse it"
+        assert not gate.locked, f"{kubernetes}: {name} is locked; naming it is an error or a warning"
+        assert gate.stage == "beta", f"{kubernetes}: {name} is {gate.stage}"
+
+
+@pytest.mark.parametrize("kubernetes", SUPPORTED, ids=IDS)
+def test_every_beta_gate_is_on_unless_a_reason_is_given(kubernetes: KubernetesVersion) -> None:
+    beta = {name for name, gate in kubernetes.upstream_gates.items() if gate.stage == "beta"}
+    assert set(kubernetes.gates_left_at_default) <= beta
+    assert set(kubernetes.feature_gates) == beta - set(kubernetes.gates_left_at_default)
+    assert all(kubernetes.feature_gates.values())
+
+
+def test_on_1_37_no_ga_locked_gate_is_named() -> None:
+    v1_37 = resolve("1.37", environ={})
+    for name in (
+        "DRAExtendedResource",
+        "DRAPrioritizedList",
+        "DRAResourceClaimDeviceStatus",
+        "DRAAdminAccess",
+    ):
+        assert v1_37.upstream_gates[name].locked
+        assert name not in v1_37.feature_gates
+        assert v1_37.gate_enabled(name)
+    # GA in 1.37, not locked, on by default: not named either, and on.
+    assert "DRADeviceTaintRules" not in v1_37.feature_gates
+    assert v1_37.gate_enabled("DRADeviceTaintRules")
+    assert set(v1_37.gates_left_at_default) == {"DRAWorkloadResourceClaims", "DRAFractionalCapacityRange"}
+
+
+def test_1_36_names_the_gates_the_cluster_always_named() -> None:
+    """The set before versions were selectable; a 1.36 cluster is unchanged by them."""
+    assert dict(resolve("1.36", environ={}).feature_gates) == dict.fromkeys(
+        [
+            "DRAConsumableCapacity",
+            "DRADeviceBindingConditions",
+            "DRADeviceTaintRules",
+            "DRADeviceTaints",
+            "DRAExtendedResource",
+            "DRAPartitionableDevices",
+            "DRAResourceClaimDeviceStatus",
+            "DRAResourceClaimGranularStatusAuthorization",
+            "DRASchedulerFilterTimeout",
+            "ResourceHealthStatus",
+            "ResourceHealthStatusMessage",
+        ],
+        True,
+    )
+
+
+@pytest.mark.parametrize("minor", ["1.34", "1.35"])
+def test_before_1_36_gates_that_came_later_are_not_named(minor: str) -> None:
+    kubernetes = resolve(minor, environ={})
+    for name in ("DRAResourceClaimGranularStatusAuthorization", "ResourceHealthStatusMessage"):
+        assert name not in kubernetes.upstream_gates
+        assert not kubernetes.gate_enabled(name)
+    # Alpha there: left off, as upstream has them.
+    for name in ("DRAConsumableCapacity", "DRADeviceTaints", "DRAExtendedResource", "ResourceHealthStatus"):
+        assert kubernetes.upstream_gates[name].stage == "alpha"
+        assert not kubernetes.gate_enabled(name)
+    assert set(kubernetes.feature_gates) == {
+        "DRAAdminAccess",
+        "DRAPrioritizedList",
+        "DRAResourceClaimDeviceStatus",
+        "DRASchedulerFilterTimeout",
+    }
+
+
+def test_gate_facts_cite_a_line() -> None:
+    for kubernetes in SUPPORTED:
+        lines = [gate.line for gate in kubernetes.upstream_gates.values()]
+        assert all(line > 0 for line in lines), kubernetes
+        assert len(set(lines)) == len(lines), kubernetes
+
+
+# ---- kube-controller-manager -----------------------------------------------------------------------
+
+_CLOUD = {"cloud-node-lifecycle-controller", "service-lb-controller", "node-route-controller"}
+_NODE = {"node-lifecycle-controller", "node-ipam-controller", "persistentvolume-attach-detach-controller"}
+
+
+@pytest.mark.parametrize("kubernetes", SUPPORTED, ids=IDS)
+def test_disabled_controllers_are_those_the_version_registers(kubernetes: KubernetesVersion) -> None:
+    # 1.37 no longer registers the cloud-provider controllers and refuses --controllers naming them.
+    expected = _NODE if kubernetes.minor == "1.37" else _NODE | _CLOUD
+    assert set(kubernetes.disabled_controllers) == expected
+    assert len(kubernetes.disabled_controllers) == len(expected)
