@@ -1,9 +1,11 @@
 """Fixtures shared by all test suites.
 
 ``local_cluster`` starts one real control plane per test session (built or found binaries; see
-``dra_devcluster``). It never skips: if the binaries cannot be provided, the tests that need
-it fail with the reason. When a test that used it fails, the tails of the components' logs are
-attached to the test report and the full logs stay in the session's temporary directory.
+``dra_devcluster``) of the Kubernetes version ``DRA_KUBERNETES_VERSION`` names (1.34, 1.37.2, ...),
+else the default one; the report's header says which. It never skips: if the binaries cannot be
+provided, the tests that need it fail with the reason. When a test that used it fails, the tails of
+the components' logs are attached to the test report and the full logs stay in the session's
+temporary directory.
 """
 
 from __future__ import annotations
@@ -12,16 +14,27 @@ from collections.abc import Generator, Iterator
 
 import pytest
 
-from dra_devcluster import LocalCluster
+from dra_devcluster import LocalCluster, UnsupportedVersion, resolve_kubernetes_version
+from dra_devcluster.versions import VERSION_ENV
 
 _CLUSTER_KEY = pytest.StashKey[LocalCluster]()
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    try:
+        kubernetes = resolve_kubernetes_version()
+    except UnsupportedVersion as err:  # the tests that need a cluster fail with it
+        return f"kubernetes: {err}"
+    return f"kubernetes: {kubernetes.version}, etcd {kubernetes.etcd} (${VERSION_ENV} chooses)"
 
 
 @pytest.fixture(scope="session")
 def local_cluster(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LocalCluster]:
-    cluster = LocalCluster(workdir=tmp_path_factory.mktemp("cluster"))
+    cluster = LocalCluster(
+        workdir=tmp_path_factory.mktemp("cluster"), kubernetes=resolve_kubernetes_version()
+    )
     cluster.start()
     request.config.stash[_CLUSTER_KEY] = cluster
     try:

@@ -2,8 +2,6 @@
 (kube-apiserver, etcd, controller-manager, scheduler) and real nodes (kubelet + containerd)."""
 
 from dra_devcluster.binaries import (
-    ETCD_VERSION,
-    KUBERNETES_VERSION,
     Binaries,
     BinariesUnavailable,
     NodeUnavailable,
@@ -12,18 +10,21 @@ from dra_devcluster.binaries import (
 )
 from dra_devcluster.cluster import ControlPlaneError, LocalCluster, temporary_cluster
 from dra_devcluster.node import NodeStartError, RealNode
+from dra_devcluster.versions import KubernetesVersion, UnsupportedVersion
+from dra_devcluster.versions import resolve as resolve_kubernetes_version
 
 __all__ = [
-    "ETCD_VERSION",
-    "KUBERNETES_VERSION",
     "Binaries",
     "BinariesUnavailable",
     "ControlPlaneError",
+    "KubernetesVersion",
     "LocalCluster",
     "NodeStartError",
     "NodeUnavailable",
     "RealNode",
+    "UnsupportedVersion",
     "ensure_binaries",
     "ensure_node_binaries",
+    "resolve_kubernetes_version",
     "temporary_cluster",
 ]

@@ -6,9 +6,14 @@ Order of preference, per binary:
    convention; envtest ships only etcd, kube-apiserver and kubectl, so the rest is still built);
 2. the per-user cache ``$XDG_CACHE_HOME/accel-dra/control-plane/<versions>/bin`` (node binaries:
    ``.../accel-dra/node/<versions>/bin``);
-3. a build from the pinned Go modules with the machine's Go toolchain, into that cache: ``gomod/``
-   (Kubernetes, etcd), ``gomod/containerd/`` (containerd, whose dependencies differ) and
+3. a build from the pinned Go modules with the machine's Go toolchain, into that cache:
+   ``gomod/k8s-<minor>/`` (Kubernetes and etcd of the chosen version, see
+   :mod:`dra_devcluster.versions`), ``gomod/containerd/`` (containerd, whose dependencies differ) and
    ``gomod/helm/`` (helm; cache ``.../accel-dra/helm/<version>/bin``).
+
+Every function that depends on the Kubernetes version takes it as ``kubernetes``; left out, it is
+the one :func:`dra_devcluster.versions.resolve` picks (``DRA_KUBERNETES_VERSION``, else the default).
+An asset directory is taken as holding binaries of the chosen version: nothing checks that it does.
 
 runc and the CNI plugins come from Debian packages (``runc``, ``containernetworking-plugins``), found
 as :mod:`dra_devcluster.prerequisites` says (the table ``make`` checks and installs them from).
@@ -27,14 +32,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 
 from dra_devcluster import prerequisites
+from dra_devcluster.versions import KubernetesVersion, resolve
 
 log = logging.getLogger(__name__)
 
-KUBERNETES_VERSION = "v1.36.3"
-ETCD_VERSION = "v3.6.8"
 CONTAINERD_VERSION = "v2.2.9"
 HELM_VERSION = "v3.22.0"
 
@@ -42,7 +47,7 @@ ASSETS_ENV = "DRA_CONTROL_PLANE_ASSETS"
 ENVTEST_ASSETS_ENV = "KUBEBUILDER_ASSETS"
 CACHE_ENV = "DRA_CONTROL_PLANE_CACHE"
 
-# Binary name -> Go package that builds it, relative to the wrapper module in gomod/.
+# Binary name -> Go package that builds it, relative to the version's wrapper module in gomod/.
 _PACKAGES: dict[str, str] = {
     "etcd": "./etcd",
     "kube-apiserver": "k8s.io/kubernetes/cmd/kube-apiserver",
@@ -52,9 +57,11 @@ _PACKAGES: dict[str, str] = {
 }
 BINARY_NAMES = tuple(_PACKAGES)
 
+# The module folder that stands for the chosen Kubernetes version's (KubernetesVersion.module).
+KUBERNETES_MODULE = "kubernetes"
 # Node binaries: Go package and the module folder (under gomod/) that pins it.
 _NODE_PACKAGES: dict[str, tuple[str, str]] = {
-    "kubelet": ("k8s.io/kubernetes/cmd/kubelet", "."),
+    "kubelet": ("k8s.io/kubernetes/cmd/kubelet", KUBERNETES_MODULE),
     "containerd": ("github.com/containerd/containerd/v2/cmd/containerd", "containerd"),
     "containerd-shim-runc-v2": (
         "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2",
@@ -64,25 +71,31 @@ _NODE_PACKAGES: dict[str, tuple[str, str]] = {
 }
 NODE_BINARY_NAMES = tuple(_NODE_PACKAGES)
 _MODULE_FILES = {
-    ".": ("go.mod", "go.sum", "tools.go", "etcd/main.go"),
+    KUBERNETES_MODULE: ("go.mod", "go.sum", "tools.go", "etcd/main.go"),
     "containerd": ("go.mod", "go.sum", "tools.go"),
     "helm": ("go.mod", "go.sum", "tools.go"),
 }
-# What a plain `go build` leaves as "v0.0.0-master+$Format:%H$"; Kubernetes' own build sets these.
 _VERSION_LDFLAGS = {
-    ".": " ".join(
-        f"-X k8s.io/component-base/version.{k}={v}"
-        for k, v in (
-            ("gitVersion", KUBERNETES_VERSION),
-            ("gitMajor", KUBERNETES_VERSION.split(".")[0].removeprefix("v")),
-            ("gitMinor", KUBERNETES_VERSION.split(".")[1]),
-            ("gitTreeState", "clean"),
-        )
-    ),
     "containerd": f"-X github.com/containerd/containerd/v2/version.Version={CONTAINERD_VERSION}",
     "helm": f"-X helm.sh/helm/v3/internal/version.version={HELM_VERSION} "
     "-X helm.sh/helm/v3/internal/version.gitTreeState=clean",
 }
+
+
+def kubernetes_ldflags(kubernetes: KubernetesVersion) -> str:
+    """What a plain `go build` leaves as "v0.0.0-master+$Format:%H$"; Kubernetes' own build sets
+    these (``--version``, the Node's ``kubeletVersion``, discovery's ``/version``)."""
+    return " ".join(
+        f"-X k8s.io/component-base/version.{k}={v}"
+        for k, v in (
+            ("gitVersion", kubernetes.version),
+            ("gitMajor", kubernetes.git_major),
+            ("gitMinor", kubernetes.git_minor),
+            ("gitTreeState", "clean"),
+        )
+    )
+
+
 # containerd's build tags for a static binary without the snapshotters that need cgo or kernel headers.
 _BUILD_TAGS = {"containerd": "no_btrfs no_devmapper no_zfs urfave_cli_no_docs"}
 # What a real node takes from Debian rather than from a Go build.
@@ -112,11 +125,18 @@ class Binaries:
         )
 
 
-def cache_dir() -> Path:
-    """The per-user, per-version directory that holds built binaries."""
+def cache_root() -> Path:
+    """The per-user directory under which everything built is cached (``DRA_CONTROL_PLANE_CACHE``,
+    else ``$XDG_CACHE_HOME``, else ``~/.cache``, then ``accel-dra``)."""
     override = os.environ.get(CACHE_ENV)
     base = Path(override) if override else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    return base / "accel-dra" / "control-plane" / f"kubernetes-{KUBERNETES_VERSION}-etcd-{ETCD_VERSION}"
+    return base / "accel-dra"
+
+
+def cache_dir(kubernetes: KubernetesVersion | None = None) -> Path:
+    """The per-user, per-version directory that holds built control-plane binaries."""
+    k = kubernetes or resolve()
+    return cache_root() / "control-plane" / f"kubernetes-{k.version}-etcd-{k.etcd}"
 
 
 def _usable(path: Path) -> bool:
@@ -136,13 +156,16 @@ def _from_asset_dirs() -> dict[str, Path]:
     return found
 
 
-def _unavailable_message(missing: list[str], reason: str) -> str:
-    return (
-        f"cannot provide control-plane binaries {', '.join(missing)}: {reason}. Either install a Go "
-        f"toolchain (go 1.26+) that reaches the Go module proxy, so they are built once into "
-        f"{cache_dir()}, or point {ASSETS_ENV} (or {ENVTEST_ASSETS_ENV}, as for envtest) at a directory "
-        f"holding {', '.join(BINARY_NAMES)} for Kubernetes {KUBERNETES_VERSION}."
-    )
+def _unavailable_message(kubernetes: KubernetesVersion) -> Callable[[list[str], str], str]:
+    def message(missing: list[str], reason: str) -> str:
+        return (
+            f"cannot provide control-plane binaries {', '.join(missing)}: {reason}. Either install a Go "
+            f"toolchain (go 1.26+) that reaches the Go module proxy, so they are built once into "
+            f"{cache_dir(kubernetes)}, or point {ASSETS_ENV} (or {ENVTEST_ASSETS_ENV}, as for envtest) at a "
+            f"directory holding {', '.join(BINARY_NAMES)} for Kubernetes {kubernetes.version}."
+        )
+
+    return message
 
 
 @contextmanager
@@ -157,20 +180,44 @@ def _build_lock(directory: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def build(names: list[str], *, into: Path) -> None:
-    """Build control-plane binaries ``names`` from the pinned Go modules into ``into`` (blocking;
-    minutes when cold)."""
+def build(names: list[str], *, into: Path, kubernetes: KubernetesVersion | None = None) -> None:
+    """Build control-plane binaries ``names`` from the version's pinned Go module into ``into``
+    (blocking; minutes when cold)."""
+    k = kubernetes or resolve()
     log.info(
         "building %s (Kubernetes %s, etcd %s); cold builds take many minutes",
         ", ".join(names),
-        KUBERNETES_VERSION,
-        ETCD_VERSION,
+        k.version,
+        k.etcd,
     )
-    _go_build({n: _PACKAGES[n] for n in names}, module=".", into=into, unavailable=_unavailable_message)
+    _go_build(
+        {n: _PACKAGES[n] for n in names},
+        module=KUBERNETES_MODULE,
+        into=into,
+        unavailable=_unavailable_message(k),
+        kubernetes=k,
+    )
+
+
+def module_source(module: str, *, kubernetes: KubernetesVersion | None = None) -> Traversable:
+    """The folder of ``gomod/`` that holds the module ``module`` ("kubernetes": the folder of the
+    Kubernetes version, default :func:`resolve`'s)."""
+    folder = (kubernetes or resolve()).module if module == KUBERNETES_MODULE else module
+    return resources.files("dra_devcluster") / "gomod" / folder
+
+
+def module_files(module: str) -> tuple[str, ...]:
+    """The files a build copies from the module folder (relative paths)."""
+    return _MODULE_FILES[module]
 
 
 def _go_build(
-    packages: dict[str, str], *, module: str, into: Path, unavailable: Callable[[list[str], str], str]
+    packages: dict[str, str],
+    *,
+    module: str,
+    into: Path,
+    unavailable: Callable[[list[str], str], str],
+    kubernetes: KubernetesVersion | None = None,
 ) -> None:
     """``go build`` the binary -> package map from the module folder ``module`` of ``gomod/``."""
     names = list(packages)
@@ -178,16 +225,20 @@ def _go_build(
     if go is None:
         raise BinariesUnavailable(unavailable(names, "no `go` on PATH"))
     into.mkdir(parents=True, exist_ok=True)
-    source = resources.files("dra_devcluster") / "gomod" / module
+    source = module_source(module, kubernetes=kubernetes)
+    if module == KUBERNETES_MODULE:
+        ldflags = kubernetes_ldflags(kubernetes or resolve())
+    else:
+        ldflags = _VERSION_LDFLAGS[module]
     with tempfile.TemporaryDirectory(prefix="accel-dra-gobuild-") as tmp:
         workdir = Path(tmp)
-        for rel in _MODULE_FILES[module]:
+        for rel in module_files(module):
             (workdir / rel).parent.mkdir(parents=True, exist_ok=True)
             (workdir / rel).write_bytes((source / rel).read_bytes())
         staging = into / ".staging"
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir()
-        command = [go, "build", "-trimpath", "-ldflags", _VERSION_LDFLAGS[module], "-o", str(staging)]
+        command = [go, "build", "-trimpath", "-ldflags", ldflags, "-o", str(staging)]
         if module in _BUILD_TAGS:
             command += ["-tags", _BUILD_TAGS[module]]
         command += list(packages.values())
@@ -204,21 +255,23 @@ def _go_build(
         log.info("built %s in %.0f s", ", ".join(names), time.monotonic() - started)
 
 
-def ensure_binaries(*, allow_build: bool = True) -> Binaries:
-    """Return paths to all five binaries, building the missing ones when allowed."""
+def ensure_binaries(*, allow_build: bool = True, kubernetes: KubernetesVersion | None = None) -> Binaries:
+    """Return paths to all five binaries of the Kubernetes version (default: :func:`resolve`'s),
+    building the missing ones when allowed."""
+    k = kubernetes or resolve()
     found = _from_asset_dirs()
-    bin_dir = cache_dir() / "bin"
+    bin_dir = cache_dir(k) / "bin"
     for name in BINARY_NAMES:
         if name not in found and _usable(bin_dir / name):
             found[name] = bin_dir / name
     missing = [n for n in BINARY_NAMES if n not in found]
     if missing:
         if not allow_build:
-            raise BinariesUnavailable(_unavailable_message(missing, "building was not allowed"))
-        with _build_lock(cache_dir()):
+            raise BinariesUnavailable(_unavailable_message(k)(missing, "building was not allowed"))
+        with _build_lock(cache_dir(k)):
             still_missing = [n for n in missing if not _usable(bin_dir / n)]
             if still_missing:
-                build(still_missing, into=bin_dir)
+                build(still_missing, into=bin_dir, kubernetes=k)
         for name in missing:
             found[name] = bin_dir / name
     return Binaries.from_mapping(found)
@@ -238,27 +291,31 @@ class NodeBinaries:
     cni_dir: Path
 
 
-def node_cache_dir() -> Path:
+def node_cache_dir(kubernetes: KubernetesVersion | None = None) -> Path:
     """The per-user, per-version directory that holds the built node binaries."""
-    return (
-        cache_dir().parent.parent
-        / "node"
-        / f"kubernetes-{KUBERNETES_VERSION}-containerd-{CONTAINERD_VERSION}"
-    )
+    k = kubernetes or resolve()
+    return cache_root() / "node" / f"kubernetes-{k.version}-containerd-{CONTAINERD_VERSION}"
 
 
-def _node_unavailable_message(missing: list[str], reason: str) -> str:
-    return (
-        f"cannot provide node binaries {', '.join(missing)}: {reason}. Install a Go toolchain "
-        f"(go 1.26+) that reaches the Go module proxy, so they are built once into {node_cache_dir()}, "
-        f"or put kubelet {KUBERNETES_VERSION}, containerd {CONTAINERD_VERSION}, containerd-shim-runc-v2 "
-        f"and ctr in {ASSETS_ENV}."
-    )
+def _node_unavailable_message(kubernetes: KubernetesVersion) -> Callable[[list[str], str], str]:
+    def message(missing: list[str], reason: str) -> str:
+        return (
+            f"cannot provide node binaries {', '.join(missing)}: {reason}. Install a Go toolchain "
+            f"(go 1.26+) that reaches the Go module proxy, so they are built once into "
+            f"{node_cache_dir(kubernetes)}, or put kubelet {kubernetes.version}, containerd "
+            f"{CONTAINERD_VERSION}, containerd-shim-runc-v2 and ctr in {ASSETS_ENV}."
+        )
+
+    return message
 
 
-def ensure_node_binaries(*, allow_build: bool = True) -> NodeBinaries:
-    """Paths to what a real node runs, building the Go binaries that are missing when allowed;
-    runc and the CNI plugins must be installed from Debian's packages."""
+def ensure_node_binaries(
+    *, allow_build: bool = True, kubernetes: KubernetesVersion | None = None
+) -> NodeBinaries:
+    """Paths to what a real node runs (the kubelet of the Kubernetes version, default
+    :func:`resolve`'s), building the Go binaries that are missing when allowed; runc and the CNI
+    plugins must be installed from Debian's packages."""
+    k = kubernetes or resolve()
     runc, cni_bridge = (prerequisites.locate(p) for p in _NODE_PACKAGES_DEBIAN)
     if runc is None or cni_bridge is None:
         absent = [p.name for p in _NODE_PACKAGES_DEBIAN if prerequisites.locate(p) is None]
@@ -267,7 +324,7 @@ def ensure_node_binaries(*, allow_build: bool = True) -> NodeBinaries:
     cni_dir = Path(cni_bridge).parent
     found: dict[str, Path] = {}
     assets = os.environ.get(ASSETS_ENV)
-    bin_dir = node_cache_dir() / "bin"
+    bin_dir = node_cache_dir(k) / "bin"
     for name in NODE_BINARY_NAMES:
         for candidate in ([Path(assets) / name] if assets else []) + [bin_dir / name]:
             if _usable(candidate):
@@ -276,22 +333,23 @@ def ensure_node_binaries(*, allow_build: bool = True) -> NodeBinaries:
     missing = [n for n in NODE_BINARY_NAMES if n not in found]
     if missing:
         if not allow_build:
-            raise NodeUnavailable(_node_unavailable_message(missing, "building was not allowed"))
-        with _build_lock(node_cache_dir()):
+            raise NodeUnavailable(_node_unavailable_message(k)(missing, "building was not allowed"))
+        with _build_lock(node_cache_dir(k)):
             still_missing = [n for n in missing if not _usable(bin_dir / n)]
             for module in dict.fromkeys(_NODE_PACKAGES[n][1] for n in still_missing):
                 names = [n for n in still_missing if _NODE_PACKAGES[n][1] == module]
                 log.info(
                     "building %s (Kubernetes %s, containerd %s); a cold build takes minutes",
                     ", ".join(names),
-                    KUBERNETES_VERSION,
+                    k.version,
                     CONTAINERD_VERSION,
                 )
                 _go_build(
                     {n: _NODE_PACKAGES[n][0] for n in names},
                     module=module,
                     into=bin_dir,
-                    unavailable=_node_unavailable_message,
+                    unavailable=_node_unavailable_message(k),
+                    kubernetes=k,
                 )
         for name in missing:
             found[name] = bin_dir / name
@@ -310,7 +368,7 @@ HELM_PACKAGE = "helm.sh/helm/v3/cmd/helm"
 
 def helm_cache_dir() -> Path:
     """The per-user, per-version directory that holds the built helm."""
-    return cache_dir().parent.parent / "helm" / f"helm-{HELM_VERSION}"
+    return cache_root() / "helm" / f"helm-{HELM_VERSION}"
 
 
 def _helm_unavailable_message(missing: list[str], reason: str) -> str:
@@ -335,6 +393,9 @@ def ensure_helm(*, allow_build: bool = True) -> Path:
         if not _usable(bin_dir / "helm"):
             log.info("building helm %s; a cold build takes about two minutes", HELM_VERSION)
             _go_build(
-                {"helm": HELM_PACKAGE}, module="helm", into=bin_dir, unavailable=_helm_unavailable_message
+                {"helm": HELM_PACKAGE},
+                module="helm",
+                into=bin_dir,
+                unavailable=_helm_unavailable_message,
             )
     return bin_dir / "helm"

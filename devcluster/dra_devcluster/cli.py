@@ -21,9 +21,7 @@ from typing import NoReturn
 from dra_devcluster.binaries import (
     BINARY_NAMES,
     CONTAINERD_VERSION,
-    ETCD_VERSION,
     HELM_VERSION,
-    KUBERNETES_VERSION,
     NODE_BINARY_NAMES,
     BinariesUnavailable,
     NodeUnavailable,
@@ -36,6 +34,14 @@ from dra_devcluster.binaries import (
 from dra_devcluster.cluster import ControlPlaneError, LocalCluster
 from dra_devcluster.images import ImageUnavailable
 from dra_devcluster.node import NodeStartError
+from dra_devcluster.versions import (
+    DEFAULT,
+    VERSION_ENV,
+    KubernetesVersion,
+    UnsupportedVersion,
+    resolve,
+    supported_list,
+)
 
 PROG = "dra-local-cluster"
 _FAKE_NODES_HINT = (
@@ -68,6 +74,13 @@ def _node_count(text: str) -> int:
     return count
 
 
+def _kubernetes_version(text: str) -> KubernetesVersion:
+    try:
+        return resolve(text)
+    except UnsupportedVersion as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def _writable_folder(path: Path, *, flag: str) -> Path:
     """``path``, created if need be and shown writable, so that a folder the command could not use
     is refused before anything is built or started."""
@@ -92,7 +105,7 @@ def _fail(message: object, *, hint: str = "") -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog=PROG,
-        description=f"A real Kubernetes {KUBERNETES_VERSION} control plane (etcd {ETCD_VERSION}) on loopback",
+        description=f"A real Kubernetes control plane and nodes on loopback; Kubernetes {supported_list()}",
         epilog=EXIT_STATUS,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -104,7 +117,19 @@ def _parser() -> argparse.ArgumentParser:
             name, help=help, epilog=EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter
         )
 
-    command("build", help="find or build the control-plane and node binaries and helm; print where they are")
+    def kubernetes_flag(command: argparse.ArgumentParser) -> None:
+        command.add_argument(
+            "--kubernetes",
+            metavar="VERSION",
+            type=_kubernetes_version,
+            help=f"Kubernetes version: 1.34, 1.34.x or an exact supported one ({supported_list()}); "
+            f"default: ${VERSION_ENV}, else {DEFAULT.version}",
+        )
+
+    build = command(
+        "build", help="find or build the control-plane and node binaries and helm; print where they are"
+    )
+    kubernetes_flag(build)
     image = command(
         "image",
         help="build the product image accel-dra:<version> as an OCI archive (mmdebstrap, no Docker)",
@@ -127,6 +152,7 @@ def _parser() -> argparse.ArgumentParser:
         help="create Node objects without a kubelet instead (for machines that cannot run one)",
     )
     up.add_argument("--exit", action="store_true", help="stop again right after start-up (smoke test)")
+    kubernetes_flag(up)
     demo = command(
         "demo",
         help="the full demo: control plane, real nodes, operator, agents (simulated GPUs, TPUs), examples",
@@ -138,6 +164,7 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="Node objects without a kubelet, the demo plays the kubelet (for machines that cannot run one)",
     )
+    kubernetes_flag(demo)
     return parser
 
 
@@ -178,6 +205,13 @@ def _image(*, out: Path | None, rebuild: bool) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    kubernetes: KubernetesVersion | None = None
+    if args.command in ("build", "up", "demo"):
+        # Before anything starts: a version named by the environment that is not supported.
+        try:
+            kubernetes = args.kubernetes or resolve()
+        except UnsupportedVersion as err:
+            return _fail(err)
     workdir: Path | None = None
     if args.command in ("up", "demo"):
         # Before anything starts: a folder the cluster could not write its first file to.
@@ -191,10 +225,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "build":
             started = time.monotonic()
-            binaries = ensure_binaries()
+            assert kubernetes is not None
+            binaries = ensure_binaries(kubernetes=kubernetes)
             print(
-                f"binaries for Kubernetes {KUBERNETES_VERSION} / etcd {ETCD_VERSION} "
-                f"ready in {time.monotonic() - started:.0f} s (cache: {cache_dir()}):"
+                f"binaries for Kubernetes {kubernetes.version} / etcd {kubernetes.etcd} "
+                f"ready in {time.monotonic() - started:.0f} s (cache: {cache_dir(kubernetes)}):"
             )
             for name in BINARY_NAMES:
                 print(f"  {name}: {getattr(binaries, name.replace('-', '_'))}")
@@ -202,10 +237,10 @@ def main(argv: list[str] | None = None) -> int:
             helm = ensure_helm()
             print(f"helm {HELM_VERSION} ready in {time.monotonic() - started:.0f} s: {helm}")
             started = time.monotonic()
-            node = ensure_node_binaries()
+            node = ensure_node_binaries(kubernetes=kubernetes)
             print(
-                f"node binaries (kubelet {KUBERNETES_VERSION}, containerd {CONTAINERD_VERSION}) ready in "
-                f"{time.monotonic() - started:.0f} s (cache: {node_cache_dir()}):"
+                f"node binaries (kubelet {kubernetes.version}, containerd {CONTAINERD_VERSION}) ready in "
+                f"{time.monotonic() - started:.0f} s (cache: {node_cache_dir(kubernetes)}):"
             )
             for name in (*NODE_BINARY_NAMES, "runc"):
                 print(f"  {name}: {getattr(node, name.replace('-', '_'))}")
@@ -214,18 +249,24 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "image":
             return _image(out=args.out, rebuild=args.rebuild)
         assert workdir is not None
+        assert kubernetes is not None
         _stop_on_signals()
         if args.command == "demo":
             from dra_devcluster.demo import run_demo
 
-            return run_demo(workdir=workdir, exit_after=args.exit, fake_nodes=args.fake_nodes)
-        with LocalCluster(workdir=workdir) as cluster:
+            return run_demo(
+                workdir=workdir, exit_after=args.exit, fake_nodes=args.fake_nodes, kubernetes=kubernetes
+            )
+        with LocalCluster(workdir=workdir, kubernetes=kubernetes) as cluster:
             for i in range(args.nodes):
                 if args.fake_nodes:
                     cluster.add_node(f"node-{i + 1}")
                 else:
                     cluster.add_real_node(f"node-{i + 1}")
-            print(f"\nControl plane ready at {cluster.server} in {cluster.timings['start_s']:.1f} s.")
+            print(
+                f"\nKubernetes {kubernetes.version} control plane ready at {cluster.server} in "
+                f"{cluster.timings['start_s']:.1f} s."
+            )
             print(f"Logs: {cluster.logs_dir}\n\nPoint kubectl at it:\n")
             print(f"  export KUBECONFIG={cluster.kubeconfig}")
             print(f"  {cluster.binaries.kubectl if cluster.binaries else 'kubectl'} get nodes\n")

@@ -39,39 +39,14 @@ from dra_devcluster.images import ImageArchive, build_images
 from dra_devcluster.node import NodeLayout, NodePorts, RealNode
 from dra_devcluster.nodeproxy import NodeProxy, egress_selector_config
 from dra_devcluster.pki import CertPair, ClusterPKI, generate_pki
+from dra_devcluster.versions import KubernetesVersion, resolve
 
 log = logging.getLogger(__name__)
 
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 
-# DRA feature gates that are beta in Kubernetes 1.36, all switched on (DRADeviceTaintRules is
-# beta but off by default upstream). GA gates are locked on and may not be named.
-BETA_DRA_FEATURE_GATES: Mapping[str, bool] = {
-    "DRAConsumableCapacity": True,
-    "DRADeviceBindingConditions": True,
-    "DRADeviceTaints": True,
-    "DRADeviceTaintRules": True,
-    "DRAExtendedResource": True,
-    "DRAPartitionableDevices": True,
-    "DRAResourceClaimDeviceStatus": True,
-    "DRASchedulerFilterTimeout": True,
-    "DRAResourceClaimGranularStatusAuthorization": True,
-    # Device health in pod status (containerStatuses[].allocatedResourcesStatus and its message):
-    # beta in 1.36; named so that a binary built without version stamps still has them on.
-    "ResourceHealthStatus": True,
-    "ResourceHealthStatusMessage": True,
-}
-
-# The controller-manager runs its defaults minus what needs kubelets or a cloud. The node-lifecycle
-# controller would taint and evict on the Node objects because no kubelet heartbeats them.
-_DISABLED_CONTROLLERS = (
-    "node-lifecycle-controller",
-    "node-ipam-controller",
-    "cloud-node-lifecycle-controller",
-    "persistentvolume-attach-detach-controller",
-    "service-lb-controller",
-    "node-route-controller",
-)
+# Feature gates and the controller-manager's disabled controllers differ by Kubernetes version:
+# dra_devcluster.versions holds them (KubernetesVersion.feature_gates, .disabled_controllers).
 
 _DEFAULT_NODE_CAPACITY: Mapping[str, str] = {"cpu": "64", "memory": "512Gi", "pods": "110"}
 
@@ -174,7 +149,13 @@ class LocalCluster:
 
     workdir: Path
     binaries: Binaries | None = None
-    feature_gates: Mapping[str, bool] = field(default_factory=lambda: dict(BETA_DRA_FEATURE_GATES))
+    kubernetes: KubernetesVersion = field(default_factory=resolve)
+    """The Kubernetes version it runs (control plane and kubelets); by default the one
+    ``DRA_KUBERNETES_VERSION`` names, else the default (:mod:`dra_devcluster.versions`). Given
+    ``binaries`` are taken to be of this version."""
+    feature_gates: Mapping[str, bool] | None = None
+    """``--feature-gates`` of every component and the kubelets; None: the version's own
+    (:attr:`KubernetesVersion.feature_gates`)."""
     component_args: Mapping[str, Sequence[str]] = field(default_factory=dict)
     """Extra flags per component ("kube-apiserver", "kube-controller-manager", "kube-scheduler"),
     after the cluster's own: a benchmark raising the controller-manager's API rate limits, say."""
@@ -186,6 +167,15 @@ class LocalCluster:
     _images: list[ImageArchive] = field(default_factory=list, init=False)
     _apiserver_port: int = field(default=0, init=False)
     timings: dict[str, float] = field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
+        if self.feature_gates is None:
+            self.feature_gates = dict(self.kubernetes.feature_gates)
+
+    @property
+    def gates(self) -> Mapping[str, bool]:
+        """The feature gates the components are given (see :attr:`feature_gates`)."""
+        return self.feature_gates if self.feature_gates is not None else self.kubernetes.feature_gates
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -221,7 +211,7 @@ class LocalCluster:
     def start(self, *, timeout: float = 180.0) -> None:
         began = time.monotonic()
         if self.binaries is None:
-            self.binaries = ensure_binaries()
+            self.binaries = ensure_binaries(kubernetes=self.kubernetes)
         self.timings["binaries_s"] = time.monotonic() - began
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.logs_dir.mkdir(exist_ok=True)
@@ -298,7 +288,10 @@ class LocalCluster:
     # -- components ----------------------------------------------------------------------------
 
     def _gates_flag(self) -> str:
-        return "--feature-gates=" + ",".join(f"{k}={str(v).lower()}" for k, v in self.feature_gates.items())
+        return "--feature-gates=" + ",".join(f"{k}={str(v).lower()}" for k, v in self.gates.items())
+
+    def _controllers_flag(self) -> str:
+        return "--controllers=*," + ",".join(f"-{c}" for c in self.kubernetes.disabled_controllers)
 
     def _start_components(self, *, timeout: float) -> None:
         assert self.binaries is not None
@@ -397,7 +390,7 @@ class LocalCluster:
                 "--use-service-account-credentials=true",
                 f"--service-account-private-key-file={pki.sa_private_key}",
                 f"--root-ca-file={pki.ca.cert}",
-                "--controllers=*," + ",".join(f"-{c}" for c in _DISABLED_CONTROLLERS),
+                self._controllers_flag(),
                 self._gates_flag(),
             ],
             log_path=self.logs_dir / "kube-controller-manager.log",
@@ -588,7 +581,7 @@ class LocalCluster:
                     }
                 ],
                 "nodeInfo": {
-                    "kubeletVersion": "v1.36.3",
+                    "kubeletVersion": self.kubernetes.version,
                     "operatingSystem": "linux",
                     "architecture": "amd64",
                     "machineID": name,
@@ -613,7 +606,7 @@ class LocalCluster:
         else a short one linked from there; ``agent_pods`` says whether agent pods (whose sockets
         carry their pod UID) will run on it, or only agents run as processes (the demo)."""
         assert self._pki is not None, "start the control plane first"
-        binaries = ensure_node_binaries()
+        binaries = ensure_node_binaries(kubernetes=self.kubernetes)
         if not self._images:
             self._images = build_images(self.workdir / "images")
         if any(n.name == name for n in self._real_nodes):
@@ -634,7 +627,7 @@ class LocalCluster:
             ca=self._pki.ca,
             server=self.server,
             ports=NodePorts(kubelet=free_port(), healthz=free_port()),
-            feature_gates=self.feature_gates,
+            feature_gates=self.gates,
         )
         self._real_nodes.append(node)
         if self._node_proxy is not None:

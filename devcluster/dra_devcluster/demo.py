@@ -35,6 +35,7 @@ from dra_devcluster.cluster import LocalCluster, free_port
 from dra_devcluster.images import WORKLOAD_IMAGE
 from dra_devcluster.kubelet import KubeletClientError, KubeletPluginClient
 from dra_devcluster.node import RealNode
+from dra_devcluster.versions import KubernetesVersion, resolve
 
 
 @dataclass(frozen=True)
@@ -505,9 +506,15 @@ def _metrics_sections(runtimes: Sequence[NodeRuntime], operator_port: int) -> li
     return out
 
 
-def run_demo(*, workdir: Path, exit_after: bool, fake_nodes: bool = False) -> int:
-    print(f"Starting a local Kubernetes control plane in {workdir} ...", flush=True)
-    with LocalCluster(workdir=workdir) as cluster:
+def run_demo(
+    *, workdir: Path, exit_after: bool, fake_nodes: bool = False, kubernetes: KubernetesVersion | None = None
+) -> int:
+    """The demo on a cluster of ``kubernetes`` (default: ``DRA_KUBERNETES_VERSION``, else the default)."""
+    cluster = LocalCluster(workdir=workdir, kubernetes=kubernetes or resolve())
+    print(
+        f"Starting a local Kubernetes {cluster.kubernetes.version} control plane in {workdir} ...", flush=True
+    )
+    with cluster:
         print(f"Control plane ready at {cluster.server} in {cluster.timings['start_s']:.1f} s.", flush=True)
         runtimes, operator_port = start_components(cluster, workdir=workdir, fake_nodes=fake_nodes)
         profiles = ", ".join(f"{r.node.name}: {r.node.profile}" for r in runtimes)

@@ -30,7 +30,8 @@ from pathlib import Path
 
 PURPOSES = ("demo", "test", "image")
 MIN_PYTHON = (3, 11)
-GO_MOD = Path(__file__).resolve().parent / "gomod" / "go.mod"
+# Every Go module the local cluster builds from: one per Kubernetes version, containerd, helm.
+GO_MODS = tuple(sorted((Path(__file__).resolve().parent / "gomod").glob("*/go.mod")))
 # A cold first build: control-plane and node binaries 0.7 GiB, Go's module cache 1.1 GiB and its
 # build cache 3.6 GiB (measured; bench/RESULTS.md: "5.5 GiB of disk with Go's caches").
 FIRST_BUILD_GIB = 5.5
@@ -133,6 +134,11 @@ def go_directive(go_mod: str) -> tuple[int, int, int]:
     if version is None:
         raise ValueError("go.mod has no go directive")
     return version
+
+
+def go_needed(go_mods: Sequence[Path] = GO_MODS) -> tuple[int, int, int]:
+    """The newest ``go`` directive among ``go_mods``: a Go that builds every version's binaries."""
+    return max(go_directive(path.read_text()) for path in go_mods)
 
 
 def _dotted(version: Sequence[int]) -> str:
@@ -253,7 +259,7 @@ def _proofs(package: Package) -> str:
 def check(purpose: str, *, install: bool) -> None:
     check_python(sys.version_info[:3])
     if purpose in _BUILDS_GO:
-        check_go(needed=go_directive(GO_MOD.read_text()), found=go_version())
+        check_go(needed=go_needed(), found=go_version())
     euid = os.geteuid()
     check_root(purpose, euid=euid)
     if purpose in _BUILDS_GO:

@@ -52,7 +52,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dra_devcluster import ociarchive, prerequisites
-from dra_devcluster.binaries import cache_dir
+from dra_devcluster.binaries import cache_root
 
 log = logging.getLogger(__name__)
 
@@ -247,7 +247,7 @@ def ensure_product_image_of(
 
 
 def _image_path(inputs: _Inputs) -> Path:
-    return cache_dir().parent.parent / "image" / inputs.key / f"{IMAGE_REPOSITORY}-{inputs.tag}.oci.tar"
+    return cache_root() / "image" / inputs.key / f"{IMAGE_REPOSITORY}-{inputs.tag}.oci.tar"
 
 
 def _ensure(inputs: _Inputs, *, rebuild: bool) -> ProductImage:

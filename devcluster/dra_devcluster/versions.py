@@ -115,7 +115,8 @@ _CLOUD_CONTROLLERS = ("cloud-node-lifecycle-controller", "service-lb-controller"
 
 # Beta gates named on: the cluster turns on every beta DRA gate of its release (and the beta gates
 # for device health in pod status), so the product is tested with what a cluster that enables beta
-# features runs. These are the exceptions.
+# features runs. Those on by default are named too, so that a binary built without version stamps
+# (whose emulated version is not its release) still has them on. These are the exceptions.
 _LEFT_AT_DEFAULT_1_37 = {
     "DRAWorkloadResourceClaims": (
         "it depends on GenericWorkload (beta and off, not a DRA gate, kube_features.go:1622-1625, "

@@ -27,7 +27,7 @@ def test_the_kubelet_registers_the_agent_and_opens_its_health_stream(node_with_a
     )
     assert f"kubelet registered DRA driver {GPU}" in agent_log
     node = setup.cluster.get_json("node", NODE)
-    assert node["status"]["nodeInfo"]["kubeletVersion"] == "v1.36.3"
+    assert node["status"]["nodeInfo"]["kubeletVersion"] == setup.cluster.kubernetes.version
     assert node["status"]["nodeInfo"]["containerRuntimeVersion"].startswith("containerd://2.2")
     slices = setup.cluster.get_json("resourceslices", f"--field-selector=spec.nodeName={NODE}")["items"]
     assert sum(len(s["spec"].get("devices") or []) for s in slices) == 8

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from dra_devcluster.binaries import KUBERNETES_VERSION
+from dra_devcluster.versions import resolve
 from tests.unit.deploy.render import NAMESPACE, REPO_ROOT, Obj
 
 CHART_DIR = REPO_ROOT / "deployments" / "helm" / "accel-dra"
@@ -31,7 +31,7 @@ def helm_template(
 ) -> list[Obj]:
     """`helm template` of the chart as a list of objects (with the CRDs); raises with helm's message."""
     command = [str(helm), "template", release, str(CHART_DIR), "--namespace", namespace, "--include-crds",
-               "--kube-version", KUBERNETES_VERSION.removeprefix("v"), *set_flags(values)]  # fmt: skip
+               "--kube-version", resolve().version.removeprefix("v"), *set_flags(values)]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
     if result.returncode != 0:
         raise AssertionError(f"helm template failed: {result.stderr.strip()}")

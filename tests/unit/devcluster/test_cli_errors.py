@@ -13,6 +13,7 @@ from dra_devcluster.binaries import BinariesUnavailable, NodeUnavailable
 from dra_devcluster.cluster import ControlPlaneError, PortTaken
 from dra_devcluster.images import ImageUnavailable
 from dra_devcluster.node import NodeStartError
+from dra_devcluster.versions import VERSION_ENV
 from tests.unit.cli_errors import one_line_error, run_script
 
 
@@ -55,6 +56,40 @@ def test_unknown_command(tmp_path: Path) -> None:
     result = run_script("dra-local-cluster", "nosuch", home=tmp_path)
     assert result.returncode == 2
     one_line_error(result, "dra-local-cluster: argument command: invalid choice: 'nosuch'")
+
+
+def test_an_unsupported_kubernetes_version_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    workdir = tmp_path / "cluster"
+    result = run_script("dra-local-cluster", "up", "--kubernetes=1.33", f"--workdir={workdir}", home=tmp_path)
+    assert result.returncode == 2
+    one_line_error(result, "dra-local-cluster: argument --kubernetes: '1.33' is not a supported", "v1.37.2")
+    assert not workdir.exists()
+
+
+@pytest.mark.parametrize("command", ["build", "up", "demo"])
+def test_an_unsupported_version_in_the_environment_is_one_line(tmp_path: Path, command: str) -> None:
+    workdir = tmp_path / "cluster"
+    args = [] if command == "build" else [f"--workdir={workdir}"]
+    env = {VERSION_ENV: "1.30"}
+    result = run_script("dra-local-cluster", command, *args, home=tmp_path, env=env)
+    assert result.returncode == 2
+    one_line_error(result, f"dra-local-cluster: {VERSION_ENV}='1.30' is not a supported", "v1.34.12")
+    assert not workdir.exists()
+
+
+def test_up_runs_the_version_asked_for(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    asked: dict[str, Any] = {}
+
+    def cluster(**kwargs: Any) -> FakeCluster:
+        asked.update(kwargs)
+        return FakeCluster(enter=ControlPlaneError("stop here"))
+
+    monkeypatch.setenv(VERSION_ENV, "1.35")
+    monkeypatch.setattr(cli, "LocalCluster", cluster)
+    assert cli.main(["up", "--kubernetes", "v1.34.x", f"--workdir={tmp_path}"]) == 2
+    assert asked["kubernetes"].version == "v1.34.12"  # the flag wins over the environment
+    assert cli.main(["up", f"--workdir={tmp_path}"]) == 2
+    assert asked["kubernetes"].version == "v1.35.8"
 
 
 def test_build_without_go_says_what_to_install(tmp_path: Path) -> None:
@@ -163,7 +198,7 @@ def test_up_turns_known_errors_into_a_line(
 def test_build_turns_missing_binaries_into_a_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    def unavailable() -> None:
+    def unavailable(**_: object) -> None:
         raise BinariesUnavailable("cannot provide control-plane binaries etcd: no `go` on PATH. Install Go.")
 
     monkeypatch.setattr(cli, "ensure_binaries", unavailable)

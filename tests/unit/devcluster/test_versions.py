@@ -1,13 +1,21 @@
 """The supported Kubernetes versions: choosing one, and what the cluster does differently on each.
 
 The gate facts in :mod:`dra_devcluster.versions` were read in each release's
-``pkg/features/kube_features.go``; these tests hold the cluster's choices to those facts.
+``pkg/features/kube_features.go``; these tests hold the cluster's choices to those facts, and each
+version's Go wrapper module to the table.
 """
 
 from __future__ import annotations
 
+import fnmatch
+import re
+import tomllib
+from pathlib import Path
+
 import pytest
 
+from dra_devcluster import binaries, versions
+from dra_devcluster.cluster import LocalCluster
 from dra_devcluster.versions import (
     DEFAULT,
     SUPPORTED,
@@ -17,6 +25,8 @@ from dra_devcluster.versions import (
     resolve,
 )
 
+GOMOD = Path(versions.__file__).parent / "gomod"
+REPO_ROOT = Path(__file__).resolve().parents[3]
 IDS = [v.minor for v in SUPPORTED]
 
 
@@ -169,3 +179,107 @@ def test_disabled_controllers_are_those_the_version_registers(kubernetes: Kubern
     expected = _NODE if kubernetes.minor == "1.37" else _NODE | _CLOUD
     assert set(kubernetes.disabled_controllers) == expected
     assert len(kubernetes.disabled_controllers) == len(expected)
+
+
+# ---- Go wrapper modules ------------------------------------------------------------------------------
+
+
+def _require(go_mod: str, module: str) -> str:
+    match = re.search(rf"^\s*(?:require\s+)?{re.escape(module)}\s+(v\S+)(?:\s*//.*)?$", go_mod, re.MULTILINE)
+    assert match is not None, f"go.mod does not require {module}"
+    return match.group(1)
+
+
+def _replacements(go_mod: str) -> dict[str, str]:
+    return dict(re.findall(r"^\s*(k8s\.io/\S+) => k8s\.io/\S+ (v\S+)$", go_mod, re.MULTILINE))
+
+
+@pytest.mark.parametrize("kubernetes", SUPPORTED, ids=IDS)
+def test_each_version_has_its_module_with_every_file_a_build_copies(kubernetes: KubernetesVersion) -> None:
+    assert kubernetes.module == f"k8s-{kubernetes.minor}"
+    source = binaries.module_source(binaries.KUBERNETES_MODULE, kubernetes=kubernetes)
+    for rel in binaries.module_files(binaries.KUBERNETES_MODULE):
+        assert (source / rel).is_file(), f"{kubernetes.module}/{rel} is missing"
+        assert (GOMOD / kubernetes.module / rel).is_file()
+
+
+@pytest.mark.parametrize("kubernetes", SUPPORTED, ids=IDS)
+def test_each_go_mod_pins_the_tables_kubernetes_and_etcd(kubernetes: KubernetesVersion) -> None:
+    go_mod = (GOMOD / kubernetes.module / "go.mod").read_text()
+    assert _require(go_mod, "k8s.io/kubernetes") == kubernetes.version
+    assert _require(go_mod, "go.etcd.io/etcd/server/v3") == kubernetes.etcd
+    # The staging modules are replaced by the release's own (v0.<minor>.<patch> for v1.<minor>.<patch>).
+    staging = "v0." + kubernetes.version.removeprefix("v1.")
+    replacements = _replacements(go_mod)
+    assert {"k8s.io/api", "k8s.io/apiserver", "k8s.io/kubelet", "k8s.io/dynamic-resource-allocation"} <= set(
+        replacements
+    )
+    assert set(replacements.values()) == {staging}, replacements
+    # go.sum holds the pinned release, so a build with -mod=readonly finds it.
+    go_sum = (GOMOD / kubernetes.module / "go.sum").read_text()
+    assert f"k8s.io/kubernetes {kubernetes.version} h1:" in go_sum
+    assert f"go.etcd.io/etcd/server/v3 {kubernetes.etcd} h1:" in go_sum
+
+
+def test_no_module_folder_without_a_version() -> None:
+    folders = {path.name for path in GOMOD.iterdir() if path.name.startswith("k8s-")}
+    assert folders == {v.module for v in SUPPORTED}
+    # The module of old (one version for all) is gone; each version's folder stands alone.
+    assert not (GOMOD / "go.mod").exists()
+
+
+def test_the_build_stamps_the_chosen_version() -> None:
+    flags = binaries.kubernetes_ldflags(resolve("1.34", environ={}))
+    assert "k8s.io/component-base/version.gitVersion=v1.34.12" in flags
+    assert "k8s.io/component-base/version.gitMajor=1 " in flags
+    assert "k8s.io/component-base/version.gitMinor=34 " in flags
+
+
+def test_cache_folders_are_keyed_by_version(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(binaries.CACHE_ENV, str(tmp_path))
+    v1_36, v1_37 = resolve("1.36", environ={}), resolve("1.37", environ={})
+    # 1.36's keep the names they had, so existing caches are reused.
+    assert binaries.cache_dir(v1_36) == tmp_path / "accel-dra/control-plane/kubernetes-v1.36.3-etcd-v3.6.8"
+    assert binaries.cache_dir(v1_37) == tmp_path / "accel-dra/control-plane/kubernetes-v1.37.2-etcd-v3.7.0"
+    assert (
+        binaries.node_cache_dir(v1_37).name == f"kubernetes-v1.37.2-containerd-{binaries.CONTAINERD_VERSION}"
+    )
+    monkeypatch.setenv(VERSION_ENV, "1.37")
+    assert binaries.cache_dir() == binaries.cache_dir(v1_37)
+
+
+# ---- the cluster carries its version ----------------------------------------------------------------
+
+
+def test_a_cluster_follows_the_environment_and_runs_its_versions_flags(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv(VERSION_ENV, "1.37")
+    cluster = LocalCluster(workdir=tmp_path)
+    assert cluster.kubernetes.version == "v1.37.2"
+    assert cluster.gates == cluster.kubernetes.feature_gates
+    assert "DRAExtendedResource" not in cluster._gates_flag()
+    assert cluster._controllers_flag() == (
+        "--controllers=*,-node-lifecycle-controller,-node-ipam-controller,"
+        "-persistentvolume-attach-detach-controller"
+    )
+    v1_34 = LocalCluster(workdir=tmp_path, kubernetes=resolve("1.34", environ={}))
+    assert "-service-lb-controller" in v1_34._controllers_flag()
+    assert "ResourceHealthStatus" not in v1_34._gates_flag()
+
+
+def test_gates_given_to_a_cluster_replace_the_versions(tmp_path: Path) -> None:
+    cluster = LocalCluster(workdir=tmp_path, kubernetes=DEFAULT, feature_gates={"DRADeviceTaints": False})
+    assert cluster._gates_flag() == "--feature-gates=DRADeviceTaints=false"
+
+
+def test_the_package_ships_every_versions_module() -> None:
+    """pyproject.toml's package data: an installed (not editable) package builds from these."""
+    package_data = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"
+    ]
+    patterns = package_data["dra_devcluster"]
+    for kubernetes in SUPPORTED:
+        for rel in binaries.module_files(binaries.KUBERNETES_MODULE):
+            path = f"gomod/{kubernetes.module}/{rel}"
+            assert any(fnmatch.fnmatchcase(path, pattern) for pattern in patterns), path
