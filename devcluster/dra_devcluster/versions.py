@@ -72,6 +72,11 @@ class KubernetesVersion:
     :attr:`gates_left_at_default`. Alpha gates keep their default (off), GA gates are never named."""
     gates_left_at_default: Mapping[str, str]
     """Beta gates the cluster does not switch on, with the reason."""
+    gate_dependencies: Mapping[str, tuple[str, ...]]
+    """Gate -> the gates it needs on, from the release's ``defaultKubernetesFeatureGateDependencies``
+    (1.35 on): a component refuses a gate that is on while one it needs is off. Only gates with a
+    dependency other than DynamicResourceAllocation (GA and on in every supported release) are
+    listed; 1.34 checks none."""
     disabled_controllers: tuple[str, ...]
     """kube-controller-manager controllers switched off (``--controllers=*,-name,...``): those that
     need kubelet heartbeats or a cloud. Only names the release registers: an unknown name stops
@@ -144,6 +149,7 @@ def _version(
     upstream_gates: Mapping[str, Gate],
     disabled_controllers: tuple[str, ...],
     gates_left_at_default: Mapping[str, str] | None = None,
+    gate_dependencies: Mapping[str, tuple[str, ...]] | None = None,
 ) -> KubernetesVersion:
     left = dict(gates_left_at_default or {})
     return KubernetesVersion(
@@ -153,6 +159,7 @@ def _version(
         upstream_gates=dict(upstream_gates),
         feature_gates=_named(upstream_gates, left),
         gates_left_at_default=left,
+        gate_dependencies=dict(gate_dependencies or {}),
         disabled_controllers=disabled_controllers,
     )
 
@@ -197,6 +204,11 @@ V1_35 = _version(
         "DynamicResourceAllocation": _ga(1296, locked=True),
         "ResourceHealthStatus": _alpha(1717),
     },
+    # kube_features.go:2211-2239.
+    gate_dependencies={
+        "DRADeviceBindingConditions": ("DynamicResourceAllocation", "DRAResourceClaimDeviceStatus"),
+        "DRADeviceTaintRules": ("DRADeviceTaints",),
+    },
     disabled_controllers=_NODE_CONTROLLERS + _CLOUD_CONTROLLERS,
 )
 
@@ -226,6 +238,17 @@ V1_36 = _version(
         "DynamicResourceAllocation": _ga(1447, locked=True),
         "ResourceHealthStatus": _beta(1896),
         "ResourceHealthStatusMessage": _beta(1900),
+    },
+    # kube_features.go:2433-2471, 2645-2647.
+    gate_dependencies={
+        "DRADeviceBindingConditions": ("DynamicResourceAllocation", "DRAResourceClaimDeviceStatus"),
+        "DRADeviceTaintRules": ("DRADeviceTaints",),
+        "DRAResourceClaimGranularStatusAuthorization": (
+            "DynamicResourceAllocation",
+            "DRAResourceClaimDeviceStatus",
+        ),
+        "DRAWorkloadResourceClaims": ("DynamicResourceAllocation", "GenericWorkload"),
+        "ResourceHealthStatusMessage": ("ResourceHealthStatus",),
     },
     disabled_controllers=_NODE_CONTROLLERS + _CLOUD_CONTROLLERS,
 )
@@ -260,6 +283,25 @@ V1_37 = _version(
         "DynamicResourceAllocation": _ga(1583, locked=True),
         "ResourceHealthStatus": _beta(2070),
         "ResourceHealthStatusMessage": _beta(2074),
+    },
+    # kube_features.go:2583-2633, 2825-2827.
+    gate_dependencies={
+        "DRADeviceBindingConditions": ("DynamicResourceAllocation", "DRAResourceClaimDeviceStatus"),
+        "DRADeviceCompatibilityGroups": ("DynamicResourceAllocation", "DRAPartitionableDevices"),
+        "DRADeviceTaintRules": ("DRADeviceTaints",),
+        "DRAFractionalCapacityRange": ("DRAConsumableCapacity",),
+        "DRAOptionalNodeOperations": ("DynamicResourceAllocation", "NodeDeclaredFeatures"),
+        "DRAPartitionableDevicesType": (
+            "DynamicResourceAllocation",
+            "DRAPartitionableDevices",
+            "DRAResourcePoolStatus",
+        ),
+        "DRAResourceClaimGranularStatusAuthorization": (
+            "DynamicResourceAllocation",
+            "DRAResourceClaimDeviceStatus",
+        ),
+        "DRAWorkloadResourceClaims": ("DynamicResourceAllocation", "GenericWorkload"),
+        "ResourceHealthStatusMessage": ("ResourceHealthStatus",),
     },
     disabled_controllers=_NODE_CONTROLLERS,
     gates_left_at_default=_LEFT_AT_DEFAULT_1_37,

@@ -105,6 +105,17 @@ def test_every_beta_gate_is_on_unless_a_reason_is_given(kubernetes: KubernetesVe
     assert all(kubernetes.feature_gates.values())
 
 
+@pytest.mark.parametrize("kubernetes", SUPPORTED, ids=IDS)
+def test_every_gate_a_named_gate_needs_is_on(kubernetes: KubernetesVersion) -> None:
+    for name in kubernetes.feature_gates:
+        for needed in kubernetes.gate_dependencies.get(name, ()):
+            assert kubernetes.gate_enabled(needed), f"{kubernetes}: {name} needs {needed}, which is off"
+    # Why DRAWorkloadResourceClaims stays at its default: GenericWorkload is not a DRA gate, and off.
+    if "DRAWorkloadResourceClaims" in kubernetes.gate_dependencies:
+        assert not kubernetes.gate_enabled("GenericWorkload")
+        assert "DRAWorkloadResourceClaims" not in kubernetes.feature_gates
+
+
 def test_on_1_37_no_ga_locked_gate_is_named() -> None:
     v1_37 = resolve("1.37", environ={})
     for name in (
