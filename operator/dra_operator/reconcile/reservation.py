@@ -12,7 +12,10 @@ holding them keep them (``NoSchedule`` evicts nobody), so pods lose little more 
 claim takes.
 
 ``RESERVATION_SETTLE_S`` after the rules were written, kube-scheduler has seen them and finished any
-pod it was placing on them before; only then does the claim use them. The rules on the devices it
+pod it was placing on them before; only then does the claim use the devices that were free. A device
+another claim held when its rule was written cannot have been given to a pod at that moment, so it
+only waits ``RULE_SEEN_S`` (kube-scheduler's watch delay): a pod holding it often ends within the
+settle, and the device would otherwise stay idle until the settle ends. The rules on the devices it
 takes are deleted ``RESERVATION_SETTLE_S`` after its allocation was written, so that kube-scheduler
 has seen the allocation before the devices look untainted again; the others go at once. The
 operator itself does not read DeviceTaintRules: the claim is placed on the reserved node as on any
@@ -57,6 +60,9 @@ RESERVATION_TAINT_KEY = f"{PROJECT_DOMAIN}/reserved-for-claim"
 RESERVATION_SETTLE_S = 2.0
 """How long after writing a rule kube-scheduler is taken to have seen it (its watch delay plus the
 pod it may have been placing at that moment), and after writing the allocation, to have seen that."""
+RULE_SEEN_S = 0.5
+"""How long after writing a rule kube-scheduler is taken to have seen it: enough for a device another
+claim held at that moment, which kube-scheduler could not have been giving to a pod."""
 RESERVATION_TTL_S = 30.0
 """A reservation that has brought the claim nothing for this long is given up."""
 NODES_PER_RESERVATION = 4
@@ -81,9 +87,15 @@ class Reservation:
     """time.monotonic() when its rules were written."""
     rules: list[str] = field(default_factory=list)
     """The rules written, in the order of ``target.devices``."""
+    held: frozenset[DeviceID] = frozenset()
+    """The reserved devices other claims held when the rules were written."""
 
-    def settled(self, now: float) -> bool:
-        return now - self.made_at >= RESERVATION_SETTLE_S
+    def settled_devices(self, now: float) -> frozenset[DeviceID]:
+        """The reserved devices kube-scheduler no longer allocates at ``now``."""
+        age = now - self.made_at
+        return frozenset(
+            d for d in self.target.devices if age >= (RULE_SEEN_S if d in self.held else RESERVATION_SETTLE_S)
+        )
 
     def expired(self, now: float) -> bool:
         return now - self.made_at >= RESERVATION_TTL_S
@@ -208,9 +220,7 @@ class NodeReservations:
     def settled_devices(self, key: ClaimKey) -> frozenset[DeviceID]:
         """The devices reserved for ``key`` that kube-scheduler no longer allocates."""
         found = self.by_claim.get(key)
-        if found is None or not found.settled(time.monotonic()):
-            return frozenset()
-        return frozenset(found.target.devices)
+        return frozenset() if found is None else found.settled_devices(time.monotonic())
 
     def due(self, claim: ResourceClaim, *, waited_s: float) -> bool:
         """Whether a node should be reserved for the claim now."""
@@ -250,6 +260,7 @@ class NodeReservations:
             self._drop(key, delay=0.0, outcome="refused")
             return None
         reservation.made_at = time.monotonic()
+        reservation.held = frozenset(d for d in target.devices if self.model.holders(d))
         logger.info(
             "claim %s: reserved node %s for it (%s) with DeviceTaintRules; it is placed there once "
             "kube-scheduler has seen them and the devices are free",
@@ -259,6 +270,8 @@ class NodeReservations:
         )
         # Placed again once settled and once expired, whether or not anything else changes by then.
         loop = asyncio.get_running_loop()
+        if reservation.held:
+            loop.call_later(RULE_SEEN_S + 0.01, self._requeue, [key])
         loop.call_later(RESERVATION_SETTLE_S + 0.01, self._requeue, [key])
         loop.call_later(RESERVATION_TTL_S + 0.01, lambda: self._requeue(self.expire()))
         return reservation

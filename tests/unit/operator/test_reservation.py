@@ -274,3 +274,33 @@ async def test_the_reserved_device_not_taken_is_freed_at_once(monkeypatch: pytes
         await _until(lambda: not api.rules)
     finally:
         worker.cancel()
+
+
+async def test_a_reserved_device_that_was_held_is_taken_once_freed_without_the_whole_settle(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """kube-scheduler cannot have been giving a held device to a pod when its rule was written:
+    once the rule is seen (RULE_SEEN_S) and the pod lets it go, the claim takes it, while a device
+    that was free waits the whole settle."""
+    monkeypatch.setattr(schedulerwait, "RECHECK_DELAY_S", 0.01)
+    monkeypatch.setattr(reservation, "RESERVATION_SETTLE_S", 20.0)
+    monkeypatch.setattr(reservation, "RULE_SEEN_S", 0.05)
+    api = TaintRuleApi()
+    reconciler, model, _ = _setup(api)
+    _saturate(reconciler, model)
+    _add_claim(reconciler, api, h.claim("c"))
+    worker = await _worker(reconciler)
+    try:
+        await _until(lambda: api.rules)
+        (rule,) = api.rules.values()
+        assert rule["spec"]["deviceSelector"]["device"] == "gpu-0"
+        (held,) = reconciler.reservations.by_claim.values()
+        assert [d[2] for d in held.held] == ["gpu-0"]
+        await asyncio.sleep(0.1)
+        _free(reconciler, model, "n2-gpu-0")
+        await _until(lambda: model.claims[KEY].status.allocation is not None, within=2.0)
+        allocation = model.claims[KEY].status.allocation
+        assert allocation is not None
+        assert [(r.pool, r.device) for r in allocation.devices] == [("n2", "gpu-0")]
+    finally:
+        worker.cancel()
