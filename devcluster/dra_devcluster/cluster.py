@@ -168,10 +168,6 @@ class LocalCluster:
     _apiserver_port: int = field(default=0, init=False)
     timings: dict[str, float] = field(default_factory=dict, init=False)
 
-    def __post_init__(self) -> None:
-        if self.feature_gates is None:
-            self.feature_gates = dict(self.kubernetes.feature_gates)
-
     @property
     def gates(self) -> Mapping[str, bool]:
         """The feature gates the components are given (see :attr:`feature_gates`)."""
