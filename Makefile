@@ -27,7 +27,7 @@ image: prereqs-image venv
 	$(VENV)/bin/dra-local-cluster image --out dist
 
 test: prereqs-test venv
-	$(VENV)/bin/tox run -e lint,types,tests,e2e
+	$(VENV)/bin/tox run -e lint,types,tests,e2e,oldest
 
 clean:
 	rm -rf $(VENV) .tox .mypy_cache .ruff_cache

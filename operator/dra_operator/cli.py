@@ -33,6 +33,15 @@ def _fail(message: object) -> int:
     return 2
 
 
+def _check_feature_gates(text: str) -> None:
+    from dra_operator.allocator.gates import FeatureGates
+
+    try:
+        FeatureGates.from_flag(text)
+    except ValueError as exc:
+        raise ValueError(f"--feature-gates: {exc}") from None
+
+
 def _run(argv: Sequence[str]) -> int:
     """Flags and the kubeconfig are checked before anything starts; what can only fail at start-up
     (the first request, the metrics port) is one line too. See EXIT_STATUS in settings."""
@@ -40,6 +49,7 @@ def _run(argv: Sequence[str]) -> int:
 
     try:
         settings = settings_mod.parse(argv)
+        _check_feature_gates(settings.feature_gates)
         kube.check_connection_config(settings.kubeconfig)
     except (ValueError, kube.ClusterConfigError) as exc:
         return _fail(exc)

@@ -32,10 +32,13 @@ import time
 from typing import Any, cast
 
 import kopf
+from kubernetes_asyncio import client
 
 from dra_api.kube import first_resource_version, make_api_client
 from dra_api.names import PROJECT_DOMAIN
 from dra_operator import kopfwatchlog
+from dra_operator.allocator import FeatureGates
+from dra_operator.allocator.gates import RELEASE_DEFAULTS
 from dra_operator.claimwatch import ClaimWatch
 from dra_operator.clustermodel import ClusterModel
 from dra_operator.deviceclasses import DeviceClassKeeper
@@ -58,6 +61,7 @@ from dra_operator.reconcile.workqueue import ClaimQueue
 from dra_operator.settings import Settings
 
 logger = logging.getLogger(__name__)
+_NEWEST = "v{}.{}".format(*max(RELEASE_DEFAULTS))
 
 KOPF_FINALIZER = f"{PROJECT_DOMAIN}/kopf"
 STOP_GRACE_S = 10.0
@@ -105,6 +109,11 @@ async def run(
         await api_client.close()  # an unclosed session would add a warning to the one-line error
         raise
     api = KubeApi(api_client, resource_version=version, instance=identity)
+    try:
+        gates = await _allocation_gates(api_client, settings)
+    except BaseException:
+        await api_client.close()
+        raise
     await _discover_taint_rules(api, settings)
     model = ClusterModel()
     metrics = Metrics()
@@ -115,7 +124,8 @@ async def run(
     events = EventSink(api, idle=queue.idle, dropped=metrics.events_dropped)
     claims = ClaimReconciler(
         model=model,
-        placer=placer or PlannerPlacer(policy=settings.placement_policy, prefer_last_devices=True),
+        placer=placer
+        or PlannerPlacer(policy=settings.placement_policy, gates=gates, prefer_last_devices=True),
         api=api,
         settings=settings,
         metrics=metrics,
@@ -266,6 +276,34 @@ async def run(
         await http.cleanup()
         await api_client.close()
         uninstall_watch_log()
+
+
+async def _allocation_gates(api_client: Any, settings: Settings) -> FeatureGates:
+    """The gates kube-scheduler allocates with in this cluster, as far as the operator can know:
+    the defaults of the release ``/version`` reports, then ``--feature-gates``. Said once."""
+    try:
+        FeatureGates.from_flag(settings.feature_gates)  # a misspelt gate stops before any wait
+    except ValueError as exc:
+        raise StartupError(f"--feature-gates: {exc}") from None
+    try:
+        info = await asyncio.wait_for(client.VersionApi(api_client).get_code(), settings.request_timeout_s)
+        release = FeatureGates.for_kubernetes(str(info.git_version))
+    except Exception as exc:  # /version is public; without it, the newest release's defaults
+        release = FeatureGates.for_kubernetes(_NEWEST)
+        logger.warning("could not read the Kubernetes version (%s)", _one_line(exc))
+    gates = FeatureGates.from_flag(settings.feature_gates, base=release.gates)
+    off = [name for name, on in gates.to_mapping().items() if not on]
+    (logger.info if release.known else logger.warning)(
+        "allocating with the DRA feature gates of %s%s; off: %s",
+        release.describe(),
+        f", changed by --feature-gates {settings.feature_gates}" if settings.feature_gates else "",
+        ", ".join(off) or "none",
+    )
+    return gates
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 async def _discover_taint_rules(api: KubeApi, settings: Settings) -> None:

@@ -165,6 +165,13 @@ class Settings:
     """How often, at most, the operator works out and posts that explanation again for one claim;
     an unchanged explanation is posted again only after 30 minutes (or this interval, if longer)."""
 
+    feature_gates: str = ""
+    """DRA feature gates this cluster sets differently from its release's defaults, as on
+    kube-scheduler: ``DRAPartitionableDevices=true,...``. The operator allocates with the defaults of
+    the release the API server reports (``/version``) and these on top, so that it places claims as
+    kube-scheduler would. Gates that do not change allocation are ignored; a misspelt DRA gate stops
+    the operator at start-up."""
+
     max_concurrent_writes: int = 8
     """How many claims the operator writes to the API server at once (finalizer, then
     status.allocation). Placement stays one claim at a time in memory, and each placed claim's

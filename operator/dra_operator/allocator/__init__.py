@@ -44,7 +44,7 @@ from dra_operator.allocator.allocator import (
     evaluate_selector,
 )
 from dra_operator.allocator.errors import AllocationError, AllocationTimeout, FailedAllocationOnNode
-from dra_operator.allocator.gates import GATE_FIELDS, FeatureGates
+from dra_operator.allocator.gates import GATE_FIELDS, FeatureGates, KubernetesGates
 from dra_operator.allocator.pools import DeviceEntry, Pool, PoolID, SliceEntry, SliceIndex
 from dra_operator.allocator.state import (
     AllocatedState,
@@ -65,6 +65,7 @@ __all__ = [
     "DeviceID",
     "FailedAllocationOnNode",
     "FeatureGates",
+    "KubernetesGates",
     "MatchValues",
     "Pool",
     "PoolID",

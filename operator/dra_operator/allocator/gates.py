@@ -1,7 +1,13 @@
-"""Feature gates that change allocation, by their Kubernetes names, with 1.36 defaults."""
+"""Feature gates that change allocation, by their Kubernetes names, with each release's defaults.
+
+kube-scheduler allocates with the gates of its cluster; the operator allocates beside it, so it
+takes the defaults of the cluster's release (:meth:`FeatureGates.for_kubernetes`, from the API
+server's ``/version``) and lets ``--feature-gates`` override them where a cluster switches a gate.
+"""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields, replace
 
@@ -20,7 +26,7 @@ GATE_FIELDS: dict[str, str] = {
 
 @dataclass(frozen=True, slots=True)
 class FeatureGates:
-    """Allocation feature gates; the defaults are those of Kubernetes 1.36."""
+    """Allocation feature gates; the defaults are those of Kubernetes 1.36 and 1.37."""
 
     prioritized_list: bool = True
     admin_access: bool = True
@@ -81,3 +87,65 @@ class FeatureGates:
 
     def to_mapping(self) -> dict[str, bool]:
         return {name: getattr(self, attr) for name, attr in GATE_FIELDS.items()}
+
+    @classmethod
+    def for_kubernetes(cls, version: str) -> KubernetesGates:
+        """The allocation gates a Kubernetes release turns on by default.
+
+        ``version`` is what ``/version`` reports (``v1.34.12``, ``v1.35.0-eks-113cf36``...). A
+        release newer than the newest known one gets the newest known defaults, an older one the
+        oldest; :attr:`KubernetesGates.known` says whether the release was in the table."""
+        minor = kubernetes_minor(version)
+        if minor is None:
+            raise ValueError(f"not a Kubernetes version: {version!r}")
+        known = sorted(RELEASE_DEFAULTS)
+        if minor in RELEASE_DEFAULTS:
+            return KubernetesGates(minor=minor, gates=RELEASE_DEFAULTS[minor], known=True)
+        nearest = known[-1] if minor > known[-1] else known[0]
+        return KubernetesGates(minor=minor, gates=RELEASE_DEFAULTS[nearest], known=False, used=nearest)
+
+
+@dataclass(frozen=True, slots=True)
+class KubernetesGates:
+    """The default allocation gates chosen for a cluster's release."""
+
+    minor: tuple[int, int]
+    gates: FeatureGates
+    known: bool
+    used: tuple[int, int] | None = None
+    """The release whose defaults stand in when :attr:`known` is false."""
+
+    def describe(self) -> str:
+        """``Kubernetes 1.34 defaults`` or ``Kubernetes 1.38 (not known; 1.37 defaults)``."""
+        name = f"{self.minor[0]}.{self.minor[1]}"
+        if self.known or self.used is None:
+            return f"Kubernetes {name} defaults"
+        return f"Kubernetes {name} (not known to this release; {self.used[0]}.{self.used[1]} defaults)"
+
+
+_VERSION = re.compile(r"v?(\d+)\.(\d+)")
+
+
+def kubernetes_minor(version: str) -> tuple[int, int] | None:
+    """``(1, 34)`` for ``v1.34.12`` or ``v1.34.0-gke.1``; None for text that names no release."""
+    match = _VERSION.match(version.strip())
+    return (int(match[1]), int(match[2])) if match else None
+
+
+# Each release's defaults, read in its pkg/features/kube_features.go: alpha gates are off, beta and
+# GA on. 1.34 and 1.35: prioritized list, admin access and device status beta; partitionable
+# devices, device taints, consumable capacity and binding conditions alpha. 1.36: those four beta.
+# 1.37: the same allocation gates on (device taints and device status GA); list-type attributes
+# alpha in 1.36 and 1.37.
+_BEFORE_1_36 = FeatureGates(
+    partitionable_devices=False,
+    device_taints=False,
+    consumable_capacity=False,
+    device_binding_conditions=False,
+)
+RELEASE_DEFAULTS: dict[tuple[int, int], FeatureGates] = {
+    (1, 34): _BEFORE_1_36,
+    (1, 35): _BEFORE_1_36,
+    (1, 36): FeatureGates(),
+    (1, 37): FeatureGates(),
+}

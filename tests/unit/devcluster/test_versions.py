@@ -34,7 +34,7 @@ def test_the_supported_versions_and_the_default() -> None:
     assert [v.version for v in SUPPORTED] == ["v1.34.12", "v1.35.8", "v1.36.3", "v1.37.2"]
     assert [v.etcd for v in SUPPORTED] == ["v3.6.4", "v3.6.5", "v3.6.8", "v3.7.0"]
     # The default moves to 1.37 only after the whole suite has run on it.
-    assert DEFAULT.version == "v1.36.3"
+    assert DEFAULT.version == "v1.37.2"
 
 
 @pytest.mark.parametrize(
@@ -76,7 +76,7 @@ def test_an_unsupported_version_is_an_error_listing_the_supported_ones(requested
         resolve(requested, environ={})
     message = str(err.value)
     assert repr(requested) in message
-    assert "v1.34.12, v1.35.8, v1.36.3 (default), v1.37.2" in message
+    assert "v1.34.12, v1.35.8, v1.36.3, v1.37.2 (default)" in message
     assert VERSION_ENV not in message  # it came from the argument
 
 

@@ -21,6 +21,11 @@ from tests.unit.cli_errors import closed_port, one_line_error, run_script, silen
         (["--ownership", "some"], ["--ownership", "'some'"]),
         # Flags are checked before the kubeconfig.
         (["--metrics-port", "-1", "--kubeconfig", "/nonexistent"], ["metrics_port"]),
+        (
+            ["--feature-gates", "DRAPartitionableDevice=true", "--kubeconfig", "/nonexistent"],
+            ["--feature-gates", "unknown feature gate 'DRAPartitionableDevice'"],
+        ),
+        (["--feature-gates", "DRAAdminAccess"], ["--feature-gates", "expected Name=true or Name=false"]),
     ],
     ids=[
         "no-kubeconfig-file",
@@ -30,6 +35,8 @@ from tests.unit.cli_errors import closed_port, one_line_error, run_script, silen
         "unknown-flag",
         "ownership",
         "flags-first",
+        "misspelt-gate",
+        "gate-without-value",
     ],
 )
 def test_run_refuses_bad_input(tmp_path: Path, args: list[str], names: list[str]) -> None:
