@@ -1,4 +1,10 @@
-"""Feature gates that change allocation, by their Kubernetes names, with 1.36 defaults."""
+"""Feature gates that change allocation, by their Kubernetes names, with 1.36 defaults.
+
+The gates 1.37 added and the allocator implements (DRADeviceCompatibilityGroups,
+DRAOptionalNodeOperations) are alpha and off by default in 1.37, as here. Two other 1.37 gates that
+change allocation are not modelled (:data:`NOT_MODELLED`): the allocator does what upstream does with
+them off, accepts them set to false, and refuses to pretend they are on.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +21,14 @@ GATE_FIELDS: dict[str, str] = {
     "DRADeviceBindingConditions": "device_binding_conditions",
     "DRAResourceClaimDeviceStatus": "resource_claim_device_status",
     "DRAListTypeAttributes": "list_type_attributes",
+    "DRADeviceCompatibilityGroups": "compatibility_groups",
+    "DRAOptionalNodeOperations": "optional_node_operations",
+}
+
+# Allocation gates of Kubernetes 1.37 whose "on" behaviour is not implemented -> what it would do.
+NOT_MODELLED: dict[str, str] = {
+    "DRADerivedAttributes": "requests with derived attributes (CEL per device, used by constraints)",
+    "DRAFractionalCapacityRange": "milli-unit arithmetic for consumable-capacity ranges",
 }
 
 
@@ -30,6 +44,11 @@ class FeatureGates:
     device_binding_conditions: bool = True
     resource_claim_device_status: bool = True
     list_type_attributes: bool = False
+    # 1.37 (alpha, off): counter-set compatibility groups. Off, a slice that declares them is ignored,
+    # which leaves its pool incomplete.
+    compatibility_groups: bool = False
+    # 1.37 (alpha, off): devices of slices with skipNodeOperations, on nodes that declare the feature.
+    optional_node_operations: bool = False
 
     @property
     def device_binding_and_status(self) -> bool:
@@ -48,11 +67,19 @@ class FeatureGates:
     def from_mapping(cls, gates: Mapping[str, bool], *, base: FeatureGates | None = None) -> FeatureGates:
         """Override ``base`` (default: 1.36 defaults) with ``{"DRAAdminAccess": False, ...}``.
 
-        Gates that do not affect allocation are ignored; a misspelt DRA gate is an error.
+        Gates that do not affect allocation are ignored; a misspelt DRA gate is an error, and so is
+        a gate of :data:`NOT_MODELLED` switched on.
         """
         changes: dict[str, bool] = {}
         for name, value in gates.items():
             attr = GATE_FIELDS.get(name)
+            if name in NOT_MODELLED:
+                if value:
+                    raise ValueError(
+                        f"feature gate {name} is not modelled by this allocator ({NOT_MODELLED[name]}); "
+                        "it allocates as Kubernetes does with the gate off"
+                    )
+                continue
             if attr is None:
                 if name.startswith("DRA"):
                     raise ValueError(
