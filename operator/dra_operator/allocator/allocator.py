@@ -415,10 +415,12 @@ class _Run:
         self.consumed_counters: dict[PoolID, dict[tuple[str, str], Quantity]] = {}
         # DRADeviceCompatibilityGroups: per pool and counter set, the devices placed in this run.
         self.groups: dict[PoolID, dict[str, GroupState]] = {}
-        # Devices of slices with skipNodeOperations are allocatable only with the gate on and on a
-        # node that declares the feature.
+        # With the gate on, devices of slices with skipNodeOperations are allocatable only on a node
+        # that declares the feature (upstream's experimental variant). With it off, the field is
+        # ignored, as kube-scheduler's default (incubating) variant does: the operator allocates as
+        # the scheduler beside it would.
         self.node_operations = (
-            self.gates.optional_node_operations and OPTIONAL_NODE_OPERATIONS in node.declared_features
+            not self.gates.optional_node_operations or OPTIONAL_NODE_OPERATIONS in node.declared_features
         )
         self.selectable: dict[tuple[DeviceID, int], bool] = {}
         self.compiled: dict[tuple[int, int], object] = {}
@@ -995,7 +997,9 @@ class _Run:
                     consumed_capacity=MappingProxyType(pick.consumed)
                     if pick.consumed
                     else MappingProxyType({}),
-                    skip_node_operations=pick.entry.slice.skip_node_operations,
+                    skip_node_operations=pick.entry.slice.skip_node_operations
+                    if self.gates.optional_node_operations
+                    else (),
                 )
             )
         return AllocationResult(
