@@ -341,9 +341,9 @@ def _canonical(nanos: int, fmt: Format) -> str:
 def round_up_to_step(*, value: Quantity, minimum: Quantity, step: Quantity | None) -> Quantity:
     """Round ``value`` up onto the grid ``minimum + k*step`` (never below ``minimum``).
 
-    This is how a consumable-capacity request is fitted to a ``validRange``:
-    ``max(min, min + ceil((value - min) / step) * step)``; without a step the result is
-    ``max(min, value)``.
+    Exact: ``max(min, min + ceil((value - min) / step) * step)``; without a step the result is
+    ``max(min, value)``. (The allocator fits consumable-capacity requests as Kubernetes does with
+    DRAFractionalCapacityRange off, in whole units: ``dra_operator.allocator.capacity``.)
     """
     if value <= minimum:
         return minimum

@@ -32,6 +32,7 @@ from dra_api.model.allocation import (
 from dra_api.model.claims import (
     ALL,
     EXACT_COUNT,
+    DerivedAttribute,
     DeviceClass,
     DeviceConstraint,
     DeviceRequest,
@@ -100,6 +101,7 @@ __all__ = [
     "ClassConfig",
     "ConsumerReference",
     "CounterSet",
+    "DerivedAttribute",
     "Device",
     "DeviceAllocationConfiguration",
     "DeviceCapacity",

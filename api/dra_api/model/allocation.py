@@ -18,7 +18,8 @@ FROM_CLAIM = "FromClaim"
 
 @dataclass(frozen=True, slots=True)
 class DeviceRequestAllocationResult:
-    """One allocated device: ``request`` is ``<request>`` or ``<request>/<subrequest>``."""
+    """One allocated device: ``request`` is ``<request>`` or ``<request>/<subrequest>``.
+    ``skip_node_operations`` is copied from the device's slice (DRAOptionalNodeOperations)."""
 
     request: str
     driver: str
@@ -30,6 +31,7 @@ class DeviceRequestAllocationResult:
     binding_failure_conditions: tuple[str, ...] = ()
     share_id: str | None = None
     consumed_capacity: Mapping[str, Quantity] = field(default_factory=empty_map)
+    skip_node_operations: tuple[str, ...] = ()
 
     @property
     def device_id(self) -> tuple[str, str, str]:
@@ -52,6 +54,7 @@ class DeviceRequestAllocationResult:
                 "bindingFailureConditions": list(self.binding_failure_conditions),
                 "shareID": self.share_id,
                 "consumedCapacity": {k: str(v) for k, v in self.consumed_capacity.items()},
+                "skipNodeOperations": list(self.skip_node_operations),
             }
         )
 
@@ -72,6 +75,7 @@ class DeviceRequestAllocationResult:
             binding_failure_conditions=ctx.str_list(obj, "bindingFailureConditions", path),
             share_id=ctx.get_opt_str(obj, "shareID", path),
             consumed_capacity=shared_map(consumed),
+            skip_node_operations=ctx.str_list(obj, "skipNodeOperations", path),
         )
 
 

@@ -83,6 +83,18 @@ class DeviceClass:
 
 
 @dataclass(frozen=True, slots=True)
+class DerivedAttribute:
+    """``derivedAttributes[]`` (DRADerivedAttributes, 1.37): an attribute computed per device by a
+    CEL expression, visible to the claim's constraints for this request only."""
+
+    name: str
+    expression: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "expression": self.expression}
+
+
+@dataclass(frozen=True, slots=True)
 class ExactDeviceRequest:
     """What to allocate for a request (``exactly``), or for one subrequest of ``firstAvailable``.
 
@@ -96,6 +108,7 @@ class ExactDeviceRequest:
     admin_access: bool | None = None
     tolerations: tuple[DeviceToleration, ...] = ()
     capacity: Mapping[str, Quantity] | None = None
+    derived_attributes: tuple[DerivedAttribute, ...] = ()
 
     @property
     def mode(self) -> str:
@@ -114,6 +127,7 @@ class ExactDeviceRequest:
                 "count": self.count,
                 "adminAccess": self.admin_access,
                 "tolerations": [t.to_json() for t in self.tolerations],
+                "derivedAttributes": [d.to_json() for d in self.derived_attributes],
             }
         ) | (
             {}
@@ -238,6 +252,15 @@ def _parse_exact(ctx: Ctx, obj: Mapping[str, Any], path: str, *, sub: bool) -> E
         admin_access=None if sub else ctx.get_opt_bool(obj, "adminAccess", path),
         tolerations=ctx.items(obj, "tolerations", path, lambda t, p: DeviceToleration.parse(ctx, t, p)),
         capacity=None if capacity is None else shared_map(capacity),
+        derived_attributes=ctx.items(
+            obj,
+            "derivedAttributes",
+            path,
+            lambda d, p: DerivedAttribute(
+                name=ctx.get_str(d, "name", p, required=True),
+                expression=ctx.get_str(d, "expression", p, required=True),
+            ),
+        ),
     )
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,24 +15,32 @@ _FIELD_OPERATORS = frozenset({"In", "NotIn"})
 
 @dataclass(frozen=True, slots=True)
 class Node:
-    """What allocation needs of a Node: its name and labels."""
+    """What allocation needs of a Node: its name, labels and ``status.declaredFeatures`` (the node
+    features the kubelet declares, e.g. ``DRAOptionalNodeOperations``)."""
 
     name: str
     labels: Mapping[str, str] = field(default_factory=empty_map)
+    declared_features: tuple[str, ...] = ()
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> Node:
         ctx = Ctx(what="Node", api_version="v1")
         meta = ctx.get_obj(obj.get("metadata"), "metadata")
         ctx.what = f"Node {meta.get('name', '<unnamed>')}"
+        status = ctx.get_obj(obj.get("status"), "status")
         return cls(
             name=ctx.get_str(meta, "name", "metadata", required=True),
             labels=ctx.str_map(meta, "labels", "metadata"),
+            declared_features=ctx.str_list(status, "declaredFeatures", "status"),
         )
 
     @classmethod
-    def make(cls, name: str, labels: Mapping[str, str] | None = None) -> Node:
-        return cls(name=name, labels=shared_map(dict(labels or {})))
+    def make(
+        cls, name: str, labels: Mapping[str, str] | None = None, *, declared_features: Iterable[str] = ()
+    ) -> Node:
+        return cls(
+            name=name, labels=shared_map(dict(labels or {})), declared_features=tuple(declared_features)
+        )
 
     def cache_key(self) -> tuple[str, tuple[tuple[str, str], ...]]:
         """A hashable identity (name and labels) for per-node caches."""

@@ -103,14 +103,21 @@ class CounterSet:
 
 @dataclass(frozen=True, slots=True)
 class DeviceCounterConsumption:
+    """``consumesCounters[]``. ``compatibility_groups`` (DRADeviceCompatibilityGroups, 1.37): the
+    device shares the counter set only with devices whose groups intersect its own."""
+
     counter_set: str
     counters: Mapping[str, Quantity]
+    compatibility_groups: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "counterSet": self.counter_set,
             "counters": {k: {"value": str(v)} for k, v in self.counters.items()},
         }
+        if self.compatibility_groups:
+            out["compatibilityGroups"] = list(self.compatibility_groups)
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,7 +178,8 @@ class ResourcePool:
 @dataclass(frozen=True, slots=True)
 class ResourceSlice:
     """A ResourceSlice. Exactly one of node_name / node_selector / all_nodes /
-    per_device_node_selection says which nodes can reach its devices."""
+    per_device_node_selection says which nodes can reach its devices. ``skip_node_operations``
+    (DRAOptionalNodeOperations, 1.37): the node-local calls the kubelet skips for its devices."""
 
     metadata: ObjectMeta
     driver: str
@@ -182,6 +190,7 @@ class ResourceSlice:
     per_device_node_selection: bool = False
     devices: tuple[Device, ...] = ()
     shared_counters: tuple[CounterSet, ...] = ()
+    skip_node_operations: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -216,6 +225,7 @@ class ResourceSlice:
             shared_counters=ctx.items(
                 spec, "sharedCounters", "spec", lambda c, p: _parse_counter_set(ctx, c, p)
             ),
+            skip_node_operations=ctx.str_list(spec, "skipNodeOperations", "spec"),
         )
 
     def to_json(self, api_version: str = V1) -> dict[str, Any]:
@@ -235,6 +245,7 @@ class ResourceSlice:
                 "perDeviceNodeSelection": True if self.per_device_node_selection else None,
                 "devices": devices,
                 "sharedCounters": [c.to_json() for c in self.shared_counters],
+                "skipNodeOperations": list(self.skip_node_operations),
             }
         )
         return {
@@ -302,6 +313,7 @@ def _parse_device(ctx: Ctx, obj: Mapping[str, Any], path: str) -> Device:
             lambda c, p: DeviceCounterConsumption(
                 counter_set=ctx.get_str(c, "counterSet", p, required=True),
                 counters=_parse_counters(ctx, c, p),
+                compatibility_groups=ctx.str_list(c, "compatibilityGroups", p),
             ),
         ),
         node_name=ctx.get_opt_str(body, "nodeName", path) or None,

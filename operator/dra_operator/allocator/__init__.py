@@ -17,13 +17,17 @@ Public API::
     alloc.last_invocations                      # search effort (upstream allocateOne calls)
     alloc.note_allocated(results[0])            # keep using alloc; do not mutate alloc.allocated directly
 
-Semantics follow upstream ``k8s.io/dynamic-resource-allocation/structured`` (incubating variant):
+Semantics follow upstream ``k8s.io/dynamic-resource-allocation/structured`` of Kubernetes 1.37.2
+(incubating variant, plus the experimental variant's handling of the gates modelled here):
 pools gathered per node (generations, completeness across the cluster, invalid pools), sorted by
 (driver, pool) with binding-condition pools last and slices by name; ExactCount and All;
 adminAccess; matchAttribute/distinctAttribute (set semantics with DRAListTypeAttributes);
-firstAvailable; partitionable devices (shared counters); consumable capacity with share IDs;
-taints and tolerations; binding conditions; class-then-claim config; the result node selector;
-the 32-device claim limit; a depth-first, combination-only search.
+firstAvailable; partitionable devices (shared counters, compatibility groups); consumable capacity
+with share IDs (whole-unit range arithmetic: DRAFractionalCapacityRange is not modelled); taints and
+tolerations; binding conditions; optional node operations (``Node.declared_features``);
+class-then-claim config; the result node selector; the 32-device claim limit, request by request;
+a depth-first, combination-only search. Requests with derived attributes are refused
+(DRADerivedAttributes is not modelled).
 
 Hooks for placement and explanations: :meth:`Allocator.pools` (the node's pools in search order),
 :attr:`SliceIndex.on_node` / ``shared`` / ``by_pool`` and :meth:`SliceIndex.all_entries`,

@@ -50,6 +50,31 @@ logger = logging.getLogger(__name__)
 # AllocationResultsMaxSize: devices per claim.
 MAX_DEVICES_PER_CLAIM = 32
 _ZERO = Quantity.from_int(0)
+# The node feature (status.declaredFeatures) that devices of slices with skipNodeOperations need.
+OPTIONAL_NODE_OPERATIONS = "DRAOptionalNodeOperations"
+
+# DRADeviceCompatibilityGroups: what the devices placed on one counter set so far declare, as
+# (all declared no groups, intersection of their groups); no entry = no device placed yet.
+GroupState = tuple[bool, frozenset[str]]
+
+
+def _groups_admit(state: GroupState | None, groups: frozenset[str]) -> bool:
+    """A device without groups shares a counter set only with other devices without groups."""
+    if state is None:
+        return True
+    all_empty, common = state
+    if not groups:
+        return all_empty
+    return not all_empty and not common.isdisjoint(groups)
+
+
+def _groups_join(state: GroupState | None, groups: frozenset[str]) -> GroupState:
+    if state is None:
+        return (not groups, groups)
+    all_empty, common = state
+    if all_empty or not groups:
+        return state
+    return (False, common & groups)
 
 
 class _MaxSizeExceeded(Exception):
@@ -144,6 +169,9 @@ class RequestFunnel:
     within_counters: int
     within_capacity: int
     binding_excluded: int = 0  # devices with binding conditions while the feature is off
+    # Devices of slices with skipNodeOperations that this node cannot take (DRAOptionalNodeOperations
+    # off, or the node does not declare the feature).
+    node_operations_excluded: int = 0
     # Devices that consume counters while DRAPartitionableDevices is off: they fail at
     # ``within_counters`` whatever the counters hold, because the gate makes the allocator skip them.
     counters_excluded: int = 0
@@ -251,6 +279,7 @@ class Allocator:
         self.allocated = allocated or AllocatedState()
         self._in_use = self.allocated.in_use_ids()
         self._available_counters: dict[tuple[PoolID, int], dict[tuple[str, str], Quantity]] = {}
+        self._group_baselines: dict[tuple[PoolID, int], dict[str, GroupState]] = {}
         #: ``allocateOne`` invocations of the last :meth:`allocate` call (search effort).
         self.last_invocations = 0
         #: (claim ref, constraint index) -> devices that constraint turned away in the last call.
@@ -263,16 +292,22 @@ class Allocator:
             if not result.admin_access:
                 self._in_use.add(result.device_id)
         self._available_counters.clear()
+        self._group_baselines.clear()
 
     def note_released(self, allocation: AllocationResult) -> None:
         """Forget an allocation (the claim was deallocated)."""
         self.allocated.remove_allocation(allocation)
         self._in_use = self.allocated.in_use_ids()
         self._available_counters.clear()
+        self._group_baselines.clear()
 
     def pools(self, node: Node) -> tuple[Pool, ...]:
         """The node's pools in search order (hook for explanations and placement)."""
-        return self.index.pools_for(node, partitionable=self.gates.partitionable_devices)
+        return self.index.pools_for(
+            node,
+            partitionable=self.gates.partitionable_devices,
+            compatibility_groups=self.gates.compatibility_groups,
+        )
 
     def allocate(
         self, *, node: Node, claims: Sequence[ResourceClaim], timeout: float | None = None
@@ -334,6 +369,24 @@ class Allocator:
             self._available_counters[key] = found
         return found
 
+    def group_baseline(self, pool: Pool) -> dict[str, GroupState]:
+        """Per counter set, the compatibility groups of the pool's devices other claims hold
+        (read from the slices, as their counters are)."""
+        key = (pool.id, pool.generation)
+        found = self._group_baselines.get(key)
+        if found is None:
+            found = {}
+            for s in pool.all_slices():
+                for d in s.devices:
+                    if d.consumes_counters and (s.driver, s.pool.name, d.name) in self._in_use:
+                        for consumption in d.consumes_counters:
+                            name = consumption.counter_set
+                            found[name] = _groups_join(
+                                found.get(name), frozenset(consumption.compatibility_groups)
+                            )
+            self._group_baselines[key] = found
+        return found
+
 
 def _tolerated(taints: tuple[DeviceTaint, ...], tolerations: tuple[DeviceToleration, ...]) -> bool:
     for taint in taints:
@@ -360,6 +413,15 @@ class _Run:
         self.allocating: dict[DeviceID, list[int]] = {}
         self.allocating_capacity: dict[DeviceID, dict[str, Quantity]] = {}
         self.consumed_counters: dict[PoolID, dict[tuple[str, str], Quantity]] = {}
+        # DRADeviceCompatibilityGroups: per pool and counter set, the devices placed in this run.
+        self.groups: dict[PoolID, dict[str, GroupState]] = {}
+        # With the gate on, devices of slices with skipNodeOperations are allocatable only on a node
+        # that declares the feature (upstream's experimental variant). With it off, the field is
+        # ignored, as kube-scheduler's default (incubating) variant does: the operator allocates as
+        # the scheduler beside it would.
+        self.node_operations = (
+            not self.gates.optional_node_operations or OPTIONAL_NODE_OPERATIONS in node.declared_features
+        )
         self.selectable: dict[tuple[DeviceID, int], bool] = {}
         self.compiled: dict[tuple[int, int], object] = {}
         self._next_key = 0
@@ -405,6 +467,8 @@ class _Run:
     def _prepare_claim(self, ci: int, claim: ResourceClaim) -> _Claim:
         ref = claim.ref
         requests: list[_Request] = []
+        # Devices the claim needs at least (a prioritized list counts its smallest alternative),
+        # checked request by request, so the error names the request that goes over the limit.
         min_devices = 0
         for request in claim.spec.requests:
             if request.first_available:
@@ -413,33 +477,36 @@ class _Run:
                         f"claim {ref}, request {request.name}: has subrequests, but the DRAPrioritizedList "
                         "feature is disabled"
                     )
-                if not self.cc and any(s.spec.capacity for s in request.first_available):
-                    raise AllocationError(
-                        f"claim {ref}, request {request.name}: has capacity requests, but the "
-                        "DRAConsumableCapacity feature is disabled"
-                    )
+                if not self.cc:
+                    for s in request.first_available:
+                        if s.spec.capacity is not None:
+                            raise AllocationError(
+                                f"claim {ref}, subrequest {s.name}: has capacity requests, but the "
+                                "DRAConsumableCapacity feature is disabled"
+                            )
                 subs = tuple(
                     self._prepare_spec(ci, ref, request.name, f"{request.name}/{s.name}", s.spec)
                     for s in request.first_available
                 )
                 requests.append(_Request(name=request.name, single=None, subs=subs))
-                min_devices += min(s.num_devices for s in subs)
+                needed = min(s.num_devices for s in subs)
             else:
                 exact = request.exactly
                 assert exact is not None  # the model guarantees exactly one of the two
-                if not self.cc and exact.capacity:
+                if not self.cc and exact.capacity is not None:
                     raise AllocationError(
                         f"claim {ref}, request {request.name}: has capacity requests, but the "
                         "DRAConsumableCapacity feature is disabled"
                     )
                 spec = self._prepare_spec(ci, ref, request.name, request.name, exact)
                 requests.append(_Request(name=request.name, single=spec, subs=()))
-                min_devices += spec.num_devices
-        if min_devices > MAX_DEVICES_PER_CLAIM:
-            raise AllocationError(
-                f"claim {ref}: number of requested devices {min_devices} exceeds the claim limit of "
-                f"{MAX_DEVICES_PER_CLAIM}"
-            )
+                needed = spec.num_devices
+            if needed > MAX_DEVICES_PER_CLAIM - min_devices:
+                raise AllocationError(
+                    f"claim {ref}, request {request.name}: adding {needed} devices exceeds the claim limit "
+                    f"of {MAX_DEVICES_PER_CLAIM}, with {min_devices} already accounted for"
+                )
+            min_devices += needed
         constraints: list[Constraint] = []
         lists = self.gates.list_type_attributes
         for i, c in enumerate(claim.spec.constraints):
@@ -461,6 +528,11 @@ class _Run:
 
     def _prepare_spec(self, ci: int, ref: str, parent: str, full: str, request: ExactDeviceRequest) -> Spec:
         where = f"claim {ref}, request {full}"
+        if request.derived_attributes:
+            # DRADerivedAttributes is not modelled: refuse rather than ignore what constraints need.
+            raise AllocationError(
+                f"{where}: cannot handle request with derived attributes, the feature is disabled"
+            )
         for i, selector in enumerate(request.selectors):
             if selector.cel is None:
                 raise AllocationError(
@@ -500,8 +572,10 @@ class _Run:
                     )
                 for se in pool.slices:
                     for i, entry in enumerate(se.entries):
+                        # Static capacity only: a device whose capacity other claims have used up
+                        # stays in the set, so "all" fails rather than quietly taking fewer devices.
                         if self._is_selectable(spec, se, i) and (
-                            not self.cc or self._capacity_fits(spec, entry)
+                            not self.cc or self._capacity_fits(spec, entry, static=True)
                         ):
                             spec.all_devices.append((pool, se, i))
             spec.num_devices = len(spec.all_devices)
@@ -537,18 +611,28 @@ class _Run:
         self.selectable[key] = found
         return found
 
-    def _capacity_fits(self, spec: Spec, entry: DeviceEntry) -> bool:
+    def _capacity_fits(self, spec: Spec, entry: DeviceEntry, *, static: bool = False) -> bool:
+        """Whether the request fits the device's capacity: what is left of it, or (``static``) all
+        of it. A request the device's policy cannot represent, or a negative amount, is an error."""
         device = entry.device
         if not spec.capacity and (not device.capacity or not device.allow_multiple_allocations):
             # A dedicated device without capacity requests consumes all of its capacity: always fits.
             return True
-        return cap.fits(
-            device=device,
-            driver=entry.id[0],
-            requests=spec.capacity,
-            consumed=self.alloc.allocated.capacity.get(entry.id),
-            allocating=self.allocating_capacity.get(entry.id),
-        )
+        try:
+            return cap.fits(
+                device=device,
+                driver=entry.id[0],
+                requests=spec.capacity,
+                consumed=None if static else self.alloc.allocated.capacity.get(entry.id),
+                allocating=None if static else self.allocating_capacity.get(entry.id),
+            )
+        except cap.CapacityError as exc:
+            # Upstream names the device by its name in the "all" pre-scan, by its ID elsewhere.
+            device_text = device.name if static else device_id_text(entry.id)
+            raise AllocationError(
+                f"claim {self.input_claims[spec.claim_index].ref}, request {spec.full}: "
+                f"checking capacity for device {device_text}: {exc}"
+            ) from exc
 
     def _consume_counters(self, pool: Pool, entry: DeviceEntry) -> bool:
         available = self.alloc.available_counters(pool)
@@ -569,6 +653,43 @@ class _Run:
                 before = consumed.get(key, _ZERO)
                 consumed[key] = before + value if sign > 0 else before - value
 
+    def _take_groups(self, pool: Pool, entry: DeviceEntry) -> Callable[[], None] | None:
+        """DRADeviceCompatibilityGroups: place the device on each counter set it consumes if its
+        groups intersect those of every device already there (other claims' and this run's);
+        returns how to take it off again, or None (and no change) if it does not fit."""
+        running = self.groups.get(pool.id)
+        if running is None:
+            running = self.groups[pool.id] = {}
+        baseline = self.alloc.group_baseline(pool)
+        saved: list[tuple[str, GroupState | None]] = []
+
+        def restore() -> None:
+            for name, before in reversed(saved):
+                if before is None:
+                    del running[name]
+                else:
+                    running[name] = before
+
+        for consumption in entry.device.consumes_counters:
+            name = consumption.counter_set
+            before = running.get(name)
+            state = before if before is not None else baseline.get(name)
+            groups = frozenset(consumption.compatibility_groups)
+            if not _groups_admit(state, groups):
+                restore()
+                return None
+            saved.append((name, before))
+            running[name] = _groups_join(state, groups)
+        return restore
+
+    def _release(
+        self, pool: Pool, entry: DeviceEntry, *, counted: bool, groups: Callable[[], None] | None
+    ) -> None:
+        if counted:
+            self._add_counters(self.consumed_counters[pool.id], entry, sign=-1)
+        if groups is not None:
+            groups()
+
     def _allocate_device(
         self, spec: Spec, pool: Pool, entry: DeviceEntry, *, must: bool
     ) -> Callable[[], None] | None:
@@ -582,15 +703,25 @@ class _Run:
                 return None
         elif did in self.alloc.allocated.devices or (not multi and did in self.allocating):
             return None
+        if entry.slice.skip_node_operations and not self.node_operations:
+            return None
         if device.consumes_counters and not self.gates.partitionable_devices:
             return None
         if self.gates.device_taints and device.taints and not _tolerated(device.taints, spec.tolerations):
             return None
         counted = False
+        groups: Callable[[], None] | None = None
+        # Another share of a multi-allocatable device in use: its counters (and compatibility
+        # groups) are accounted for already.
         if device.consumes_counters and not (
             multi and (did in self.alloc._in_use or did in self.allocating_capacity)
         ):
+            if self.gates.compatibility_groups:
+                groups = self._take_groups(pool, entry)
+                if groups is None:
+                    return None
             if not self._consume_counters(pool, entry):
+                self._release(pool, entry, counted=False, groups=groups)
                 return None
             counted = True
         claim = self.claims[ci]
@@ -602,8 +733,7 @@ class _Run:
             constraint.rejections += 1
             for c in reversed(added):
                 c.remove(spec.parent, spec.full, entry)
-            if counted:
-                self._add_counters(self.consumed_counters[pool.id], entry, sign=-1)
+            self._release(pool, entry, counted=counted, groups=groups)
             if must:
                 raise AllocationError(
                     f"claim {claim.ref}, request {spec.full}: cannot add device {device_id_text(did)} "
@@ -613,14 +743,21 @@ class _Run:
         share_id: str | None = None
         consumed: dict[str, Quantity] | None = None
         if self.cc and (device.capacity or spec.capacity):
-            if not self._capacity_fits(spec, entry):
+            try:
+                fits = self._capacity_fits(spec, entry)
+                if fits and multi:
+                    consumed = cap.consumption(device=device, driver=did[0], requests=spec.capacity)
+            except AllocationError:
                 for c in reversed(added):
                     c.remove(spec.parent, spec.full, entry)
-                if counted:
-                    self._add_counters(self.consumed_counters[pool.id], entry, sign=-1)
+                self._release(pool, entry, counted=counted, groups=groups)
+                raise
+            if not fits:
+                for c in reversed(added):
+                    c.remove(spec.parent, spec.full, entry)
+                self._release(pool, entry, counted=counted, groups=groups)
                 return None
-            if multi:
-                consumed = cap.consumption(device=device, driver=did[0], requests=spec.capacity)
+            if consumed is not None:
                 share_id = str(uuid.uuid4())
                 inflight = self.allocating_capacity.setdefault(did, {})
                 for name, value in consumed.items():
@@ -648,8 +785,7 @@ class _Run:
                     del self.allocating_capacity[did]
             for c in reversed(added):
                 c.remove(spec.parent, spec.full, entry)
-            if counted:
-                self._add_counters(self.consumed_counters[pool.id], entry, sign=-1)
+            self._release(pool, entry, counted=counted, groups=groups)
 
         return undo
 
@@ -663,6 +799,7 @@ class _Run:
         seen: dict[int, dict[str, int]] = {k.index: {} for k in matching}
         missing: dict[int, int] = dict.fromkeys(seen, 0)
         binding_excluded = 0
+        node_operations_excluded = 0
         counters_excluded = 0
         unavailable: list[str] = []
         short_counters: dict[str, int] = {}
@@ -682,6 +819,9 @@ class _Run:
                     counts[0] += 1
                     if device.binding_conditions and not self.gates.device_binding_and_status:
                         binding_excluded += 1
+                        continue
+                    if se.slice.skip_node_operations and not self.node_operations:
+                        node_operations_excluded += 1
                         continue
                     if not self._class_matches(spec, entry):
                         continue
@@ -731,6 +871,7 @@ class _Run:
             within_counters=counts[5],
             within_capacity=counts[6],
             binding_excluded=binding_excluded,
+            node_operations_excluded=node_operations_excluded,
             counters_excluded=counters_excluded,
             unavailable_pools=tuple(unavailable),
             short_counters=tuple(sorted(short_counters.items(), key=lambda item: (-item[1], item[0]))),
@@ -856,6 +997,9 @@ class _Run:
                     consumed_capacity=MappingProxyType(pick.consumed)
                     if pick.consumed
                     else MappingProxyType({}),
+                    skip_node_operations=pick.entry.slice.skip_node_operations
+                    if self.gates.optional_node_operations
+                    else (),
                 )
             )
         return AllocationResult(

@@ -1,11 +1,31 @@
-"""Consumable capacity: how much of a device's capacity a request consumes, and whether it fits."""
+"""Consumable capacity: how much of a device's capacity a request consumes, and whether it fits.
+
+As Kubernetes 1.37 with DRAFractionalCapacityRange off: a ``validRange`` with a ``step`` is
+evaluated in whole units (each of request, min and step rounded up to an integer, as
+``Quantity.Value()`` does), and the rounded result takes the step's format. A request that cannot
+be rounded in int64 and a negative amount are errors (:class:`CapacityError`) that abort the
+allocation, not reasons to try another device.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from dra_api.model import CapacityRequestPolicy, Device, DeviceCapacity
-from dra_api.quantity import Quantity, is_on_step, round_up_to_step
+from dra_api.model import CapacityRequestPolicy, Device, DeviceCapacity, ValidRange
+from dra_api.quantity import Quantity
+
+_INT64_MAX = 2**63 - 1
+_NANO = 10**9
+_NOT_REPRESENTABLE = "capacity request cannot be represented in the device's range arithmetic"
+
+
+class CapacityError(ValueError):
+    """A capacity request or amount the allocator must not act on (worded as upstream's)."""
+
+
+def _whole(q: Quantity) -> int:
+    """``Quantity.Value()``: the value rounded up to an integer."""
+    return -((-q.nanos) // _NANO)
 
 
 def _lookup(requests: Mapping[str, Quantity], name: str, driver: str) -> Quantity | None:
@@ -22,8 +42,27 @@ def _has_capacity(device: Device, name: str, driver: str) -> bool:
     return bool(sep) and domain == driver and ident in device.capacity
 
 
+def _round_up_range(requested: Quantity, rng: ValidRange) -> Quantity:
+    if requested < rng.min:
+        return rng.min
+    step = rng.step
+    if step is None:
+        return requested
+    if requested.nanos > _INT64_MAX * _NANO:
+        raise CapacityError(f"{_NOT_REPRESENTABLE}: request {requested} exceeds MaxInt64")
+    want, minimum, size = _whole(requested), _whole(rng.min), _whole(step)
+    steps = -((minimum - want) // size)  # ceil((want - minimum) / size); want >= minimum here
+    if minimum >= 0 and steps > (_INT64_MAX - minimum) // size:
+        raise CapacityError(
+            f"{_NOT_REPRESENTABLE}: rounding request {requested} up to the next step passes MaxInt64"
+        )
+    return Quantity.from_int(minimum + size * steps, format=step.format)
+
+
 def consumed_amount(requested: Quantity | None, capacity: DeviceCapacity) -> Quantity:
-    """The amount consumed: the request rounded up to the policy, or the default, or everything."""
+    """The amount consumed: the request rounded up to the policy, or the default, or everything.
+
+    Raises :class:`CapacityError` when the request cannot be rounded."""
     policy = capacity.request_policy
     if requested is None:
         if policy is not None and policy.default is not None:
@@ -32,7 +71,7 @@ def consumed_amount(requested: Quantity | None, capacity: DeviceCapacity) -> Qua
     if policy is None:
         return requested
     if policy.valid_range is not None:
-        return round_up_to_step(value=requested, minimum=policy.valid_range.min, step=policy.valid_range.step)
+        return _round_up_range(requested, policy.valid_range)
     if policy.valid_values:
         for valid in policy.valid_values:
             if requested <= valid:
@@ -49,10 +88,26 @@ def violates_policy(amount: Quantity, policy: CapacityRequestPolicy | None) -> b
     if rng is not None:
         if rng.max is not None and amount > rng.max:
             return True
-        return rng.step is not None and not is_on_step(value=amount, minimum=rng.min, step=rng.step)
+        if rng.step is None:
+            return False
+        # On the step grid counted from min, in whole units (Go's % keeps the dividend's sign).
+        return abs(_whole(amount) - _whole(rng.min)) % _whole(rng.step) != 0
     if policy.valid_values:
         return amount not in policy.valid_values
     return False
+
+
+def _amounts(device: Device, driver: str, requests: Mapping[str, Quantity] | None) -> dict[str, Quantity]:
+    out: dict[str, Quantity] = {}
+    for name, capacity in device.capacity.items():
+        try:
+            amount = consumed_amount(None if not requests else _lookup(requests, name, driver), capacity)
+        except CapacityError as exc:
+            raise CapacityError(f'capacity "{name}": {exc}') from None
+        if amount.sign() < 0:
+            raise CapacityError(f'capacity "{name}": capacity value is negative')
+        out[name] = amount
+    return out
 
 
 def fits(
@@ -64,13 +119,17 @@ def fits(
     allocating: Mapping[str, Quantity] | None,
 ) -> bool:
     """Upstream ``CmpRequestOverCapacity``: every named capacity exists, no policy is violated and
-    already consumed + in flight + this request stays within each capacity's value."""
+    already consumed + in flight + this request stays within each capacity's value.
+
+    Every amount is worked out before any is compared, so whether a bad request raises
+    :class:`CapacityError` does not depend on the order of the device's capacities."""
     if requests:
         for name in requests:
             if not _has_capacity(device, name, driver):
                 return False
+    amounts = _amounts(device, driver, requests)
     for name, capacity in device.capacity.items():
-        amount = consumed_amount(None if not requests else _lookup(requests, name, driver), capacity)
+        amount = amounts[name]
         if violates_policy(amount, capacity.request_policy):
             return False
         total = amount
@@ -87,7 +146,4 @@ def consumption(
     *, device: Device, driver: str, requests: Mapping[str, Quantity] | None
 ) -> dict[str, Quantity]:
     """What one allocation of a multi-allocatable device consumes, for every capacity it has."""
-    return {
-        name: consumed_amount(None if not requests else _lookup(requests, name, driver), capacity)
-        for name, capacity in device.capacity.items()
-    }
+    return _amounts(device, driver, requests)

@@ -125,15 +125,15 @@ class MatchAttribute(Constraint):
 class DistinctAttribute(Constraint):
     """Covered devices have pairwise different values (lists: disjoint sets).
 
-    As upstream, values are remembered in a map keyed by request name: a device is compared with
-    the last device recorded for each request, and removing a device forgets its request's entry."""
+    Every covered device's values are kept, in the order added (upstream 1.37 keeps a stack too; 1.36
+    kept one entry per request, so a request for several devices compared each only with the last)."""
 
-    __slots__ = ("_by_request",)
+    __slots__ = ("_stack",)
     kind = "distinctAttribute"
 
     def __init__(self, *, index: int, requests: tuple[str, ...], attribute: str, lists: bool) -> None:
         super().__init__(index=index, requests=requests, attribute=attribute, lists=lists)
-        self._by_request: dict[str, frozenset[Element]] = {}
+        self._stack: list[frozenset[Element]] = []
 
     def add(self, parent: str, full: str, entry: DeviceEntry) -> bool:
         if not self.covers(parent, full):
@@ -141,12 +141,12 @@ class DistinctAttribute(Constraint):
         values = attribute_set(lookup_attribute(entry, self.attribute), lists=self.lists)
         if values is None:
             return False
-        for seen in self._by_request.values():
+        for seen in self._stack:
             if not seen.isdisjoint(values):
                 return False
-        self._by_request[parent] = values
+        self._stack.append(values)
         return True
 
     def remove(self, parent: str, full: str, entry: DeviceEntry) -> None:
         if self.covers(parent, full):
-            self._by_request.pop(parent, None)
+            self._stack.pop()

@@ -3,6 +3,11 @@
 kube-scheduler allocates with the gates of its cluster; the operator allocates beside it, so it
 takes the defaults of the cluster's release (:meth:`FeatureGates.for_kubernetes`, from the API
 server's ``/version``) and lets ``--feature-gates`` override them where a cluster switches a gate.
+
+The gates 1.37 added and the allocator implements (DRADeviceCompatibilityGroups,
+DRAOptionalNodeOperations) are alpha and off by default in 1.37, as here. Two other 1.37 gates that
+change allocation are not modelled (:data:`NOT_MODELLED`): the allocator does what upstream does with
+them off, accepts them set to false, and refuses to pretend they are on.
 """
 
 from __future__ import annotations
@@ -21,6 +26,14 @@ GATE_FIELDS: dict[str, str] = {
     "DRADeviceBindingConditions": "device_binding_conditions",
     "DRAResourceClaimDeviceStatus": "resource_claim_device_status",
     "DRAListTypeAttributes": "list_type_attributes",
+    "DRADeviceCompatibilityGroups": "compatibility_groups",
+    "DRAOptionalNodeOperations": "optional_node_operations",
+}
+
+# Allocation gates of Kubernetes 1.37 whose "on" behaviour is not implemented -> what it would do.
+NOT_MODELLED: dict[str, str] = {
+    "DRADerivedAttributes": "requests with derived attributes (CEL per device, used by constraints)",
+    "DRAFractionalCapacityRange": "milli-unit arithmetic for consumable-capacity ranges",
 }
 
 
@@ -36,6 +49,11 @@ class FeatureGates:
     device_binding_conditions: bool = True
     resource_claim_device_status: bool = True
     list_type_attributes: bool = False
+    # 1.37 (alpha, off): counter-set compatibility groups. Off, a slice that declares them is ignored,
+    # which leaves its pool incomplete.
+    compatibility_groups: bool = False
+    # 1.37 (alpha, off): devices of slices with skipNodeOperations, on nodes that declare the feature.
+    optional_node_operations: bool = False
 
     @property
     def device_binding_and_status(self) -> bool:
@@ -54,11 +72,19 @@ class FeatureGates:
     def from_mapping(cls, gates: Mapping[str, bool], *, base: FeatureGates | None = None) -> FeatureGates:
         """Override ``base`` (default: 1.36 defaults) with ``{"DRAAdminAccess": False, ...}``.
 
-        Gates that do not affect allocation are ignored; a misspelt DRA gate is an error.
+        Gates that do not affect allocation are ignored; a misspelt DRA gate is an error, and so is
+        a gate of :data:`NOT_MODELLED` switched on.
         """
         changes: dict[str, bool] = {}
         for name, value in gates.items():
             attr = GATE_FIELDS.get(name)
+            if name in NOT_MODELLED:
+                if value:
+                    raise ValueError(
+                        f"feature gate {name} is not modelled by this allocator ({NOT_MODELLED[name]}); "
+                        "it allocates as Kubernetes does with the gate off"
+                    )
+                continue
             if attr is None:
                 if name.startswith("DRA"):
                     raise ValueError(
@@ -136,7 +162,8 @@ def kubernetes_minor(version: str) -> tuple[int, int] | None:
 # GA on. 1.34 and 1.35: prioritized list, admin access and device status beta; partitionable
 # devices, device taints, consumable capacity and binding conditions alpha. 1.36: those four beta.
 # 1.37: the same allocation gates on (device taints and device status GA); list-type attributes
-# alpha in 1.36 and 1.37.
+# alpha in 1.36 and 1.37; compatibility groups and optional node operations alpha in 1.37 (not
+# defined before).
 _BEFORE_1_36 = FeatureGates(
     partitionable_devices=False,
     device_taints=False,

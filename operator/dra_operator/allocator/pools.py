@@ -105,6 +105,11 @@ def device_matches_node(device: Device, node: Node) -> bool:
     return False
 
 
+def uses_compatibility_groups(slice_: ResourceSlice) -> bool:
+    """Whether a device of the slice declares compatibility groups on a counter it consumes."""
+    return any(c.compatibility_groups for d in slice_.devices for c in d.consumes_counters)
+
+
 def slice_matches_node(slice_: ResourceSlice, node: Node) -> bool:
     if slice_.node_name:
         return slice_.node_name == node.name
@@ -130,7 +135,11 @@ class SliceIndex:
         self.by_pool: dict[PoolID, list[ResourceSlice]] = {}
         self._entries: dict[int, tuple[DeviceEntry, ...]] = {}
         self._pools: dict[tuple[object, ...], tuple[Pool, ...]] = {}
+        # Slices a DRADeviceCompatibilityGroups-off allocator ignores (by id).
+        self._grouped: set[int] = set()
         for s in self.slices:
+            if uses_compatibility_groups(s):
+                self._grouped.add(id(s))
             if s.node_name:
                 self.on_node.setdefault(s.node_name, []).append(s)
             else:
@@ -157,20 +166,31 @@ class SliceIndex:
         for s in self.slices:
             yield from self._entries[id(s)]
 
-    def pools_for(self, node: Node, *, partitionable: bool) -> tuple[Pool, ...]:
-        """The node's pools in allocation order: by (driver, pool), binding-condition pools last."""
-        key = (node.cache_key(), partitionable)
+    def pools_for(
+        self, node: Node, *, partitionable: bool, compatibility_groups: bool = False
+    ) -> tuple[Pool, ...]:
+        """The node's pools in allocation order: by (driver, pool), binding-condition pools last.
+
+        Without ``compatibility_groups`` (the DRADeviceCompatibilityGroups gate), a slice whose
+        devices declare compatibility groups is ignored, as upstream does: its pool is incomplete,
+        so none of the pool's devices can be allocated."""
+        key = (node.cache_key(), partitionable, compatibility_groups)
         found = self._pools.get(key)
         if found is None:
             if len(self._pools) >= _POOL_CACHE_LIMIT:  # label churn must not grow it without bound
                 self._pools.clear()
-            found = self._pools[key] = self._gather(node, partitionable=partitionable)
+            found = self._pools[key] = self._gather(
+                node, partitionable=partitionable, compatibility_groups=compatibility_groups
+            )
         return found
 
-    def _gather(self, node: Node, *, partitionable: bool) -> tuple[Pool, ...]:
+    def _gather(self, node: Node, *, partitionable: bool, compatibility_groups: bool) -> tuple[Pool, ...]:
         seen: dict[PoolID, list[ResourceSlice]] = {}
+        grouped: set[int] = set() if compatibility_groups else self._grouped
         for s in (*self.on_node.get(node.name, ()), *self.shared):
             if not partitionable and (s.per_device_node_selection or s.shared_counters):
+                continue
+            if grouped and id(s) in grouped:
                 continue
             if not slice_matches_node(s, node):
                 continue
@@ -195,7 +215,7 @@ class SliceIndex:
                 if s.pool.generation > generation:
                     obsolete = True
                     break
-                if s.pool.generation == generation:
+                if s.pool.generation == generation and not (grouped and id(s) in grouped):
                     same_generation.append(s)
             if obsolete:
                 continue

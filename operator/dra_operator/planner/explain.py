@@ -241,6 +241,11 @@ def _funnel_text(row: RequestFunnel, *, prefix: str) -> str:
     text = f"{prefix}request {row.request}: {', '.join(parts)}; needs {needs}"
     if row.binding_excluded:
         text += f" ({row.binding_excluded} with binding conditions left out)"
+    if row.node_operations_excluded:
+        text += (
+            f" ({row.node_operations_excluded} skipping node operations left out: needs "
+            "DRAOptionalNodeOperations on, and declared by the node)"
+        )
     if row.counters_excluded:
         text += f" ({row.counters_excluded} consuming counters left out: DRAPartitionableDevices is off)"
     if row.unavailable_pools:

@@ -283,3 +283,50 @@ def test_list_values_keep_their_types() -> None:
     s = ResourceSlice.from_json(body)
     assert s.devices[1].attributes["x"][0] is True  # type: ignore[index]
     assert s.to_json()["spec"]["devices"] == body["spec"]["devices"]
+
+
+def test_fields_of_1_37_round_trip() -> None:
+    body = copy.deepcopy(SLICE_V1)
+    body["spec"]["skipNodeOperations"] = ["*"]
+    body["spec"]["devices"][0]["consumesCounters"][0]["compatibilityGroups"] = ["mig", "vgpu"]
+    parsed = ResourceSlice.from_json(body)
+    assert parsed.skip_node_operations == ("*",)
+    assert parsed.devices[0].consumes_counters[0].compatibility_groups == ("mig", "vgpu")
+    assert ResourceSlice.from_json(parsed.to_json()) == parsed
+    assert parsed.to_json()["spec"]["skipNodeOperations"] == ["*"]
+    claim = ResourceClaim.from_json(
+        {
+            "apiVersion": V1,
+            "kind": "ResourceClaim",
+            "metadata": {"name": "c", "namespace": "ns"},
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "r",
+                            "firstAvailable": [
+                                {
+                                    "name": "s",
+                                    "deviceClassName": "gpu",
+                                    "derivedAttributes": [{"name": "x/numa", "expression": "1"}],
+                                }
+                            ],
+                        }
+                    ]
+                }
+            },
+        }
+    )
+    assert claim.spec.requests[0].first_available[0].spec.derived_attributes[0].expression == "1"
+    assert ResourceClaim.from_json(claim.to_json()) == claim
+    allocation = AllocationResult.from_json(
+        {
+            "devices": {
+                "results": [
+                    {"request": "r", "driver": "d", "pool": "p", "device": "x", "skipNodeOperations": ["*"]}
+                ]
+            }
+        }
+    )
+    assert allocation.devices[0].skip_node_operations == ("*",)
+    assert AllocationResult.from_json(allocation.to_json()) == allocation

@@ -78,7 +78,9 @@ def resource_claim(raw: dict[str, Any]) -> ResourceClaim:
 
 def node(raw: dict[str, Any] | None) -> Node:
     raw = raw or {"name": "node-1", "labels": {"region": "region-1", "planet": "earth"}}
-    return Node.make(raw["name"], raw.get("labels") or {})
+    return Node.make(
+        raw["name"], raw.get("labels") or {}, declared_features=raw.get("declaredFeatures") or ()
+    )
 
 
 def gates(case: dict[str, Any]) -> FeatureGates:
@@ -126,6 +128,7 @@ def normalise_device(raw: dict[str, Any]) -> dict[str, Any]:
         "bindingConditions": list(raw.get("bindingConditions") or []),
         "bindingFailureConditions": list(raw.get("bindingFailureConditions") or []),
         "shareID": share,
+        "skipNodeOperations": list(raw.get("skipNodeOperations") or []),
         "consumedCapacity": {
             k: Quantity.parse(str(v)) for k, v in (raw.get("consumedCapacity") or {}).items()
         },

@@ -344,3 +344,64 @@ def test_counter_references_are_validated_only_with_partitionable_devices_on() -
     on = Allocator(classes=[GPU_CLASS], slices=broken, gates=FeatureGates())
     with pytest.raises(FailedAllocationOnNode, match="invalid resource pools were encountered"):
         on.allocate(node=node, claims=[_claim("a", selector=ONLY_PARTITION)])
+
+
+def test_feature_gates_of_1_37() -> None:
+    defaults = FeatureGates()
+    assert not defaults.compatibility_groups
+    assert not defaults.optional_node_operations
+    on = FeatureGates.from_mapping({"DRADeviceCompatibilityGroups": True, "DRAOptionalNodeOperations": True})
+    assert on.compatibility_groups
+    assert on.optional_node_operations
+    # Gates the allocator does not model: off is what it does, on is refused rather than ignored.
+    assert FeatureGates.from_flag("DRADerivedAttributes=false,DRAFractionalCapacityRange=false") == defaults
+    with pytest.raises(ValueError, match="DRADerivedAttributes is not modelled"):
+        FeatureGates.from_mapping({"DRADerivedAttributes": True})
+    with pytest.raises(ValueError, match="DRAFractionalCapacityRange is not modelled"):
+        FeatureGates.from_flag("DRAFractionalCapacityRange=true")
+
+
+def test_derived_attributes_are_refused_while_the_gate_is_not_modelled() -> None:
+    body = _claim("a").to_json()
+    body["spec"]["devices"]["requests"][0]["exactly"]["derivedAttributes"] = [
+        {"name": "example.com/numa", "expression": 'device.attributes["gpu.example.com"].index'}
+    ]
+    claim = ResourceClaim.from_json(body)
+    assert claim.spec.requests[0].exactly is not None
+    assert claim.spec.requests[0].exactly.derived_attributes[0].name == "example.com/numa"
+    allocator = Allocator(classes=[GPU_CLASS], slices=[_slice("node-1", devices=1, nodeName="node-1")])
+    with pytest.raises(AllocationError, match="request gpu: cannot handle request with derived attributes"):
+        allocator.allocate(node=Node.make("node-1"), claims=[claim])
+
+
+def test_skip_node_operations_needs_the_node_feature_with_the_gate_on_and_is_ignored_with_it_off() -> None:
+    skipping = _slice("node-1", devices=1, nodeName="node-1").to_json()
+    skipping["spec"]["skipNodeOperations"] = ["NodePrepareResources"]
+    index = SliceIndex([ResourceSlice.from_json(skipping)])
+    declared = Node.make("node-1", declared_features=["DRAOptionalNodeOperations"])
+    on = FeatureGates.from_mapping({"DRAOptionalNodeOperations": True})
+    # Gate on, node without the feature: left out (upstream's experimental variant).
+    allocator = Allocator(classes=[GPU_CLASS], slices=index, gates=on)
+    assert allocator.allocate(node=Node.make("node-1"), claims=[_claim("a")]) is None
+    (funnel,) = allocator.funnel(node=Node.make("node-1"), claims=[_claim("a")])
+    assert (funnel.devices, funnel.node_operations_excluded, funnel.class_matched) == (1, 1, 0)
+    results = Allocator(classes=[GPU_CLASS], slices=index, gates=on).allocate(
+        node=declared, claims=[_claim("a")]
+    )
+    assert results is not None
+    assert results[0].devices[0].skip_node_operations == ("NodePrepareResources",)
+    assert results[0].to_json()["devices"]["results"][0]["skipNodeOperations"] == ["NodePrepareResources"]
+    # Gate off: the field is ignored, as kube-scheduler's default variant ignores it; not copied.
+    for node in (Node.make("node-1"), declared):
+        plain = Allocator(classes=[GPU_CLASS], slices=index).allocate(node=node, claims=[_claim("a")])
+        assert plain is not None
+        assert plain[0].devices[0].skip_node_operations == ()
+        assert "skipNodeOperations" not in plain[0].to_json()["devices"]["results"][0]
+
+
+def test_node_declared_features_come_from_its_status() -> None:
+    node = Node.from_json(
+        {"metadata": {"name": "n"}, "status": {"declaredFeatures": ["DRAOptionalNodeOperations"]}}
+    )
+    assert node.declared_features == ("DRAOptionalNodeOperations",)
+    assert Node.from_json({"metadata": {"name": "n"}}).declared_features == ()

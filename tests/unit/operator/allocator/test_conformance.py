@@ -1,4 +1,9 @@
-"""The upstream allocator's test table (neutral YAML in the shared folder): every case must pass."""
+"""The upstream allocator's test table (neutral YAML in the shared folder).
+
+Every case runs unless it needs a feature gate on that the allocator does not model
+(:data:`NOT_MODELLED`); those stay in the file as data and are counted here, by name, so that a
+new case or a newly modelled gate shows up as a failing test rather than silently.
+"""
 
 from __future__ import annotations
 
@@ -6,19 +11,72 @@ from typing import Any
 
 import pytest
 
-from dra_operator.allocator import AllocationError, Allocator, FailedAllocationOnNode
+from dra_operator.allocator import GATE_FIELDS, AllocationError, Allocator, FailedAllocationOnNode
+from dra_operator.allocator import gates as allocator_gates
 
 from . import conformance_loader as cl
 
 CASES = cl.load_cases()
 
+# Gates some upstream cases switch on and the allocator does not implement (with the gate off,
+# what upstream does is implemented and tested). Gate name -> why it is left out.
+NOT_MODELLED: dict[str, str] = {
+    "DRADerivedAttributes": (
+        "alpha in 1.37 (off by default): requests whose derivedAttributes are CEL expressions evaluated per "
+        "device and used by constraints; with the gate off the allocator refuses such requests, as upstream"
+    ),
+    "DRAFractionalCapacityRange": (
+        "alpha in 1.37 (off by default): milli-unit arithmetic for consumable-capacity ranges; with the "
+        "gate off the allocator rounds through whole units, as upstream"
+    ),
+}
+
+# The cases left out because of NOT_MODELLED: change this set (and NOT_MODELLED) on purpose only.
+LEFT_OUT = frozenset(
+    {
+        "derived-attributes",
+        "derived-attributes-with-prioritized-list",
+        "derived-attributes-override",
+        "derived-attributes-cel-missing-attribute",
+        "derived-attributes-type-mismatch",
+        "consumable-capacity-fractional-range-gate-enabled-round-up",
+    }
+)
+
+
+def _gates(case: dict[str, Any]) -> set[str]:
+    return {part for item in case.get("features") or [] for part in item.split("+") if part}
+
+
+def _modelled(case: dict[str, Any]) -> bool:
+    return not _gates(case) & NOT_MODELLED.keys()
+
+
+RUN = [c for c in CASES if _modelled(c)]
+
 
 def test_case_file_is_complete() -> None:
-    assert len(CASES) == 92
+    assert len(CASES) == 144
     assert len({c["name"] for c in CASES}) == len(CASES)
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+def test_left_out_cases_are_exactly_those_needing_unmodelled_gates() -> None:
+    left_out = [c for c in CASES if not _modelled(c)]
+    assert {c["name"] for c in left_out} == LEFT_OUT
+    assert len(RUN) == len(CASES) - len(LEFT_OUT)
+    for c in left_out:
+        assert _gates(c) & NOT_MODELLED.keys(), c["name"]
+
+
+def test_every_gate_named_by_a_case_is_modelled_or_left_out_on_purpose() -> None:
+    named = {gate for c in CASES for gate in _gates(c)}
+    assert named <= GATE_FIELDS.keys() | NOT_MODELLED.keys()
+    assert not NOT_MODELLED.keys() & GATE_FIELDS.keys()
+    assert NOT_MODELLED.keys() == allocator_gates.NOT_MODELLED.keys()  # FeatureGates refuses them on
+    assert NOT_MODELLED.keys() <= named  # a gate no case needs is not left out of anything
+
+
+@pytest.mark.parametrize("case", RUN, ids=[c["name"] for c in RUN])
 def test_conformance(case: dict[str, Any]) -> None:
     allocator = Allocator(
         classes=[cl.device_class(c) for c in case.get("classes") or []],

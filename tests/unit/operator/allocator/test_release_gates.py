@@ -13,7 +13,10 @@ OFF_BEFORE_1_36 = {
     "DRAConsumableCapacity",
     "DRADeviceBindingConditions",
     "DRAListTypeAttributes",
+    "DRADeviceCompatibilityGroups",
+    "DRAOptionalNodeOperations",
 }
+ALPHA_FROM_1_36 = ["DRAListTypeAttributes", "DRADeviceCompatibilityGroups", "DRAOptionalNodeOperations"]
 
 
 @pytest.mark.parametrize("version", ["v1.34.12", "v1.35.8", "1.35.0-eks-113cf36"])
@@ -26,10 +29,10 @@ def test_before_1_36_the_alpha_allocation_gates_are_off(version: str) -> None:
 
 
 @pytest.mark.parametrize("version", ["v1.36.3", "v1.37.2", "v1.37.0-gke.1200"])
-def test_from_1_36_every_allocation_gate_but_list_type_attributes_is_on(version: str) -> None:
+def test_from_1_36_every_allocation_gate_but_the_alpha_ones_is_on(version: str) -> None:
     chosen = FeatureGates.for_kubernetes(version)
     assert chosen.gates == FeatureGates()
-    assert [name for name, on in chosen.gates.to_mapping().items() if not on] == ["DRAListTypeAttributes"]
+    assert [name for name, on in chosen.gates.to_mapping().items() if not on] == ALPHA_FROM_1_36
 
 
 def test_an_unknown_release_takes_the_nearest_known_defaults_and_says_so() -> None:
