@@ -450,6 +450,16 @@ def _resource_status(pod: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def _no_resource_status(cluster: LocalCluster) -> str:
+    release = cluster.kubernetes
+    if release.gate_enabled("ResourceHealthStatus"):
+        return "(none reported)"
+    return (
+        f"(not reported: the kubelet's ResourceHealthStatus gate is off in Kubernetes {release.minor}; "
+        "the agent's metrics below still say)"
+    )
+
+
 def report_running(
     cluster: LocalCluster, runtimes: Sequence[NodeRuntime], pods: Sequence[RunningPod], operator_port: int
 ) -> str:
@@ -467,7 +477,7 @@ def report_running(
         out.append(f"  $ kubectl logs -n {pod.namespace} {pod.name}")
         out.extend(f"  | {line}" for line in pod.log or ["(nothing yet)"])
         out.append("  allocatedResourcesStatus:")
-        out.extend(f"    {line}" for line in pod.resource_status or ["(none reported)"])
+        out.extend(f"    {line}" for line in pod.resource_status or [_no_resource_status(cluster)])
         out.append("")
     # What the CDI specs gave the containers besides what they print: variables and device files.
     for driver, command in (

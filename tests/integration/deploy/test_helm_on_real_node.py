@@ -77,7 +77,21 @@ class Setup:
                 for c in (p.get("status") or {}).get("conditions") or []
             )
 
-        self.cluster.wait_for(ready, timeout=180, interval=1, what=f"a ready {name} pod")
+        try:
+            self.cluster.wait_for(ready, timeout=180, interval=1, what=f"a ready {name} pod")
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}\n{self.pods_report(name)}") from None
+
+    def pods_report(self, name: str) -> str:
+        """The pods' status and their containers' log tails, for a failure message."""
+        pods = self.cluster.kubectl(
+            "get", "pods", "-n", NAMESPACE, "-l", f"app.kubernetes.io/name={name}", "-o", "yaml", check=False
+        ).stdout
+        logs = sorted(self.node.pod_logs_dir.glob(f"{NAMESPACE}_{name}-*/*/*.log"))
+        tails = "\n".join(
+            f"--- {p}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-30:]) for p in logs
+        )
+        return f"{pods[-4000:]}\n{tails[-6000:]}"
 
     def job_log(self) -> str:
         paths = sorted(self.node.pod_logs_dir.glob(f"{NAMESPACE}_accel-dra-release-claims-*/*/*.log"))
