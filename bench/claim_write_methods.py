@@ -21,7 +21,7 @@ from typing import Any
 
 from kubernetes_asyncio import client
 
-from bench.operator_allocation import GROUP, VERSION, _bounded, _claim, service_account_kubeconfigs
+from bench.operator_allocation import GROUP, VERSION, bounded, gpu_claim, service_account_kubeconfigs
 from dra_api.kube import make_api_client
 from dra_devcluster import LocalCluster
 
@@ -29,9 +29,11 @@ NS = "bench-methods"
 
 
 async def _round(custom: Any, method: str, names: list[str]) -> float:
-    created = await _bounded(
+    created = await bounded(
         [
-            custom.create_namespaced_custom_object(GROUP, VERSION, NS, "resourceclaims", _claim(n, NS, "x"))
+            custom.create_namespaced_custom_object(
+                GROUP, VERSION, NS, "resourceclaims", gpu_claim(n, NS, "x")
+            )
             for n in names
         ],
         50,
@@ -63,7 +65,7 @@ async def _round(custom: Any, method: str, names: list[str]) -> float:
             )
 
     start = time.monotonic()
-    await _bounded([write(obj) for obj in created], 16)
+    await bounded([write(obj) for obj in created], 16)
     return len(names) / (time.monotonic() - start)
 
 

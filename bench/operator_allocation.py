@@ -84,7 +84,7 @@ def _slice(node: str, gpus: int) -> dict[str, Any]:
     }
 
 
-def _claim(name: str, namespace: str, cls: str) -> dict[str, Any]:
+def gpu_claim(name: str, namespace: str, cls: str) -> dict[str, Any]:
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "ResourceClaim",
@@ -93,7 +93,7 @@ def _claim(name: str, namespace: str, cls: str) -> dict[str, Any]:
     }
 
 
-async def _bounded(coros: list[Any], limit: int) -> list[Any]:
+async def bounded(coros: list[Any], limit: int) -> list[Any]:
     sem = asyncio.Semaphore(limit)
 
     async def one(c: Any) -> Any:
@@ -109,7 +109,7 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _rss_mib(pid: int) -> float:
+def rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
@@ -156,8 +156,8 @@ class Window:
 class Run:
     """One allocation run: claims in namespace ``ns``, their allocation times from a watch."""
 
-    def __init__(self, custom: Any, ns: str, expected: int) -> None:
-        self.custom, self.ns, self.expected = custom, ns, expected
+    def __init__(self, custom: Any, ns: str, expected: int, *, cls: str = GPU_CLASS) -> None:
+        self.custom, self.ns, self.expected, self.cls = custom, ns, expected, cls
         self.created: dict[str, float] = {}
         self.allocated: dict[str, float] = {}
         self.done = asyncio.Event()
@@ -201,18 +201,18 @@ class Run:
         async def one(i: int) -> None:
             name = f"c{i:04d}"
             obj = await self.custom.create_namespaced_custom_object(
-                GROUP, VERSION, self.ns, "resourceclaims", _claim(name, self.ns, GPU_CLASS)
+                GROUP, VERSION, self.ns, "resourceclaims", gpu_claim(name, self.ns, self.cls)
             )
             self.created[name] = time.monotonic()
             if created is not None:
                 created(i, obj)
 
         start = time.monotonic()
-        await _bounded([one(i) for i in range(count)], 50)
+        await bounded([one(i) for i in range(count)], 50)
         return time.monotonic() - start
 
 
-async def _burst(api: Any, meter: CpuMeter, run: Run, *, claims: int, pid: int, name: str) -> Window:
+async def measure_burst(api: Any, meter: CpuMeter, run: Run, *, claims: int, pid: int, name: str) -> Window:
     """Watch ``run``'s namespace, then create ``claims`` claims while the allocator in process
     ``pid`` runs, until the expected ones are allocated; the time runs from the first creation."""
     watcher = asyncio.create_task(run.watch())
@@ -354,10 +354,10 @@ async def _raw_rates(custom: Any, claims: int, in_flight: int, *, round_: int) -
     writes the allocation of claims of its own (an allocation is immutable)."""
     names = [f"r{round_}-{i:04d}" for i in range(claims)]
     start = time.monotonic()
-    await _bounded(
+    await bounded(
         [
             custom.create_namespaced_custom_object(
-                GROUP, VERSION, RAW_NS, "resourceclaims", _claim(name, RAW_NS, "bench-raw")
+                GROUP, VERSION, RAW_NS, "resourceclaims", gpu_claim(name, RAW_NS, "bench-raw")
             )
             for name in names
         ],
@@ -378,7 +378,7 @@ async def _raw_rates(custom: Any, claims: int, in_flight: int, *, round_: int) -
         )
 
     start = time.monotonic()
-    await _bounded([status(name) for name in names], in_flight)
+    await bounded([status(name) for name in names], in_flight)
     return create_rate, claims / (time.monotonic() - start)
 
 
@@ -426,7 +426,7 @@ async def _reference_run(
     return rate
 
 
-async def _compiled_run(
+async def compiled_run(
     api: Any,
     meter: CpuMeter,
     *,
@@ -437,15 +437,17 @@ async def _compiled_run(
     allocatable: int,
     gpus: int,
     writes: int,
-) -> float:
+    cls: str = GPU_CLASS,
+) -> tuple[float, float]:
     """The burst with ``bench/go_writer`` in the operator's place (the operator's identity, its
     way of writing, ``writes`` in flight), measured as the operator's burst is; returns its
-    claims/s."""
+    claims/s and its CPU milliseconds per allocated claim. The claims ask for class ``cls``: one
+    the operator does not allocate when it runs beside it."""
     custom: Any = client.CustomObjectsApi(api)
     core: Any = client.CoreV1Api(api)
     ns = "bench-go-protobuf" if protobuf else "bench-go-json"
     await core.create_namespace({"metadata": {"name": ns}})
-    run = Run(custom, ns, allocatable)
+    run = Run(custom, ns, allocatable, cls=cls)
     argv = [
         str(binary),
         f"-kubeconfig={kubeconfig}",
@@ -466,7 +468,7 @@ async def _compiled_run(
         if ready.strip() != b"ready":
             raise RuntimeError(f"go_writer did not start: {(await stderr.read()).decode().strip()}")
         # Measured before it exits: it stays until its stdin closes.
-        window = await _burst(api, meter, run, claims=claims, pid=proc.pid, name="go writer")
+        window = await measure_burst(api, meter, run, claims=claims, pid=proc.pid, name="go writer")
         stdin.close()
         if await proc.wait() != 0:
             raise RuntimeError(f"go_writer failed: {(await stderr.read()).decode().strip()}")
@@ -486,8 +488,9 @@ async def _compiled_run(
         patches=window.patches,
         extra=f"claims created in {window.created_in:.1f} s; it wrote {figures['written']} allocations",
     )
-    print(f"go writer CPU per allocated claim: {1000 * window.cpu['go writer'] / run.expected:.2f} ms")
-    return rate
+    cpu_ms = 1000 * window.cpu["go writer"] / run.expected
+    print(f"go writer CPU per allocated claim: {cpu_ms:.2f} ms")
+    return rate, cpu_ms
 
 
 MANIFESTS = Path(__file__).resolve().parent.parent / "manifests" / "base"
@@ -527,7 +530,7 @@ def apply_claim_finalizer_policy(cluster: LocalCluster) -> None:
     """The optional MutatingAdmissionPolicy that adds the operator's finalizer at creation (one
     write per allocation instead of two); waits until the API server applies it."""
     cluster.kubectl("apply", "-k", str(MANIFESTS.parent / "optional" / "claim-finalizer-policy"))
-    probe = json.dumps(_claim("policy-probe", "default", GPU_CLASS))
+    probe = json.dumps(gpu_claim("policy-probe", "default", GPU_CLASS))
 
     def in_effect() -> bool:
         created = cluster.kubectl("create", "--dry-run=server", "-o", "json", "-f", "-", input=probe)
@@ -548,11 +551,11 @@ async def bench(
     for ns in (NS, BACKLOG_NS, RAW_NS):
         await core.create_namespace({"metadata": {"name": ns}})
     names = [f"bench-node-{i:03d}" for i in range(nodes)]
-    await _bounded(
+    await bounded(
         [core.create_node({"metadata": {"name": n, "labels": {"kubernetes.io/hostname": n}}}) for n in names],
         32,
     )
-    await _bounded(
+    await bounded(
         [
             custom.create_cluster_custom_object(GROUP, VERSION, "resourceslices", _slice(n, gpus))
             for n in names
@@ -575,7 +578,7 @@ async def bench(
                 break
             except client.ApiException:
                 await asyncio.sleep(0.5)
-        rss_idle = _rss_mib(proc.pid)
+        rss_idle = rss_mib(proc.pid)
         print(f"nodes x GPUs: {nodes} x {gpus}; claims: {claims}; operator --max-concurrent-writes={writes}")
         print(
             "claim finalizer policy: "
@@ -586,8 +589,8 @@ async def bench(
         # 1. Burst: the claims are created while the operator runs; creation and allocation share
         # the API server.
         burst = Run(custom, NS, allocatable)
-        window = await _burst(api, meter, burst, claims=claims, pid=proc.pid, name="operator")
-        rss = _rss_mib(proc.pid)
+        window = await measure_burst(api, meter, burst, claims=claims, pid=proc.pid, name="operator")
+        rss = rss_mib(proc.pid)
         events = await _event_count(core, NS)
         burst_rate, burst_writes = _report(
             "burst: claims created while the operator runs (time from the first creation)",
@@ -621,7 +624,7 @@ async def bench(
         proc = start_operator(operator_kubeconfig, writes=writes)
         meter.start(proc.pid)
         await asyncio.wait_for(backlog.done.wait(), timeout=1200)
-        cpu, rss = meter.used(), _rss_mib(proc.pid)
+        cpu, rss = meter.used(), rss_mib(proc.pid)
         backlog_rate, backlog_writes = _report(
             "backlog: claims created first, then the operator started (time from its process start)",
             backlog,
@@ -643,17 +646,19 @@ async def bench(
         ]
         # 4. The burst with the compiled reference, JSON then protobuf.
         compiled = [
-            await _compiled_run(
-                api,
-                meter,
-                binary=go_writer,
-                kubeconfig=operator_kubeconfig,
-                protobuf=protobuf,
-                claims=claims,
-                allocatable=allocatable,
-                gpus=gpus,
-                writes=writes,
-            )
+            (
+                await compiled_run(
+                    api,
+                    meter,
+                    binary=go_writer,
+                    kubeconfig=operator_kubeconfig,
+                    protobuf=protobuf,
+                    claims=claims,
+                    allocatable=allocatable,
+                    gpus=gpus,
+                    writes=writes,
+                )
+            )[0]
             for protobuf in (False, True)
             if go_writer is not None
         ]

@@ -60,17 +60,29 @@ class Instance:
     """One ``dra-operator run`` process, its metrics port and its log."""
 
     def __init__(
-        self, *, cluster: LocalCluster, config: FailoverConfig, workdir: Path, name: str, priority: int
+        self,
+        *,
+        cluster: LocalCluster,
+        config: FailoverConfig,
+        workdir: Path,
+        name: str,
+        priority: int,
+        kubeconfig: Path | None = None,
+        verify_index: bool = True,
     ):
+        """``kubeconfig``: the operator's credentials (default: the cluster's admin);
+        ``verify_index``: compare the placer's index with the model after every event (a check
+        for tests, whose cost grows with the cluster)."""
         self.name = name
         self.port = free_port()
         self.log = workdir / f"{name}.log"
+        self.started_at = time.time()
         args = [
             sys.executable,
             "-m",
             "dra_operator.cli",
             "run",
-            f"--kubeconfig={cluster.kubeconfig}",
+            f"--kubeconfig={kubeconfig or cluster.kubeconfig}",
             f"--metrics-port={self.port}",
             "--metrics-host=127.0.0.1",
             f"--gpu-class={config.gpu_class}",
@@ -80,13 +92,14 @@ class Instance:
             f"--priority={priority}",
             *config.extra_args,
         ]
-        env = {**os.environ, "DRA_OPERATOR_VERIFY_PLACER_INDEX": "true"}
+        env = {**os.environ, "DRA_OPERATOR_VERIFY_PLACER_INDEX": str(verify_index).lower()}
         env.pop("KUBECONFIG", None)
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=env)
 
-    def metric(self, name: str) -> float | None:
-        """The sum of a metric's samples; None while the endpoint does not answer."""
+    def metric(self, name: str, labels: str = "") -> float | None:
+        """The sum of a metric's samples whose label text contains ``labels``; None while the
+        endpoint does not answer."""
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=2) as response:
                 text = response.read().decode()
@@ -94,7 +107,9 @@ class Instance:
             return None
         total = 0.0
         for line in text.splitlines():
-            if line.startswith((name + " ", name + "{")):
+            if line.startswith(name + " ") or (
+                line.startswith(name + "{") and labels in line.partition("}")[0]
+            ):
                 total += float(line.rpartition(" ")[2])
         return total
 

@@ -51,6 +51,55 @@ SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 _DEFAULT_NODE_CAPACITY: Mapping[str, str] = {"cpu": "64", "memory": "512Gi", "pods": "110"}
 
 
+def node_object(
+    name: str,
+    *,
+    kubelet_version: str,
+    labels: Mapping[str, str] | None = None,
+    capacity: Mapping[str, str] | None = None,
+    taints: Sequence[Mapping[str, str]] = (),
+) -> dict[str, Any]:
+    """A Node without a kubelet, its status marked Ready so that kube-scheduler binds pods to it
+    (the node-lifecycle controller, which would mark it NotReady for want of heartbeats, does not
+    run in the local cluster). The API server keeps the status of a Node created with one, as of
+    a kubelet registering; :meth:`LocalCluster.add_node` writes it separately."""
+    all_labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", **dict(labels or {})}
+    cap = dict(capacity or _DEFAULT_NODE_CAPACITY)
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": all_labels},
+        "spec": {"taints": [dict(t) for t in taints]},
+        "status": {
+            "capacity": cap,
+            "allocatable": cap,
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "KubeletReady",
+                    "message": "local cluster node (no kubelet)",
+                    "lastHeartbeatTime": now,
+                    "lastTransitionTime": now,
+                }
+            ],
+            "nodeInfo": {
+                "kubeletVersion": kubelet_version,
+                "operatingSystem": "linux",
+                "architecture": "amd64",
+                "machineID": name,
+                "systemUUID": name,
+                "bootID": name,
+                "kernelVersion": "",
+                "osImage": "",
+                "containerRuntimeVersion": "",
+                "kubeProxyVersion": "",
+            },
+        },
+    }
+
+
 class ControlPlaneError(RuntimeError):
     """A component failed to start or become ready; the message carries its log tail."""
 
@@ -549,48 +598,13 @@ class LocalCluster:
         taints: Sequence[Mapping[str, str]] = (),
     ) -> None:
         """Create a Node object marked Ready, so kube-scheduler binds pods to it."""
-        all_labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", **dict(labels or {})}
-        self.apply(
-            [
-                {
-                    "apiVersion": "v1",
-                    "kind": "Node",
-                    "metadata": {"name": name, "labels": all_labels},
-                    "spec": {"taints": [dict(t) for t in taints]},
-                }
-            ]
+        node = node_object(
+            name, kubelet_version=self.kubernetes.version, labels=labels, capacity=capacity, taints=taints
         )
-        cap = dict(capacity or _DEFAULT_NODE_CAPACITY)
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        status = {
-            "status": {
-                "capacity": cap,
-                "allocatable": cap,
-                "conditions": [
-                    {
-                        "type": "Ready",
-                        "status": "True",
-                        "reason": "KubeletReady",
-                        "message": "local cluster node (no kubelet)",
-                        "lastHeartbeatTime": now,
-                        "lastTransitionTime": now,
-                    }
-                ],
-                "nodeInfo": {
-                    "kubeletVersion": self.kubernetes.version,
-                    "operatingSystem": "linux",
-                    "architecture": "amd64",
-                    "machineID": name,
-                    "systemUUID": name,
-                    "bootID": name,
-                    "kernelVersion": "",
-                    "osImage": "",
-                    "containerRuntimeVersion": "",
-                    "kubeProxyVersion": "",
-                },
-            }
-        }
-        self.kubectl("patch", "node", name, "--subresource=status", "--type=merge", "-p", json.dumps(status))
+        status = node.pop("status")
+        self.apply([node])
+        patch = json.dumps({"status": status})
+        self.kubectl("patch", "node", name, "--subresource=status", "--type=merge", "-p", patch)
 
     def add_real_node(self, name: str, *, timeout: float = 90.0, agent_pods: bool = True) -> RealNode:
         """Start a real node: its own containerd and a kubelet that registers Node ``name``, with

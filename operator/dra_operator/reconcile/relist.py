@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from dra_api.model import ModelError
@@ -33,23 +35,59 @@ class ClaimInputs(Protocol):
     def on_cluster_change(self) -> None: ...
 
 
+@dataclass(frozen=True)
+class RelistTiming:
+    """How long one re-list took: its listings (the requests and their decoding, all at once) and
+    making the model match them (on the event loop, after every listing has come)."""
+
+    list_s: float
+    """From the start of the listings until the last one had come."""
+    apply_s: float
+    """Making the model match the listings."""
+    per_kind_s: Mapping[str, float]
+    """Each listing's own time, from its start (all start together) until it had come."""
+
+    def describe(self) -> str:
+        kinds = ", ".join(f"{kind} {self.per_kind_s[kind]:.2f} s" for kind in self.per_kind_s)
+        return f"listing {self.list_s:.2f} s ({kinds}), into the model {self.apply_s:.2f} s"
+
+
 class Relister:
-    def __init__(self, *, model: ClusterModel, api: KubeApi, metrics: Metrics, inputs: ClaimInputs) -> None:
+    def __init__(
+        self,
+        *,
+        model: ClusterModel,
+        api: KubeApi,
+        metrics: Metrics,
+        inputs: ClaimInputs,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.model = model
         self.api = api
         self.metrics = metrics
         self.inputs = inputs
+        self.clock = clock
         self._wanted: set[str] = set()
         self.task: asyncio.Task[None] | None = None
         self.synced = asyncio.Event()
         """Set once the model holds a full listing; nothing is allocated before."""
+        self.last_timing: RelistTiming | None = None
+        """How long the last re-list took (None before the first)."""
 
     async def resync(self) -> None:
-        """List claims, slices, classes, nodes and pods into the model; queue every claim."""
+        """List claims, slices, classes, nodes and pods into the model; queue every claim. Says
+        how long that took (the log line, ``dra_operator_model_sync_duration_seconds``): at start
+        and at a takeover, nothing is allocated before it ends."""
         counts = await self.relist(RELIST_KINDS, mark_all=True)
         self.synced.set()
+        timing = self.last_timing
+        assert timing is not None  # set by the relist just made
+        self.metrics.model_sync.labels("list").set(timing.list_s)
+        self.metrics.model_sync.labels("apply").set(timing.apply_s)
         logger.info(
-            "model synced: %d claims, %d slices, %d classes, %d nodes",
+            "model synced in %.2f s (%s): %d claims, %d slices, %d classes, %d nodes",
+            timing.list_s + timing.apply_s,
+            timing.describe(),
             counts["resourceclaims"],
             counts["resourceslices"],
             counts["deviceclasses"],
@@ -61,18 +99,30 @@ class Relister:
         that changed are queued; with ``mark_all``, every claim (after a standby period, when
         nothing may have been done about them). Returns how many objects each listing had."""
         wanted = [k for k in RELIST_KINDS if k in set(kinds)]
-        listings: list[Listing] = await asyncio.gather(*(self._list(kind) for kind in wanted))
+        started = self.clock()
+        timed: list[tuple[Listing, float]] = await asyncio.gather(*(self._list(kind) for kind in wanted))
+        listed = self.clock()
+        listings = [listing for listing, _ in timed]
         changed = False
         for kind, listing in zip(wanted, listings, strict=True):
             changed |= self.apply_listing(kind, listing, mark_all=mark_all)
         if changed:
             self.inputs.on_cluster_change()
+        self.last_timing = RelistTiming(
+            list_s=listed - started,
+            apply_s=self.clock() - listed,
+            per_kind_s={kind: seconds for kind, (_, seconds) in zip(wanted, timed, strict=True)},
+        )
         return {kind: len(listing.items) for kind, listing in zip(wanted, listings, strict=True)}
 
-    async def _list(self, kind: str) -> Listing:
+    async def _list(self, kind: str) -> tuple[Listing, float]:
+        """The listing of ``kind`` and the seconds it took."""
+        started = self.clock()
         if kind in ("nodes", "pods"):
-            return await self.api.list_core(kind)
-        return await self.api.list_snapshot(kind)
+            listing = await self.api.list_core(kind)
+        else:
+            listing = await self.api.list_snapshot(kind)
+        return listing, self.clock() - started
 
     def apply_listing(self, kind: str, listing: Listing, *, mark_all: bool = False) -> bool:
         """Upsert what is listed, drop what is gone; whether classes, slices or nodes changed."""

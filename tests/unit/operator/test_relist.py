@@ -3,7 +3,10 @@ after the listing stays (resourceVersions decide)."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
+
+import pytest
 
 from dra_operator.clustermodel import ClaimKey, ClusterModel
 from dra_operator.kubeapi import Listing
@@ -87,3 +90,59 @@ async def test_kopf_listing_events_before_the_first_sync_do_not_relist() -> None
     reconciler, _ = _reconciler(ListApi({}))
     reconciler.watch_relisted("resourceclaims")
     assert reconciler._relist_task is None
+
+
+async def test_the_initial_listing_says_how_long_it_took(caplog: pytest.LogCaptureFixture) -> None:
+    now = [100.0]
+
+    class SlowListApi(ListApi):
+        """Each listing takes (fake) seconds: slices 3, claims 1, the rest nothing."""
+
+        async def list_snapshot(self, plural: str) -> Listing:
+            now[0] += {"resourceslices": 3.0, "resourceclaims": 1.0}.get(plural, 0.0)
+            return await super().list_snapshot(plural)
+
+    api = SlowListApi(
+        {
+            "deviceclasses": Listing([h.gpu_class(rv="1")], "10"),
+            "resourceslices": Listing([h.gpu_slice("n1", 2, rv="4")], "10"),
+            "resourceclaims": Listing([h.claim("c", rv="6")], "10"),
+            "nodes": Listing([{"metadata": {"name": "n1", "resourceVersion": "2"}}], "10"),
+            "pods": Listing([], "10"),
+        }
+    )
+    metrics = Metrics()
+    reconciler = ClaimReconciler(
+        model=ClusterModel(),
+        placer=PlannerPlacer(policy="first-fit", prefer_last_devices=True),
+        api=api,  # type: ignore[arg-type]  # the KubeApi listing methods
+        settings=Settings(gpu_class=h.GPU),
+        metrics=metrics,
+    )
+    reconciler.relister.clock = lambda: now[0]
+    with caplog.at_level(logging.INFO, logger="dra_operator.reconcile.relist"):
+        await reconciler.resync()
+
+    timing = reconciler.relister.last_timing
+    assert timing is not None
+    assert timing.per_kind_s == {
+        "deviceclasses": 0.0,
+        "resourceslices": 3.0,
+        "resourceclaims": 1.0,
+        "nodes": 0.0,
+        "pods": 0.0,
+    }
+    assert timing.list_s == 4.0  # here the fake listings ran one after the other
+    assert timing.apply_s == 0.0
+    assert metrics.registry.get_sample_value(
+        "dra_operator_model_sync_duration_seconds", {"phase": "list"}
+    ) == pytest.approx(4.0)
+    assert metrics.registry.get_sample_value(
+        "dra_operator_model_sync_duration_seconds", {"phase": "apply"}
+    ) == pytest.approx(0.0)
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("model synced")]
+    assert line == (
+        "model synced in 4.00 s (listing 4.00 s (deviceclasses 0.00 s, resourceslices 3.00 s, "
+        "resourceclaims 1.00 s, nodes 0.00 s, pods 0.00 s), into the model 0.00 s): "
+        "1 claims, 1 slices, 1 classes, 1 nodes"
+    )
