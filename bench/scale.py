@@ -17,7 +17,8 @@ on the one cluster (creating it takes minutes):
   operator's CPU per allocated claim beside ``bench/go_writer``'s (a compiled watch-and-write
   allocator with no placement work, ``bench/operator_allocation.py``) in the same burst
   (``--no-go`` leaves it out);
-- ``rss``: ``--claims-for-rss`` claims (at most the free GPUs) allocated and kept: the operator's RSS;
+- ``rss``: ``--claims-for-rss`` claims (at most the free GPUs but 200, which the takeover's claims
+  need) allocated and kept: the operator's RSS;
 - ``kubectl``: wall time of ``kubectl dra devices`` and ``kubectl dra claims -A`` (the project's
   plugin, with the claims of ``rss`` in place);
 - ``takeover``: a standby instance joins (its RSS as a standby), the active one is SIGKILLed while
@@ -746,7 +747,8 @@ class Scale:
 
     async def rss(self, *, claims: int, operator: Instance) -> str:
         ns = await self.namespace("rss")
-        count = min(claims, await self.free_devices())
+        # These claims stay through the takeover, whose claims need free devices of their own.
+        count = max(0, min(claims, await self.free_devices() - TAKEOVER_ROOM))
         run = Run(self.custom, ns, count, cls=self.config.gpu_class)
         watcher = asyncio.create_task(run.watch())
         await asyncio.sleep(1.0)
@@ -1200,6 +1202,10 @@ async def bench(cluster: LocalCluster, args: argparse.Namespace, workdir: Path) 
             inst.stop()
         await api.close()
     return r
+
+
+TAKEOVER_ROOM = 200
+"""Devices the ``rss`` phase leaves free for the claims fed during the takeover that follows."""
 
 
 def main() -> None:
