@@ -112,23 +112,15 @@ class ClaimAllocator:
         # Claims that cannot be allocated now, with what they were last told (said once).
         self.failing: dict[ClaimKey, Failure] = {}
         self._class_reports: dict[str, tuple[str, int, str]] = {}
-        self._drivers: tuple[int, set[str]] | None = None
 
     def assess(self, claim: ResourceClaim) -> Placement | Unallocatable:
         """Where the claim would go on the model as it is now, or why it cannot go anywhere. Holds
         nothing: the caller assumes the devices if it goes on to allocate."""
-        invalid = validate_claim(claim, known_drivers=self._known_drivers(), compiler=self.compiler)
+        known = set(self.settings.drivers) | {s.driver for s in self.model.slices.values()}
+        invalid = validate_claim(claim, known_drivers=known, compiler=self.compiler)
         if invalid is not None:
             return invalid
         return self.placer.place(claims=[claim], model=self.model)
-
-    def _known_drivers(self) -> set[str]:
-        """The operator's drivers and every driver with a slice; worked out again only when the
-        slices change (the model's generation), not per claim: a walk over every slice."""
-        if self._drivers is None or self._drivers[0] != self.model.generation:
-            known = set(self.settings.drivers) | {s.driver for s in self.model.slices.values()}
-            self._drivers = (self.model.generation, known)
-        return self._drivers[1]
 
     async def allocate(self, claim: ResourceClaim) -> None:
         key = ClaimKey(claim.namespace, claim.name)

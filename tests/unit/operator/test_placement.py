@@ -3,12 +3,9 @@ from __future__ import annotations
 from dra_api.model import ResourceClaim
 from dra_operator.cel import compile_selector
 from dra_operator.clustermodel import ClusterModel
-from dra_operator.metrics import Metrics
 from dra_operator.placement import Placement, Unallocatable
 from dra_operator.planner import PlannerPlacer
 from dra_operator.reconcile.claimchecks import validate_claim
-from dra_operator.reconcile.claims import ClaimReconciler
-from dra_operator.settings import Settings
 from tests.unit.operator.helpers import allocation, claim, gpu_class, gpu_slice, node
 
 
@@ -97,25 +94,3 @@ def test_selector_error_is_reported_even_when_no_device_is_free() -> None:
     assert isinstance(result, Unallocatable)
     assert result.reason == "AllocationError"
     assert "nope" in result.message
-
-
-def test_a_driver_is_known_once_a_slice_of_it_appears_though_known_drivers_are_worked_out_once() -> None:
-    """The reconciler keeps the set of known drivers between claims (a walk over every slice); a
-    slice of a new driver must still make that driver known for the next claim."""
-    model = _model(("n1", 2))
-    reconciler = ClaimReconciler(
-        model=model,
-        placer=PlannerPlacer(prefer_last_devices=True),
-        api=None,  # type: ignore[arg-type]  # assess() makes no API call
-        settings=Settings(gpu_class="gpu.nvidia.com"),
-        metrics=Metrics(),
-    )
-    fpga = ResourceClaim.from_json(claim("a", config_driver="fpga.example.com"))
-    refused = reconciler.assess(fpga)
-    assert isinstance(refused, Unallocatable)
-    assert refused.reason == "UnknownConfigDriver"
-    other = gpu_slice("n2", 1, rv="2")
-    other["metadata"]["name"] = "n2-fpga"
-    other["spec"]["driver"] = "fpga.example.com"
-    model.upsert_slice(other)
-    assert isinstance(reconciler.assess(fpga), Placement)
