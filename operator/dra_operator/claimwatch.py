@@ -110,6 +110,7 @@ class ClaimWatch:
                 self.claims.watch_relisted(RESOURCE)
         started, events = time.monotonic(), 0
         settings = self.settings
+        counted = self.metrics.watch_events.labels(RESOURCE)  # looked up once, not per event
         stream = self.api.watch(
             RESOURCE,
             resource_version=self.version,
@@ -123,7 +124,7 @@ class ClaimWatch:
                 events += 1
                 version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
                 if kind != "BOOKMARK":
-                    self.metrics.watch_events.labels(RESOURCE).inc()
+                    counted.inc()
                     self.health.event_seen()
                     self.claims.on_claim_event(obj, deleted=kind == "DELETED")
                 if version:

@@ -313,9 +313,14 @@ class ClusterModel:
         if not self._accept("claim", str(key), rv):
             return None
         self.claim_created[key] = str(meta.get("creationTimestamp", ""))
+        # The allocation being written (the reply to the write brings it back) or the one the claim
+        # had: when the claim's is the same, the model keeps that object (parsed once, and an
+        # unchanged holding for the placer, which then has nothing to catch up on).
+        previous = self.claims.get(key)
+        known = self._assumed.get(key) or (previous.status.allocation if previous is not None else None)
         self._release(key)
         try:
-            claim = ResourceClaim.from_json(obj)
+            claim = ResourceClaim.from_json(obj, known_allocation=known)
         except ModelError as exc:
             self.claims.pop(key, None)
             self._pending.pop(key, None)

@@ -15,6 +15,7 @@ import logging
 from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 from kubernetes_asyncio import client
@@ -311,36 +312,56 @@ class KubeApi:
 
     async def patch_claim(self, *, namespace: str, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
         self._fence(f"ResourceClaim {namespace}/{name}")
-        try:
-            obj: dict[str, Any] = await self.custom.patch_namespaced_custom_object(
-                RESOURCE_GROUP,
-                self.version,
-                namespace,
-                "resourceclaims",
-                name,
-                dict(body),
-                _content_type=MERGE_PATCH,
-            )
-        except ApiException as exc:
-            raise _translate(exc) from exc
-        return obj
+        return await self._merge_patch(self._claim_path(namespace, name), body)
 
     async def patch_claim_status(
         self, *, namespace: str, name: str, body: Mapping[str, Any]
     ) -> dict[str, Any]:
         self._fence(f"ResourceClaim {namespace}/{name} status")
+        return await self._merge_patch(self._claim_path(namespace, name) + "/status", body)
+
+    def _claim_path(self, namespace: str, name: str) -> str:
+        # Quoted as the generated client quotes path parameters (no safe characters).
+        return (
+            f"/apis/{RESOURCE_GROUP}/{self.version}/namespaces/{quote(namespace, safe='')}"
+            f"/resourceclaims/{quote(name, safe='')}"
+        )
+
+    async def _merge_patch(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """A merge patch of ``path``; the object the server returns. Every allocation is one of
+        these, so it skips the generated client's layers (which copy the body recursively, and quote
+        and check every parameter) and sends the JSON through the client's own REST session,
+        headers and authentication. Errors are raised as the generated client raises them (status,
+        reason, body, headers), then translated (:class:`Conflict`, :class:`Gone`)."""
+        api = self.api
+        headers: dict[str, Any] = {
+            **api.default_headers,
+            "Accept": "application/json",
+            "Content-Type": MERGE_PATCH,
+        }
+        if api.cookie:
+            headers["Cookie"] = api.cookie
+        await api.update_params_for_auth(headers, [], ["BearerToken"])
+        raw = await api.rest_client.request(
+            "PATCH",
+            f"{api.configuration.host}{path}",
+            headers=headers,
+            body=dict(body),
+            _preload_content=False,
+        )
         try:
-            obj: dict[str, Any] = await self.custom.patch_namespaced_custom_object_status(
-                RESOURCE_GROUP,
-                self.version,
-                namespace,
-                "resourceclaims",
-                name,
-                dict(body),
-                _content_type=MERGE_PATCH,
-            )
-        except ApiException as exc:
-            raise _translate(exc) from exc
+            data = await raw.read()
+        finally:
+            raw.release()
+        if not 200 <= raw.status <= 299:
+            error = ApiException(status=raw.status, reason=raw.reason)
+            error.body = data.decode("utf-8", "replace")
+            error.headers = raw.headers
+            translated = _translate(error)
+            if translated is error:
+                raise error
+            raise translated from error
+        obj: dict[str, Any] = json.loads(data)
         return obj
 
     async def delete_slice(self, *, name: str, uid: str) -> bool:

@@ -237,14 +237,29 @@ class ResourceClaimStatus:
         return out
 
     @classmethod
-    def parse(cls, ctx: Ctx, obj: Mapping[str, Any], path: str) -> ResourceClaimStatus:
+    def parse(
+        cls,
+        ctx: Ctx,
+        obj: Mapping[str, Any],
+        path: str,
+        *,
+        known_allocation: AllocationResult | None = None,
+    ) -> ResourceClaimStatus:
+        """With ``known_allocation`` whose JSON is exactly ``allocation``, that object is the
+        allocation: parsing the JSON would give an equal one (JSON round trips), and serialising is
+        several times cheaper than parsing. Keeping the same object also tells the operator's model
+        that the claim holds the same devices as before."""
         allocation = obj.get("allocation")
-        return cls(
-            allocation=None
-            if allocation is None
-            else AllocationResult.parse(
+        if allocation is None:
+            parsed = None
+        elif known_allocation is not None and allocation == known_allocation.to_json():
+            parsed = known_allocation
+        else:
+            parsed = AllocationResult.parse(
                 ctx, ctx.get_obj(allocation, f"{path}.allocation"), f"{path}.allocation"
-            ),
+            )
+        return cls(
+            allocation=parsed,
             reserved_for=ctx.items(obj, "reservedFor", path, lambda r, p: ConsumerReference.parse(ctx, r, p)),
             devices=ctx.items(obj, "devices", path, lambda d, p: AllocatedDeviceStatus.parse(ctx, d, p)),
         )

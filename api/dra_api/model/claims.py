@@ -16,7 +16,7 @@ from dra_api.model._json import (
     intern,
     shared_map,
 )
-from dra_api.model.allocation import ResourceClaimStatus
+from dra_api.model.allocation import AllocationResult, ResourceClaimStatus
 from dra_api.model.common import (
     ClaimConfig,
     ClassConfig,
@@ -305,6 +305,29 @@ def _parse_request(ctx: Ctx, obj: Mapping[str, Any], path: str) -> DeviceRequest
     return DeviceRequest(name=name, exactly=_parse_exact(ctx, exact, ep, sub=False))
 
 
+# Parsed claim specs by the repr of their JSON: claims made from one template, or one claim seen
+# again (its creation, the reply to the operator's write, later updates), have the same spec, and
+# parsing it is most of the work of parsing a claim. The spec is immutable and parsing is a pure
+# function of the JSON and the API version, so a cached spec cannot go out of date. The repr tells
+# apart what parsing tells apart (1, 1.0, True and "1"; str and int keys), and costs a fifth of
+# json.dumps. Only specs that parse are kept (errors name the claim).
+_SPEC_CACHE_LIMIT = 4096
+_specs: dict[tuple[str, str], ResourceClaimSpec] = {}
+
+
+def _claim_spec(ctx: Ctx, raw: Mapping[str, Any]) -> ResourceClaimSpec:
+    if type(raw) is not dict:  # not decoded JSON (an empty spec, a test's mapping): just parse
+        return ResourceClaimSpec.parse(ctx, raw, "spec")
+    key = (ctx.api_version, repr(raw))
+    spec = _specs.get(key)
+    if spec is None:
+        spec = ResourceClaimSpec.parse(ctx, raw, "spec")
+        if len(_specs) >= _SPEC_CACHE_LIMIT:
+            _specs.clear()
+        _specs[key] = spec
+    return spec
+
+
 @dataclass(frozen=True, slots=True)
 class ResourceClaim:
     metadata: ObjectMeta
@@ -324,12 +347,19 @@ class ResourceClaim:
         return self.metadata.ref
 
     @classmethod
-    def from_json(cls, obj: Mapping[str, Any]) -> ResourceClaim:
+    def from_json(
+        cls, obj: Mapping[str, Any], *, known_allocation: AllocationResult | None = None
+    ) -> ResourceClaim:
+        """``known_allocation``: an allocation this claim probably has (the one just written, or
+        the one it had): when ``status.allocation`` is exactly its JSON, that object is taken
+        instead of parsing the same again (see :meth:`ResourceClaimStatus.parse`)."""
         ctx = check_version(obj, "ResourceClaim")
         return cls(
             metadata=ObjectMeta.parse(ctx, obj),
-            spec=ResourceClaimSpec.parse(ctx, ctx.get_obj(obj.get("spec"), "spec"), "spec"),
-            status=ResourceClaimStatus.parse(ctx, ctx.get_obj(obj.get("status"), "status"), "status"),
+            spec=_claim_spec(ctx, ctx.get_obj(obj.get("spec"), "spec")),
+            status=ResourceClaimStatus.parse(
+                ctx, ctx.get_obj(obj.get("status"), "status"), "status", known_allocation=known_allocation
+            ),
         )
 
     def to_json(self, api_version: str = V1) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import logging
 import re
 from collections.abc import Callable, Mapping
@@ -56,11 +57,19 @@ _CLASS_SELECTOR_ERROR = re.compile(r"class (\S+): selector #(\d+) on device \S+:
 
 
 def _age_seconds(created: str, *, now: float) -> float | None:
+    stamp = _stamp_seconds(created)
+    return None if stamp is None else max(0.0, now - stamp)
+
+
+@functools.lru_cache(maxsize=256)
+def _stamp_seconds(created: str) -> float | None:
+    """Seconds since the epoch of a creationTimestamp. Memoised: strptime is slow, and the claims
+    of a burst were created within a few seconds of each other (stamps have whole seconds)."""
     try:
         stamp = datetime.datetime.strptime(created, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
     except ValueError:
         return None
-    return max(0.0, now - stamp.timestamp())
+    return stamp.timestamp()
 
 
 class DevicesTaken(Exception):
@@ -112,12 +121,21 @@ class ClaimAllocator:
         # Claims that cannot be allocated now, with what they were last told (said once).
         self.failing: dict[ClaimKey, Failure] = {}
         self._class_reports: dict[str, tuple[str, int, str]] = {}
+        self._known_drivers: tuple[int, frozenset[str]] = (-1, frozenset())
+
+    def known_drivers(self) -> frozenset[str]:
+        """The drivers a claim may name: ours and every driver with slices. Kept per model
+        generation (every change of slices moves it), not gathered from every slice per claim."""
+        generation, drivers = self._known_drivers
+        if generation != self.model.generation:
+            drivers = frozenset(self.settings.drivers) | {s.driver for s in self.model.slices.values()}
+            self._known_drivers = (self.model.generation, drivers)
+        return drivers
 
     def assess(self, claim: ResourceClaim) -> Placement | Unallocatable:
         """Where the claim would go on the model as it is now, or why it cannot go anywhere. Holds
         nothing: the caller assumes the devices if it goes on to allocate."""
-        known = set(self.settings.drivers) | {s.driver for s in self.model.slices.values()}
-        invalid = validate_claim(claim, known_drivers=known, compiler=self.compiler)
+        invalid = validate_claim(claim, known_drivers=self.known_drivers(), compiler=self.compiler)
         if invalid is not None:
             return invalid
         return self.placer.place(claims=[claim], model=self.model)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 
 from dra_api.model import ResourceClaim
 from dra_operator.placement import Unallocatable
 
 
 def validate_claim(
-    claim: ResourceClaim, *, known_drivers: set[str], compiler: Callable[[str], object] | None = None
+    claim: ResourceClaim, *, known_drivers: AbstractSet[str], compiler: Callable[[str], object] | None = None
 ) -> Unallocatable | None:
     """Checks made before placement, for messages that name the field: request selectors that do
     not compile, and opaque configuration for drivers nobody runs."""

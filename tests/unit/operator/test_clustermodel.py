@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import time
 
-from dra_api.model import AllocationResult
+from dra_api.model import AllocationResult, ResourceClaim
 from dra_operator.clustermodel import ClaimKey, ClusterModel
 from tests.unit.operator.helpers import allocation, claim, gpu_class, gpu_slice
 
@@ -147,3 +147,35 @@ def test_pending_claims_a_pod_owns_are_kept_apart_until_allocated_or_gone() -> N
     model.remove_claim(ClaimKey("ns", "of-other-pod"))
     assert [c.name for c in model.pending_pod_claims()] == []
     assert [c.name for c in model.pending_claims()] == ["standalone"]
+
+
+def test_the_reply_to_an_allocation_write_keeps_the_assumed_object() -> None:
+    """The claim as the server returns it after the write holds the very allocation assumed (no
+    second parse, no holding change for the placer); one that differs is parsed as written."""
+    model = ClusterModel()
+    key = ClaimKey("ns", "a")
+    model.upsert_claim(claim("a", rv="1"))
+    written = AllocationResult.from_json(allocation("n1", "gpu-3"))
+    model.assume(key, written)
+    after_assume = model.holding_position
+    reply = model.upsert_claim(claim("a", rv="2", allocation=allocation("n1", "gpu-3")))
+    assert isinstance(reply, ResourceClaim)
+    assert reply.status.allocation is written
+    assert model.assumed(key) is None
+    assert model.holding_changes_since(after_assume) == set()
+    assert model.devices_in_use() == {("gpu.nvidia.com", "n1", "gpu-3")}
+    # A later update with the same allocation keeps it too.
+    again = model.upsert_claim(claim("a", rv="3", allocation=allocation("n1", "gpu-3")))
+    assert isinstance(again, ResourceClaim)
+    assert again.status.allocation is written
+    # The server wrote something else (another allocator, a field dropped): what it says counts.
+    model.upsert_claim(claim("b", rv="4"))
+    model.assume(ClaimKey("ns", "b"), AllocationResult.from_json(allocation("n1", "gpu-4")))
+    other = model.upsert_claim(claim("b", rv="5", allocation=allocation("n1", "gpu-5")))
+    assert isinstance(other, ResourceClaim)
+    assert other.status.allocation == AllocationResult.from_json(allocation("n1", "gpu-5"))
+    assert model.devices_in_use() == {("gpu.nvidia.com", "n1", "gpu-3"), ("gpu.nvidia.com", "n1", "gpu-5")}
+    changed = model.upsert_claim(claim("a", rv="6", allocation=allocation("n1", "gpu-6")))
+    assert isinstance(changed, ResourceClaim)
+    assert changed.status.allocation == AllocationResult.from_json(allocation("n1", "gpu-6"))
+    assert ("gpu.nvidia.com", "n1", "gpu-3") not in model.devices_in_use()

@@ -94,3 +94,33 @@ def test_selector_error_is_reported_even_when_no_device_is_free() -> None:
     assert isinstance(result, Unallocatable)
     assert result.reason == "AllocationError"
     assert "nope" in result.message
+
+
+def test_drivers_known_to_the_claim_checks_follow_the_slices() -> None:
+    """The known drivers are kept per model generation: a driver whose slices appear later is
+    known from then on, and one whose slices all go is unknown again."""
+    from dra_operator.metrics import Metrics
+    from dra_operator.reconcile.claims import ClaimReconciler
+    from dra_operator.settings import Settings
+
+    model = _model(("n1", 2))
+    reconciler = ClaimReconciler(
+        model=model,
+        placer=PlannerPlacer(prefer_last_devices=True),
+        api=None,  # type: ignore[arg-type]  # assessing a claim makes no call
+        settings=Settings(),
+        metrics=Metrics(),
+    )
+    fpga = ResourceClaim.from_json(claim("a", config_driver="fpga.example.com"))
+    refused = reconciler.assess(fpga)
+    assert isinstance(refused, Unallocatable)
+    assert refused.reason == "UnknownConfigDriver"
+    fpga_slice = gpu_slice("n1", 1)
+    fpga_slice["metadata"]["name"] = "n1-fpga"
+    fpga_slice["spec"]["driver"] = "fpga.example.com"
+    model.upsert_slice(fpga_slice)
+    assert isinstance(reconciler.assess(fpga), Placement)
+    model.remove_slice("n1-fpga")
+    refused = reconciler.assess(fpga)
+    assert isinstance(refused, Unallocatable)
+    assert refused.reason == "UnknownConfigDriver"

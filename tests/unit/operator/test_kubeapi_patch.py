@@ -1,0 +1,119 @@
+"""The claim writes (merge patches) go through the client's REST session directly, not through the
+generated API: they must send what the generated client sends and fail the way it fails."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiohttp import web
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from dra_operator.kubeapi import MERGE_PATCH, Conflict, Gone, KubeApi, retry_after, transient
+
+Seen = list[dict[str, Any]]
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[tuple[str, Seen, list[tuple[int, dict[str, str], str]]]]:
+    """Records each request; answers with the next queued (status, headers, body), else 200 and
+    the patch echoed in an object."""
+    seen: Seen = []
+    answers: list[tuple[int, dict[str, str], str]] = []
+
+    async def handle(request: web.Request) -> web.Response:
+        body = await request.read()
+        seen.append(
+            {
+                "method": request.method,
+                "path": request.raw_path,
+                "content_type": request.headers.get("Content-Type"),
+                "accept": request.headers.get("Accept"),
+                "authorization": request.headers.get("Authorization"),
+                "user_agent": request.headers.get("User-Agent"),
+                "body": json.loads(body),
+            }
+        )
+        if answers:
+            status, headers, text = answers.pop(0)
+            return web.Response(status=status, headers=headers, text=text)
+        return web.json_response({"kind": "ResourceClaim", "patched": json.loads(body)})
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield f"http://127.0.0.1:{port}", seen, answers
+    finally:
+        await runner.cleanup()
+
+
+def _config(url: str) -> client.Configuration:
+    config = client.Configuration(host=url)
+    config.api_key = {"BearerToken": "secret-token"}
+    config.api_key_prefix = {"BearerToken": "Bearer"}
+    return config
+
+
+BODY = {"metadata": {"resourceVersion": "7"}, "status": {"allocation": {"devices": {"results": []}}}}
+
+
+async def test_claim_patches_send_what_the_generated_client_sends(
+    server: tuple[str, Seen, list[tuple[int, dict[str, str], str]]],
+) -> None:
+    url, seen, _ = server
+    async with client.ApiClient(_config(url)) as api_client:
+        api = KubeApi(api_client, resource_version="v1", instance="test")
+        custom: Any = client.CustomObjectsApi(api_client)
+        for namespace, name in (("ns", "claim-1"), ("odd ns", "a/b?c")):
+            got = await api.patch_claim_status(namespace=namespace, name=name, body=BODY)
+            assert got == {"kind": "ResourceClaim", "patched": BODY}
+            await custom.patch_namespaced_custom_object_status(
+                "resource.k8s.io", "v1", namespace, "resourceclaims", name, BODY, _content_type=MERGE_PATCH
+            )
+            assert seen[-2] == seen[-1]
+            got = await api.patch_claim(namespace=namespace, name=name, body=BODY)
+            assert got == {"kind": "ResourceClaim", "patched": BODY}
+            await custom.patch_namespaced_custom_object(
+                "resource.k8s.io", "v1", namespace, "resourceclaims", name, BODY, _content_type=MERGE_PATCH
+            )
+            assert seen[-2] == seen[-1]
+    assert seen[0]["path"] == "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/claim-1/status"
+    assert seen[0]["authorization"] == "Bearer secret-token"
+    assert seen[0]["content_type"] == MERGE_PATCH
+    assert seen[4]["path"] == "/apis/resource.k8s.io/v1/namespaces/odd%20ns/resourceclaims/a%2Fb%3Fc/status"
+
+
+async def test_claim_patch_errors_are_raised_as_before(
+    server: tuple[str, Seen, list[tuple[int, dict[str, str], str]]],
+) -> None:
+    url, _, answers = server
+    async with client.ApiClient(_config(url)) as api_client:
+        api = KubeApi(api_client, resource_version="v1", instance="test")
+        answers.append((409, {}, '{"kind":"Status","code":409}'))
+        with pytest.raises(Conflict, match="Conflict") as conflict:
+            await api.patch_claim_status(namespace="ns", name="c", body=BODY)
+        assert isinstance(conflict.value.__cause__, ApiException)
+        answers.append((404, {}, '{"kind":"Status","code":404}'))
+        with pytest.raises(Gone, match="Not Found"):
+            await api.patch_claim(namespace="ns", name="c", body=BODY)
+        answers.append((429, {"Retry-After": "3"}, '{"kind":"Status","code":429}'))
+        with pytest.raises(ApiException) as throttled:
+            await api.patch_claim_status(namespace="ns", name="c", body=BODY)
+        assert throttled.value.status == 429
+        assert throttled.value.reason == "Too Many Requests"
+        assert throttled.value.body == '{"kind":"Status","code":429}'
+        assert transient(throttled.value)
+        assert retry_after(throttled.value) == 3.0
+        answers.append((422, {}, '{"kind":"Status","code":422}'))
+        with pytest.raises(ApiException) as invalid:
+            await api.patch_claim(namespace="ns", name="c", body=BODY)
+        assert invalid.value.status == 422
+        assert not transient(invalid.value)
