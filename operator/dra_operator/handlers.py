@@ -57,6 +57,8 @@ def build_registry(parts: OperatorParts) -> kopf.OperatorRegistry:
             # Kopf is listing (type None), which after startup means its watch had a gap (410 Gone,
             # a reconnect): the listing shows what exists but not what was deleted meanwhile.
             parts.claims.watch_relisted(resource)
+        else:
+            parts.claims.watch_event(resource)
 
     @kopf.on.startup(registry=registry)
     async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:

@@ -24,6 +24,8 @@ from dra_operator.metrics import Metrics
 logger = logging.getLogger(__name__)
 
 RELIST_KINDS = ("deviceclasses", "resourceslices", "resourceclaims", "nodes", "pods")
+LISTING_QUIET_S = 5.0
+"""Listing events of one kind this far apart belong to two listings (two gaps), not one."""
 
 
 class ClaimInputs(Protocol):
@@ -73,6 +75,9 @@ class Relister:
         """Set once the model holds a full listing; nothing is allocated before."""
         self.last_timing: RelistTiming | None = None
         """How long the last re-list took (None before the first)."""
+        self._last_started: float | None = None
+        # Per kind, when the watch's current listing began to arrive, and its last listing event.
+        self._listing: dict[str, tuple[float, float]] = {}
 
     async def resync(self) -> None:
         """List claims, slices, classes, nodes and pods into the model; queue every claim. Says
@@ -100,6 +105,7 @@ class Relister:
         nothing may have been done about them). Returns how many objects each listing had."""
         wanted = [k for k in RELIST_KINDS if k in set(kinds)]
         started = self.clock()
+        self._last_started = started
         timed: list[tuple[Listing, float]] = await asyncio.gather(*(self._list(kind) for kind in wanted))
         listed = self.clock()
         listings = [listing for listing, _ in timed]
@@ -202,12 +208,30 @@ class Relister:
 
     def watch_relisted(self, kind: str) -> None:
         """A watch listed ``kind`` again (Kopf's, or the claim watch), which happens after a gap in
-        it (410 Gone, a lost connection): list the cluster here too, so that what was deleted
-        during the gap leaves the model. Every kind, not just this one: a gap rarely hits one watch
-        alone, and a watch whose re-list is empty gives no event to notice it by. The events of one
-        listing make one re-list."""
-        if self.synced.is_set():
-            self.request_relist()
+        it (410 Gone, a lost connection, the pause of a standby): list the cluster here too, so that
+        what was deleted during the gap leaves the model. Every kind, not just this one: a gap
+        rarely hits one watch alone, and a watch whose re-list is empty gives no event to notice it
+        by.
+
+        One listing of a watch makes at most one re-list: its events arrive over seconds at scale
+        (Kopf dispatches a listing of thousands of slices one by one), and a re-list that started
+        after the first of them came started after the watch's own listing did, so it already
+        covers the gap before that. That is also why the listing Kopf makes when a standby becomes
+        active, arriving while or after the takeover's own listing ran, lists nothing again."""
+        if not self.synced.is_set():
+            return
+        now = self.clock()
+        first, last = self._listing.get(kind, (now, now))
+        if now - last > LISTING_QUIET_S:
+            first = now  # a new listing, after a quiet spell: a new gap
+        self._listing[kind] = (first, now)
+        if self._last_started is not None and self._last_started >= first:
+            return
+        self.request_relist()
+
+    def watch_event(self, kind: str) -> None:
+        """A watch delivered a change of ``kind``: its listing, if any, is over."""
+        self._listing.pop(kind, None)
 
     def request_relist(self) -> None:
         self._wanted.update(RELIST_KINDS)

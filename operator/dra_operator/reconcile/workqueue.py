@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from dra_operator.clustermodel import ClaimKey
 
@@ -41,7 +42,7 @@ class ClaimQueue:
     def mark_later(self, delay: float, key: ClaimKey) -> None:
         asyncio.get_running_loop().call_later(delay, self.mark, key)
 
-    def take(self, order: Callable[[ClaimKey], str]) -> list[ClaimKey]:
+    def take(self, order: Callable[[ClaimKey], Any]) -> list[ClaimKey]:
         """The queued claims not being written now, in ``order``; they leave the queue."""
         batch = [k for k in self.dirty if k not in self.busy]
         for key in batch:

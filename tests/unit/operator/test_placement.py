@@ -2,10 +2,13 @@ from __future__ import annotations
 
 from dra_api.model import ResourceClaim
 from dra_operator.cel import compile_selector
-from dra_operator.clustermodel import ClusterModel
+from dra_operator.clustermodel import ClaimKey, ClusterModel
+from dra_operator.metrics import Metrics
 from dra_operator.placement import Placement, Unallocatable
 from dra_operator.planner import PlannerPlacer
 from dra_operator.reconcile.claimchecks import validate_claim
+from dra_operator.reconcile.claims import ClaimReconciler
+from dra_operator.settings import Settings
 from tests.unit.operator.helpers import allocation, claim, gpu_class, gpu_slice, node
 
 
@@ -124,3 +127,32 @@ def test_drivers_known_to_the_claim_checks_follow_the_slices() -> None:
     refused = reconciler.assess(fpga)
     assert isinstance(refused, Unallocatable)
     assert refused.reason == "UnknownConfigDriver"
+
+
+def test_after_a_takeover_claims_waiting_for_devices_are_taken_before_those_that_hold_theirs() -> None:
+    model = _model(("n1", 4))
+    model.upsert_claim(claim("old-held", allocation=allocation("n1", "gpu-0")))
+    model.upsert_claim(claim("new-pending"))
+    deleting = claim("deleting", allocation=allocation("n1", "gpu-1"))
+    deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:05Z"
+    model.upsert_claim(deleting)
+    model.upsert_claim(claim("older-pending"))
+    for name, stamp in (
+        ("old-held", "00"),
+        ("new-pending", "09"),
+        ("deleting", "05"),
+        ("older-pending", "01"),
+    ):
+        model.claim_created[ClaimKey("ns", name)] = f"2026-01-01T00:00:{stamp}Z"
+    reconciler = ClaimReconciler(
+        model=model,
+        placer=PlannerPlacer(prefer_last_devices=True),
+        api=None,  # type: ignore[arg-type]  # nothing is written here
+        settings=Settings(gpu_class="gpu.nvidia.com"),
+        metrics=Metrics(),
+    )
+    reconciler.queue.mark_all(
+        ClaimKey("ns", n) for n in ("old-held", "new-pending", "deleting", "older-pending")
+    )
+    taken = reconciler.queue.take(order=reconciler._urgency)
+    assert [k.name for k in taken] == ["older-pending", "deleting", "new-pending", "old-held"]

@@ -146,3 +146,65 @@ async def test_the_initial_listing_says_how_long_it_took(caplog: pytest.LogCaptu
         "resourceclaims 1.00 s, nodes 0.00 s, pods 0.00 s), into the model 0.00 s): "
         "1 claims, 1 slices, 1 classes, 1 nodes"
     )
+
+
+async def test_one_listing_of_a_watch_makes_at_most_one_relist() -> None:
+    """Kopf dispatches a listing event by event (thousands at scale, over seconds): a re-list that
+    started after the first of them covers the gap before that listing, and the rest of it must
+    not list the cluster again and again."""
+    api = ListApi(
+        {k: Listing([], "10") for k in ("deviceclasses", "resourceslices", "resourceclaims", "nodes", "pods")}
+    )
+    reconciler, _ = _reconciler(api)
+    relister = reconciler.relister
+    now = [100.0]
+    relister.clock = lambda: now[0]
+    requests: list[float] = []
+    relister.request_relist = lambda: requests.append(now[0])  # type: ignore[method-assign]
+    await reconciler.resync()  # at 100: the takeover's own listing
+
+    # Kopf's listing after the pause, arriving after the takeover's listing began: a re-list is
+    # asked for (the asks coalesce while it waits to run)...
+    for step in range(10):
+        now[0] = 101.0 + step * 0.5
+        reconciler.watch_relisted("resourceslices")
+    assert requests[0] == 101.0
+    requests.clear()
+    await relister.relist(["resourceslices"])  # ... and runs at 105.5, amid the listing
+    for step in range(4):
+        now[0] = 106.0 + step * 0.5
+        reconciler.watch_relisted("resourceslices")
+    assert requests == []  # the rest of that listing asks for none
+
+    # A change ends that listing; a listing after it is a new gap.
+    reconciler.watch_event("resourceslices")
+    now[0] = 108.0
+    reconciler.watch_relisted("resourceslices")
+    assert requests == [108.0]
+    await relister.relist(["resourceslices"])  # at 108
+    now[0] = 108.5
+    reconciler.watch_relisted("resourceslices")
+    assert requests == [108.0]
+
+    # So is one after a quiet spell, even with no change in between.
+    now[0] = 108.5 + 6.0
+    reconciler.watch_relisted("resourceslices")
+    assert requests == [108.0, 114.5]
+
+
+async def test_a_listing_that_began_before_the_takeovers_own_listing_makes_no_relist() -> None:
+    api = ListApi(
+        {k: Listing([], "10") for k in ("deviceclasses", "resourceslices", "resourceclaims", "nodes", "pods")}
+    )
+    reconciler, _ = _reconciler(api)
+    relister = reconciler.relister
+    now = [100.0]
+    relister.clock = lambda: now[0]
+    requests: list[float] = []
+    relister.request_relist = lambda: requests.append(now[0])  # type: ignore[method-assign]
+    await reconciler.resync()
+    now[0] = 99.0  # not possible on one clock; stands for a listing whose first event came earlier
+    relister._listing["nodes"] = (99.0, 99.0)
+    now[0] = 100.5
+    reconciler.watch_relisted("nodes")
+    assert requests == []
