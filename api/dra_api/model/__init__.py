@@ -18,7 +18,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from dra_api.model._json import API_VERSIONS, V1, V1BETA1, V1BETA2, empty_map, shared_map
+from dra_api.model._json import (
+    API_VERSIONS,
+    V1,
+    V1BETA1,
+    V1BETA2,
+    KeyedTuple,
+    empty_map,
+    keyed_map,
+    shared_map,
+)
 from dra_api.model.allocation import (
     FROM_CLAIM,
     FROM_CLASS,
@@ -115,6 +124,7 @@ __all__ = [
     "DeviceTaint",
     "DeviceToleration",
     "ExactDeviceRequest",
+    "KeyedTuple",
     "ModelError",
     "Node",
     "NodeSelector",
@@ -133,5 +143,6 @@ __all__ = [
     "ValidRange",
     "empty_map",
     "from_json",
+    "keyed_map",
     "shared_map",
 ]

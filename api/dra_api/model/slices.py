@@ -21,6 +21,7 @@ from dra_api.model._json import (
     drop_empty,
     empty_map,
     intern,
+    keyed_map,
     shared_map,
 )
 from dra_api.model.common import DeviceTaint, ObjectMeta
@@ -304,7 +305,8 @@ def _parse_device(ctx: Ctx, obj: Mapping[str, Any], path: str) -> Device:
     selector = body.get("nodeSelector")
     return Device(
         name=name,
-        attributes=shared_map(attributes),
+        # Siblings differ in a few values (UUID, PCI address): share the keys, not the whole map.
+        attributes=keyed_map(attributes),
         capacity=shared_map(capacity),
         consumes_counters=ctx.items(
             body,

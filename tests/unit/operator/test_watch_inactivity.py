@@ -10,12 +10,14 @@ import json
 import logging
 from collections.abc import AsyncIterator
 
+import kopf
 import pytest
 from aiohttp import web
+from kopf._cogs.clients import fetching as kopf_fetching
 from kopf._cogs.clients import watching as kopf_watching
 from kubernetes_asyncio import client
 
-from dra_operator import kopfwatchlog
+from dra_operator import kopfwatchlog, runner
 from dra_operator.kubeapi import KubeApi, WatchInactive
 from dra_operator.metrics import Metrics
 from dra_operator.settings import parse
@@ -143,3 +145,13 @@ def test_watch_timeouts_are_settings_and_checked() -> None:
         parse(["--watch-server-timeout-seconds=400"], env={})
     with pytest.raises(ValueError, match="must be positive"):
         parse(["--watch-inactivity-timeout-seconds=0"], env={})
+
+
+def test_kopf_lists_in_pages() -> None:
+    kopf_settings = kopf.OperatorSettings()
+    runner.configure_kopf(kopf_settings, parse([], env={}))
+    assert kopf_settings.watching.chunk_size == runner.LIST_PAGE_SIZE
+    # The setting is what Kopf's listing reads to send limit= and follow continue tokens.
+    source = inspect.getsource(kopf_fetching.fetch_objs)
+    assert "settings.watching.chunk_size" in source
+    assert "continue_token" in source
