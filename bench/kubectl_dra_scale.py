@@ -14,8 +14,9 @@ the Pods; plus one pending claim per 100 nodes. Every object carries the server'
 
 Stages, per N and command (wall seconds, ``time.perf_counter``):
 
-- ``decode``: the list responses' JSON bytes (resource.k8s.io lists in pages of 500, as the plugin
-  asks for them, core lists in one page) to dicts, as the client does (``json.loads``);
+- ``decode``: the JSON bytes of the list responses the command reads (``cli.DEVICES_LISTS``,
+  ``cli.CLAIMS_LISTS``) to dicts, as the client does (``json.loads``); resource.k8s.io lists in
+  pages of ``cluster.PAGE_SIZE``, core lists in one;
 - ``parse``: :meth:`ClusterObjects.from_lists`;
 - ``rows``: :func:`device_rows` / :func:`claim_rows`;
 - ``render``: the table text;
@@ -38,6 +39,7 @@ import asyncio
 import contextlib
 import cProfile
 import datetime
+import gc
 import io
 import json
 import os
@@ -50,7 +52,7 @@ import tempfile
 import threading
 import time
 import types
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,17 +67,17 @@ from dra_node_agent.simulated.discovery import load_profile
 from dra_operator.deviceclasses import desired_classes
 from dra_operator.kubectl_dra import cli
 from dra_operator.kubectl_dra.claims_command import claim_rows, render_claims
-from dra_operator.kubectl_dra.cluster import ClusterObjects
+from dra_operator.kubectl_dra.cluster import PAGE_SIZE, ClusterObjects, needs_nodes
 from dra_operator.kubectl_dra.devices import device_rows, render_devices
 from dra_operator.reconcile.status import CONDITION_ANNOTATION, condition_json
 from dra_operator.settings import Settings
 
 GROUP, VERSION = "resource.k8s.io", "v1"
-PAGE = 500
-"""The plugin lists resource.k8s.io kinds in pages of this many (``KubeApi.list_snapshot``)."""
 CREATED = "2025-06-01T10:00:00Z"
 NOW = datetime.datetime(2025, 6, 1, 12, 0, 0, tzinfo=datetime.UTC)
 COMMANDS: dict[str, tuple[str, ...]] = {"devices": ("devices",), "claims": ("claims", "-A")}
+LISTS = {"devices": cli.DEVICES_LISTS, "claims": cli.CLAIMS_LISTS}
+"""The lists each command reads (the nodes too for claims when :func:`needs_nodes`)."""
 Lists = dict[str, list[dict[str, Any]]]
 """Items by plural: deviceclasses, resourceslices, resourceclaims, nodes, pods."""
 
@@ -296,12 +298,12 @@ _KINDS = {
 
 
 def pages(lists: Lists) -> dict[str, list[bytes]]:
-    """Each list's responses as the server sends them: resource.k8s.io in pages of :data:`PAGE`
+    """Each list's responses as the server sends them: resource.k8s.io in pages of ``PAGE_SIZE``
     (``metadata.continue`` on all but the last), core kinds in one."""
     out: dict[str, list[bytes]] = {}
     for plural, items in lists.items():
         kind, api_version = _KINDS[plural]
-        size = PAGE if api_version != "v1" else max(1, len(items))
+        size = PAGE_SIZE if api_version != "v1" else max(1, len(items))
         chunks = [items[i : i + size] for i in range(0, len(items), size)] or [[]]
         out[plural] = []
         for n, chunk in enumerate(chunks):
@@ -314,10 +316,12 @@ def pages(lists: Lists) -> dict[str, list[bytes]]:
     return out
 
 
-def decode(responses: Mapping[str, list[bytes]]) -> Lists:
-    """What the plugin's client makes of the responses: the items of every page, as dicts."""
+def decode(responses: Mapping[str, list[bytes]], kinds: Collection[str]) -> Lists:
+    """What the plugin's client makes of the responses of ``kinds``: the items of every page."""
     out: Lists = {}
     for plural, bodies in responses.items():
+        if plural not in kinds:
+            continue
         items: list[dict[str, Any]] = []
         for body in bodies:
             items.extend(json.loads(body)["items"])
@@ -349,18 +353,34 @@ def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
 
 
 def pipeline(responses: Mapping[str, list[bytes]], command: str) -> tuple[str, Timings]:
-    """The command's work after the HTTP layer, stage by stage; its output and the timings."""
+    """The command's work after the HTTP layer, stage by stage; its output and the timings. The
+    cyclic garbage collector is off, as the command runs (``cli.run``)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _pipeline(responses, command)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _pipeline(responses: Mapping[str, list[bytes]], command: str) -> tuple[str, Timings]:
     t = Timings()
-    lists, t.decode = _timed(lambda: decode(responses))
+    kinds = LISTS[command]
+    lists, t.decode = _timed(lambda: decode(responses, kinds))
     cluster, t.parse = _timed(
         lambda: ClusterObjects.from_lists(
-            classes=lists["deviceclasses"],
-            slices=lists["resourceslices"],
-            claims=lists["resourceclaims"],
-            nodes=lists["nodes"],
-            pods=lists["pods"],
+            classes=lists.get("deviceclasses", ()),
+            slices=lists.get("resourceslices", ()),
+            claims=lists.get("resourceclaims", ()),
+            nodes=lists.get("nodes", ()),
+            pods=lists.get("pods", ()),
         )
     )
+    if command == "claims" and needs_nodes(cluster.claims):  # the command's second list
+        nodes, more = _timed(lambda: decode(responses, ["nodes"]))
+        cluster, parse = _timed(lambda: cluster.with_nodes(nodes["nodes"]))
+        t.decode, t.parse = t.decode + more, t.parse + parse
     if command == "devices":
         drows, t.rows = _timed(lambda: device_rows(cluster=cluster, node=None))
         text, t.render = _timed(lambda: render_devices(drows, output="table"))

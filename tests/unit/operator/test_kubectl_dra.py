@@ -601,3 +601,26 @@ def test_output_is_pinned(
         golden.parent.mkdir(parents=True, exist_ok=True)
         golden.write_text(out)
     assert out == golden.read_text()
+
+
+def test_policy_flag_offers_the_planners_policies() -> None:
+    """The flag's choices come from settings (the planner is imported only to explain)."""
+    from dra_operator.planner import POLICIES
+
+    assert cli.PLACEMENT_POLICIES == POLICIES
+
+
+@pytest.mark.parametrize(
+    ("created", "age"),
+    [
+        ("2025-01-01T11:57:00Z", 180.0),
+        ("2025-1-1T11:57:00Z", 180.0),  # strptime's looser form still reads
+        ("2025-02-30T11:57:00Z", None),
+        ("yesterday", None),
+        ("", None),
+    ],
+)
+def test_claim_age(created: str, age: float | None) -> None:
+    from dra_operator.kubectl_dra.claims_command import age_seconds
+
+    assert age_seconds(created, now=NOW) == age
