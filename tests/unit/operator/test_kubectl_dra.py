@@ -624,3 +624,25 @@ def test_claim_age(created: str, age: float | None) -> None:
     from dra_operator.kubectl_dra.claims_command import age_seconds
 
     assert age_seconds(created, now=NOW) == age
+
+
+def test_each_command_lists_only_what_it_shows(fake_api: _FakeApi, tmp_path: Path) -> None:
+    """claims reads no slices, and nodes only for an allocation not pinned by name (by-label here);
+    devices reads nodes only for --node."""
+    path = _kubeconfig(tmp_path, f"http://127.0.0.1:{fake_api.port}")
+
+    def listed(*argv: str) -> set[str]:
+        fake_api.requests.clear()
+        assert _main(*argv, f"--kubeconfig={path}")[0] == 0
+        return {r.split("?")[0].rsplit("/", 1)[1] for r in fake_api.requests}
+
+    assert listed("claims", "-A") == {"deviceclasses", "resourceclaims", "pods", "nodes"}
+    assert listed("claims", "-n", "team") == {"deviceclasses", "resourceclaims", "pods", "nodes"}
+    assert listed("devices") == {"deviceclasses", "resourceslices", "resourceclaims", "pods"}
+    assert listed("devices", "--node", "a") == {
+        "deviceclasses",
+        "resourceslices",
+        "resourceclaims",
+        "pods",
+        "nodes",
+    }
