@@ -27,8 +27,8 @@ __all__ = [
     "device_attribute_from_json",
 ]
 
-_INT64_MIN: Final = -(2**63)
-_INT64_MAX: Final = 2**63 - 1
+INT64_MIN: Final = -(2**63)
+INT64_MAX: Final = 2**63 - 1
 
 # The regular expression semver.org publishes for SemVer 2.0.0 (no leading "v", no leading zeros).
 _SEMVER_RE: Final = re.compile(
@@ -125,7 +125,7 @@ def _scalar(kind: str, raw: object, *, where: str) -> AttributeScalar:
     if kind == "int":
         if isinstance(raw, bool) or not isinstance(raw, int):
             raise ValueError(f"attribute {where}: int value must be an integer, got {raw!r}")
-        if not _INT64_MIN <= raw <= _INT64_MAX:
+        if not INT64_MIN <= raw <= INT64_MAX:
             raise ValueError(f"attribute {where}: int value {raw} does not fit in int64")
         return raw
     if kind == "bool":

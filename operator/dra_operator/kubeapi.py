@@ -138,14 +138,14 @@ class KubeApi:
 
     # -- resource.k8s.io ---------------------------------------------------------------------------
 
-    async def list_snapshot(self, plural: str) -> Listing:
-        """All objects of a resource.k8s.io resource, in pages of 500. The pages of one list are one
-        consistent snapshot, at the first page's resourceVersion."""
+    async def list_snapshot(self, plural: str, *, page_size: int = 500) -> Listing:
+        """All objects of a resource.k8s.io resource, in pages of ``page_size``. The pages of one list
+        are one consistent snapshot, at the first page's resourceVersion."""
         items: list[dict[str, Any]] = []
         cont: str | None = None
         version = ""
         while True:
-            kwargs: dict[str, Any] = {"limit": 500}
+            kwargs: dict[str, Any] = {"limit": page_size}
             if cont:
                 kwargs["_continue"] = cont
             page = await self.custom.list_cluster_custom_object(

@@ -148,6 +148,8 @@ def _same(a: Mapping[Any, Any], b: Mapping[Any, Any]) -> bool:
         return False
     for k, v in b.items():
         w = a.get(k, _MISSING)
+        if w is v:
+            continue  # the same (interned) object: equal, and its repr too
         if type(w) is not type(v) or w != v:
             return False
         if not isinstance(v, _SIMPLE) and repr(w) != repr(v):
@@ -234,6 +236,8 @@ class Ctx:
         return bool(self.get_opt_bool(parent, key, path))
 
     def str_list(self, parent: Mapping[str, Any], key: str, path: str) -> tuple[str, ...]:
+        if parent.get(key) is None:
+            return ()  # before building the path: most lists are absent, and slices hold many
         out = []
         for i, item in enumerate(self.get_list(parent.get(key), f"{path}.{key}")):
             if not isinstance(item, str):
@@ -268,11 +272,15 @@ class Ctx:
     def items(
         self, parent: Mapping[str, Any], key: str, path: str, parse: Callable[[Mapping[str, Any], str], T]
     ) -> tuple[T, ...]:
-        seq = self.get_list(parent.get(key), f"{path}.{key}")
-        return tuple(
-            parse(self.get_obj(item, f"{path}.{key}[{i}]"), f"{path}.{key}[{i}]")
-            for i, item in enumerate(seq)
-        )
+        value = parent.get(key)
+        if value is None:
+            return ()  # before building the path: most lists are absent, and slices hold many
+        base = f"{path}.{key}"
+        out = []
+        for i, item in enumerate(self.get_list(value, base)):
+            where = f"{base}[{i}]"
+            out.append(parse(self.get_obj(item, where), where))
+        return tuple(out)
 
 
 def _type_name(value: Any) -> str:

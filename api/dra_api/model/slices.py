@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dra_api.attributes import (
+    INT64_MAX,
+    INT64_MIN,
     AttributeValue,
     UnsupportedAttribute,
     Version,
@@ -45,6 +47,38 @@ def _intern_value(value: Any) -> Any:
             _values.clear()
         found = _values[key] = value
     return found
+
+
+_NOT_PLAIN: Any = object()
+_versions: dict[str, Version] = {}
+
+
+def _plain_attribute(raw: Any) -> Any:
+    """The value of an attribute in its common form (one valid scalar field), as the full decoding
+    and :func:`_intern_value` would make it; :data:`_NOT_PLAIN` for any other form. A large
+    cluster's slices hold about ten attributes per device: the full path was most of their parsing."""
+    if type(raw) is not dict or len(raw) != 1:
+        return _NOT_PLAIN
+    ((name, value),) = raw.items()
+    kind = type(value)
+    if name == "string" and kind is str:
+        return intern(value)
+    if name == "int" and kind is int and INT64_MIN <= value <= INT64_MAX:
+        return value
+    if name == "bool" and kind is bool:
+        return value
+    if name == "version" and kind is str:
+        found = _versions.get(value)
+        if found is None:
+            try:
+                parsed = Version(value)
+            except ValueError:
+                return _NOT_PLAIN  # the full path makes it an UnsupportedAttribute
+            if len(_versions) > 100_000:
+                _versions.clear()
+            found = _versions[value] = _intern_value(parsed)
+        return found
+    return _NOT_PLAIN
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,6 +326,10 @@ def _parse_device(ctx: Ctx, obj: Mapping[str, Any], path: str) -> Device:
         body = obj
     attributes: dict[str, AttributeValue | UnsupportedAttribute] = {}
     for key, raw in ctx.get_obj(body.get("attributes"), f"{path}.attributes").items():
+        fast = _plain_attribute(raw)
+        if fast is not _NOT_PLAIN:
+            attributes[intern(key)] = fast
+            continue
         try:
             value = device_attribute_from_json(ctx.get_obj(raw, f"{path}.attributes[{key}]"))
         except ValueError as exc:

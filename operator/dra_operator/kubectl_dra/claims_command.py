@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -140,9 +141,19 @@ def consumers(obj: ClaimObject, *, cluster: ClusterObjects) -> tuple[str, ...]:
     return tuple(out)
 
 
+_STAMP = re.compile(r"(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)Z")
+
+
 def age_seconds(created: str, *, now: datetime.datetime) -> float | None:
+    # The form the API server writes, read without strptime (which looks up the locale on every
+    # call: a quarter of the claims' rows at scale); strptime reads anything else as before.
+    match = _STAMP.fullmatch(created)
     try:
-        stamp = datetime.datetime.strptime(created, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
+        if match is not None:
+            year, month, day, hour, minute, second = (int(g) for g in match.groups())
+            stamp = datetime.datetime(year, month, day, hour, minute, second, tzinfo=datetime.UTC)
+        else:
+            stamp = datetime.datetime.strptime(created, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
     except ValueError:
         return None
     return (now - stamp).total_seconds()

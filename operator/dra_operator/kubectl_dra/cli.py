@@ -11,26 +11,32 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import gc
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
-from typing import NoReturn, TextIO
+from typing import TYPE_CHECKING, NoReturn, TextIO
 
-import aiohttp
 import yaml
-from kubernetes_asyncio.client.exceptions import ApiException
-from kubernetes_asyncio.config import ConfigException
 
-from dra_api.kube import UnsupportedServer
-from dra_operator.allocator import FeatureGates
-from dra_operator.kubectl_dra.claims_command import claim_rows, render_claims
-from dra_operator.kubectl_dra.cluster import ClusterObjects, fetch
-from dra_operator.kubectl_dra.devices import device_rows, render_devices
-from dra_operator.kubectl_dra.explain import explain_claim
-from dra_operator.kubectl_dra.output import dump
-from dra_operator.planner import POLICIES
+from dra_operator.settings import PLACEMENT_POLICIES
+
+# The subcommands' modules, the client and the allocator are imported when a command needs them:
+# importing all of them took about 1.5 s of every run (--help included), and only explain needs the
+# planner and allocator, only devices the CEL evaluator.
+if TYPE_CHECKING:
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    from dra_operator.kubectl_dra.cluster import ClusterObjects
+
+# What each command lists: a large cluster's slices and nodes are most of the bytes, and a command
+# lists only what it shows. devices: nodes only for --node (which slices reach it); claims: no
+# slices (a row names its devices as the allocation does), nodes only for an allocation not pinned
+# to one node by name (see cluster.needs_nodes).
+DEVICES_LISTS = ("deviceclasses", "resourceslices", "resourceclaims", "pods")
+CLAIMS_LISTS = ("deviceclasses", "resourceclaims", "pods")
 
 PROG = "kubectl dra"
 USAGE_ERROR = 2
@@ -97,7 +103,12 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("claim", metavar="CLAIM", help="the ResourceClaim's name")
     _common(explain, namespaced=True)
     explain.add_argument("--node", help="what if: allocate on this node only")
-    explain.add_argument("--policy", choices=POLICIES, default=POLICIES[0], help="how to choose among nodes")
+    explain.add_argument(
+        "--policy",
+        choices=PLACEMENT_POLICIES,
+        default=PLACEMENT_POLICIES[0],
+        help="how to choose among nodes",
+    )
     explain.add_argument(
         "--feature-gates",
         default="",
@@ -163,11 +174,26 @@ def _server_error(exc: ApiException) -> str:
     return f"the server refused the request (HTTP {exc.status}): {' '.join(text.split())[:300]}"
 
 
-def read_cluster(args: argparse.Namespace, *, kubeconfig: str | None) -> ClusterObjects:
+def read_cluster(
+    args: argparse.Namespace,
+    *,
+    kubeconfig: str | None,
+    kinds: Collection[str] | None = None,
+    nodes_if_needed: bool = False,
+) -> ClusterObjects:
+    """The cluster's objects of ``kinds`` (None: all of them)."""
+    import aiohttp
+    from kubernetes_asyncio.client.exceptions import ApiException
+    from kubernetes_asyncio.config import ConfigException
+
+    from dra_api.kube import UnsupportedServer
+    from dra_operator.kubectl_dra.cluster import KINDS, fetch
+
+    reading = fetch(
+        kubeconfig=kubeconfig, context=args.context, kinds=kinds or KINDS, nodes_if_needed=nodes_if_needed
+    )
     try:
-        return asyncio.run(
-            asyncio.wait_for(fetch(kubeconfig=kubeconfig, context=args.context), args.request_timeout)
-        )
+        return asyncio.run(asyncio.wait_for(reading, args.request_timeout))
     except ConfigException as exc:
         raise UsageError(" ".join(str(exc).split())) from exc
     except UnsupportedServer as exc:
@@ -187,7 +213,11 @@ def read_cluster(args: argparse.Namespace, *, kubeconfig: str | None) -> Cluster
 # ---- subcommands ---------------------------------------------------------------------------------
 
 
-def _devices(args: argparse.Namespace, cluster: ClusterObjects, out: TextIO, err: TextIO) -> int:
+def _devices(args: argparse.Namespace, *, kubeconfig: str | None, out: TextIO, err: TextIO) -> int:
+    from dra_operator.kubectl_dra.devices import device_rows, render_devices
+
+    kinds = [*DEVICES_LISTS, *(["nodes"] if args.node else [])]
+    cluster = _read(args, kubeconfig=kubeconfig, err=err, kinds=kinds)
     rows = device_rows(cluster=cluster, node=args.node)
     output = args.output or "table"
     if not rows and output not in ("json", "yaml"):
@@ -197,7 +227,10 @@ def _devices(args: argparse.Namespace, cluster: ClusterObjects, out: TextIO, err
     return 0
 
 
-def _claims(args: argparse.Namespace, cluster: ClusterObjects, out: TextIO, err: TextIO) -> int:
+def _claims(args: argparse.Namespace, *, kubeconfig: str | None, out: TextIO, err: TextIO) -> int:
+    from dra_operator.kubectl_dra.claims_command import claim_rows, render_claims
+
+    cluster = _read(args, kubeconfig=kubeconfig, err=err, kinds=CLAIMS_LISTS, nodes_if_needed=True)
     namespace = None if args.all_namespaces else args.namespace
     rows = claim_rows(cluster=cluster, namespace=namespace, now=datetime.datetime.now(datetime.UTC))
     output = args.output or "table"
@@ -208,7 +241,11 @@ def _claims(args: argparse.Namespace, cluster: ClusterObjects, out: TextIO, err:
     return 0
 
 
-def _explain(args: argparse.Namespace, cluster: ClusterObjects, out: TextIO, err: TextIO) -> int:
+def _explain(args: argparse.Namespace, *, kubeconfig: str | None, out: TextIO, err: TextIO) -> int:
+    from dra_operator.kubectl_dra.explain import explain_claim
+    from dra_operator.kubectl_dra.output import dump
+
+    cluster = _read(args, kubeconfig=kubeconfig, err=err)
     obj = cluster.claim(args.namespace, args.claim)
     if obj is None:
         raise UsageError(
@@ -220,6 +257,20 @@ def _explain(args: argparse.Namespace, cluster: ClusterObjects, out: TextIO, err
     else:
         out.write(explained.text)
     return explained.code
+
+
+def _read(
+    args: argparse.Namespace,
+    *,
+    kubeconfig: str | None,
+    err: TextIO,
+    kinds: Collection[str] | None = None,
+    nodes_if_needed: bool = False,
+) -> ClusterObjects:
+    cluster = read_cluster(args, kubeconfig=kubeconfig, kinds=kinds, nodes_if_needed=nodes_if_needed)
+    for warning in cluster.warnings:
+        print(f"warning: {warning}", file=err)
+    return cluster
 
 
 _COMMANDS = {"devices": _devices, "claims": _claims, "explain": _explain}
@@ -235,6 +286,8 @@ def run(argv: Sequence[str], *, out: TextIO, err: TextIO) -> int:
         parser.print_help(out)
         return USAGE_ERROR
     if args.command == "explain":
+        from dra_operator.allocator import FeatureGates
+
         try:
             args.gates = FeatureGates.from_flag(args.feature_gates)
         except ValueError as exc:
@@ -244,10 +297,17 @@ def run(argv: Sequence[str], *, out: TextIO, err: TextIO) -> int:
         args.namespace = args.namespace or context_namespace(kubeconfig, args.context)
     elif args.context is not None:
         context_namespace(kubeconfig, args.context)  # an unknown context fails before any request
-    cluster = read_cluster(args, kubeconfig=kubeconfig)
-    for warning in cluster.warnings:
-        print(f"warning: {warning}", file=err)
-    return _COMMANDS[args.command](args, cluster, out, err)
+    # The lists become millions of small objects, none of them in a reference cycle; the cyclic
+    # collector walked them all again and again while they were read (half the command's time at
+    # 1,000 nodes). A short-lived command can leave it off; main() may run in-process, so it is
+    # turned back on.
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _COMMANDS[args.command](args, kubeconfig=kubeconfig, out=out, err=err)
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def main(

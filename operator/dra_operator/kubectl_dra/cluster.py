@@ -8,8 +8,9 @@ turns those lists into typed objects; objects the model cannot parse are left ou
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +58,20 @@ class ClusterObjects:
     claims: list[ClaimObject]
     pods: list[PodObject]
     warnings: tuple[str, ...] = ()
+    # Lookups by key, built once: a scan of every pod per claim was quadratic (minutes at 5,000 nodes).
+    _claims_by_key: dict[tuple[str, str], ClaimObject] = field(init=False, repr=False, compare=False)
+    _pods_by_claim: dict[tuple[str, str], list[PodObject]] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        by_key: dict[tuple[str, str], ClaimObject] = {}
+        for c in self.claims:
+            by_key.setdefault(c.key, c)
+        by_claim: dict[tuple[str, str], list[PodObject]] = {}
+        for p in self.pods:
+            for name in p.claims:
+                by_claim.setdefault((p.namespace, name), []).append(p)
+        object.__setattr__(self, "_claims_by_key", by_key)
+        object.__setattr__(self, "_pods_by_claim", by_claim)
 
     @classmethod
     def from_lists(
@@ -102,27 +117,40 @@ class ClusterObjects:
                     condition=_condition(meta.get("annotations") or {}),
                 )
             )
-        parsed_nodes: list[Node] = []
-        for obj in nodes:
-            try:
-                parsed_nodes.append(Node.from_json(obj))
-            except ModelError as exc:
-                warnings.append(f"skipped: {exc}")
+        parsed_nodes = _parse_nodes(nodes, warnings)
         return cls(
             classes=parsed_classes,
             managed_classes=frozenset(managed),
             slices=sorted(parsed_slices, key=lambda s: (s.node_name or "", s.driver, s.pool.name, s.name)),
-            nodes=sorted(parsed_nodes, key=lambda n: n.name),
+            nodes=parsed_nodes,
             claims=sorted(parsed_claims, key=lambda c: c.key),
             pods=sorted((pod_object(p) for p in pods), key=lambda p: (p.namespace, p.name)),
             warnings=tuple(warnings),
         )
 
+    def with_nodes(self, nodes: Iterable[Mapping[str, Any]]) -> ClusterObjects:
+        """These objects with ``nodes`` (listed later) in place of the nodes."""
+        warnings = list(self.warnings)
+        parsed = _parse_nodes(nodes, warnings)
+        return dataclasses.replace(self, nodes=parsed, warnings=tuple(warnings))
+
     def claim(self, namespace: str, name: str) -> ClaimObject | None:
-        return next((c for c in self.claims if c.key == (namespace, name)), None)
+        return self._claims_by_key.get((namespace, name))
 
     def pods_using(self, namespace: str, name: str) -> list[PodObject]:
-        return [p for p in self.pods if p.namespace == namespace and name in p.claims]
+        """In the order of :attr:`pods` (the index is built in that order)."""
+        return list(self._pods_by_claim.get((namespace, name), ()))
+
+
+def _parse_nodes(nodes: Iterable[Mapping[str, Any]], warnings: list[str]) -> list[Node]:
+    """Nodes by name; those the model cannot parse are left out with a warning."""
+    parsed: list[Node] = []
+    for obj in nodes:
+        try:
+            parsed.append(Node.from_json(obj))
+        except ModelError as exc:
+            warnings.append(f"skipped: {exc}")
+    return sorted(parsed, key=lambda n: n.name)
 
 
 def _condition(annotations: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -159,10 +187,8 @@ def pod_object(obj: Mapping[str, Any]) -> PodObject:
     )
 
 
-def node_of(selector: NodeSelector | None, *, nodes: Sequence[Node]) -> str | None:
-    """The node an allocation is pinned to (None: reachable from several nodes, or every node)."""
-    if selector is None:
-        return None
+def pinned_node(selector: NodeSelector) -> str | None:
+    """The node a selector names by name alone (the form the allocators write), else None."""
     if len(selector.terms) == 1:
         term = selector.terms[0]
         requirements = (*term.match_fields, *term.match_expressions)
@@ -171,25 +197,68 @@ def node_of(selector: NodeSelector | None, *, nodes: Sequence[Node]) -> str | No
             by_name = req.key in ("metadata.name", "kubernetes.io/hostname")
             if by_name and req.operator == "In" and len(req.values) == 1:
                 return req.values[0]
+    return None
+
+
+def node_of(selector: NodeSelector | None, *, nodes: Sequence[Node]) -> str | None:
+    """The node an allocation is pinned to (None: reachable from several nodes, or every node)."""
+    if selector is None:
+        return None
+    pinned = pinned_node(selector)
+    if pinned is not None:
+        return pinned
     matching = [n.name for n in nodes if selector.matches(n)]
     return matching[0] if len(matching) == 1 else None
 
 
-async def fetch(*, kubeconfig: str | None, context: str | None) -> ClusterObjects:
-    """Read the cluster: one list per kind (deviceclasses, resourceslices, resourceclaims, nodes, pods)."""
+def needs_nodes(claims: Iterable[ClaimObject]) -> bool:
+    """Whether :func:`node_of` needs the node list for any of the claims' allocations."""
+    for obj in claims:
+        allocation = obj.claim.status.allocation
+        selector = None if allocation is None else allocation.node_selector
+        if selector is not None and pinned_node(selector) is None:
+            return True
+    return False
+
+
+KINDS = ("deviceclasses", "resourceslices", "resourceclaims", "nodes", "pods")
+PAGE_SIZE = 5000
+"""Objects per page of the resource.k8s.io lists: at 5,000 nodes, pages of 500 (the operator's
+size) made 50 round trips one after the other; a CLI can hold a bigger page."""
+
+
+async def fetch(
+    *,
+    kubeconfig: str | None,
+    context: str | None,
+    kinds: Collection[str] = KINDS,
+    nodes_if_needed: bool = False,
+) -> ClusterObjects:
+    """Read the cluster: one list per kind of ``kinds`` (deviceclasses, resourceslices, resourceclaims,
+    nodes, pods); the others are left empty. A command lists only what it shows: a large cluster's
+    slices and nodes are most of the bytes. With ``nodes_if_needed``, nodes are listed after the
+    claims only when an allocation's node cannot be told without them (see :func:`needs_nodes`)."""
     api = await make_api_client(kubeconfig=kubeconfig, context=context)
     try:
         version = await preferred_resource_version(api)
         kube = KubeApi(api, resource_version=version, instance="kubectl-dra")
-        classes, slices, claims, nodes, pods = await asyncio.gather(
-            kube.list_snapshot("deviceclasses"),
-            kube.list_snapshot("resourceslices"),
-            kube.list_snapshot("resourceclaims"),
-            kube.list_core("nodes"),
-            kube.list_core("pods"),
+
+        async def listing(kind: str) -> list[dict[str, Any]]:
+            if kind in ("nodes", "pods"):
+                return (await kube.list_core(kind)).items
+            return (await kube.list_snapshot(kind, page_size=PAGE_SIZE)).items
+
+        wanted = [k for k in KINDS if k in kinds]
+        lists = dict(zip(wanted, await asyncio.gather(*(listing(k) for k in wanted)), strict=True))
+        cluster = ClusterObjects.from_lists(
+            classes=lists.get("deviceclasses", ()),
+            slices=lists.get("resourceslices", ()),
+            claims=lists.get("resourceclaims", ()),
+            nodes=lists.get("nodes", ()),
+            pods=lists.get("pods", ()),
         )
+        if nodes_if_needed and "nodes" not in lists and needs_nodes(cluster.claims):
+            cluster = cluster.with_nodes(await listing("nodes"))
     finally:
         await api.close()
-    return ClusterObjects.from_lists(
-        classes=classes.items, slices=slices.items, claims=claims.items, nodes=nodes.items, pods=pods.items
-    )
+    return cluster

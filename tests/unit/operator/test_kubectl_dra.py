@@ -5,7 +5,9 @@ from __future__ import annotations
 import datetime
 import io
 import json
+import os
 import socket
+import types
 from pathlib import Path
 from typing import Any
 
@@ -449,3 +451,198 @@ def test_help_for_each_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
         assert code == 0
         assert err == ""
         assert f"usage: kubectl dra {command}" in capsys.readouterr().out
+
+
+# ---- the whole command's output, pinned ------------------------------------------------------------
+
+GOLDEN = Path(__file__).resolve().parents[2] / "fixtures" / "kubectl_dra"
+UPDATE_GOLDEN = "KUBECTL_DRA_UPDATE_GOLDEN"
+"""Set to 1 to rewrite the pinned outputs (then review the diff: output must not change by accident)."""
+
+
+def _golden_lists() -> dict[str, list[dict[str, Any]]]:
+    """The fixture's cluster and the cases it lacks: a device two claims share, a claim pinned by a
+    label selector (its node comes from the node list), an allNodes slice, a NoExecute taint,
+    pods of another namespace, a pending claim with the operator's condition."""
+    shared_a = _claim("shared-a", device=("b", "gpu-0"), pod="q")
+    shared_b = _claim("shared-b", device=("b", "gpu-0"), pod="r")
+    by_label = _claim("by-label", device=("c", "gpu-1"), ours=True)
+    by_label["status"]["allocation"]["nodeSelector"] = {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["z1"]}]}]
+    }
+    pending = _claim("waits", created="2024-12-30T12:00:00Z")
+    pending["metadata"]["annotations"] = {
+        "dra.accel.dev/condition": json.dumps({"type": "Allocated", "status": "False", "reason": "NoFit"})
+    }
+    other = _claim("elsewhere", device=("c", "gpu-0"), pod="s")
+    other["metadata"]["namespace"] = "team"
+    net = {
+        "apiVersion": V1,
+        "kind": "ResourceSlice",
+        "metadata": {"name": "fabric"},
+        "spec": {
+            "driver": "net.example.com",
+            "allNodes": True,
+            "pool": {"name": "fabric", "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": "link-0", "taints": [{"key": "down", "effect": "NoExecute"}]}],
+        },
+    }
+    labelled = _node("c")
+    labelled["metadata"]["labels"] = {"zone": "z1"}
+    team_pod = _pod("s", "elsewhere")
+    team_pod["metadata"]["namespace"] = "team"
+    return {
+        "deviceclasses": [_class()],
+        "resourceslices": [_slice("b", tainted=(1,)), _slice("a"), _slice("c"), net],
+        "resourceclaims": [
+            _claim("solo", device=("a", "gpu-1"), ours=True),
+            _claim(
+                "p-gpu",
+                device=("a", "gpu-0"),
+                pod="p",
+                status=_device_status("a", "gpu-0", ready="False", reason="XID", uuid="GPU-a0"),
+            ),
+            _claim("big", count=3, created="2025-01-01T09:00:00Z"),
+            shared_a,
+            shared_b,
+            by_label,
+            pending,
+            other,
+        ],
+        "nodes": [_node("b"), _node("a"), labelled],
+        "pods": [_pod("p", "p-gpu"), _pod("q", "shared-a"), _pod("r", "shared-b"), team_pod],
+    }
+
+
+class _FakeApi:
+    """An API server in a thread that lists ``lists`` (in pages when asked for a limit)."""
+
+    def __init__(self, lists: dict[str, list[dict[str, Any]]]) -> None:
+        import asyncio
+        import threading
+
+        from aiohttp import web
+
+        async def groups(_: web.Request) -> web.Response:
+            version = {"groupVersion": V1, "version": "v1"}
+            return web.json_response(
+                {"kind": "APIGroupList", "groups": [{"name": "resource.k8s.io", "versions": [version]}]}
+            )
+
+        async def listing(request: web.Request) -> web.Response:
+            items = lists[request.match_info["plural"]]
+            start = int(request.query.get("continue") or 0)
+            limit = int(request.query.get("limit") or 0) or len(items) or 1
+            meta: dict[str, Any] = {"resourceVersion": "7"}
+            if start + limit < len(items):
+                meta["continue"] = str(start + limit)
+            self.requests.append(request.path_qs)
+            return web.json_response({"metadata": meta, "items": items[start : start + limit]})
+
+        self.requests: list[str] = []
+        app = web.Application()
+        app.router.add_get("/apis/", groups)
+        app.router.add_get("/apis/resource.k8s.io/v1/{plural}", listing)
+        app.router.add_get("/api/v1/{plural}", listing)
+        self.port = _closed_port()
+        self.loop = asyncio.new_event_loop()
+        self.runner = web.AppRunner(app)
+        self.loop.run_until_complete(self.runner.setup())
+        self.loop.run_until_complete(web.TCPSite(self.runner, "127.0.0.1", self.port).start())
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        import asyncio
+
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+
+@pytest.fixture
+def fake_api() -> Any:
+    api = _FakeApi(_golden_lists())
+    yield api
+    api.close()
+
+
+class _FixedClock(datetime.datetime):
+    @classmethod
+    def now(cls, tz: datetime.tzinfo | None = None) -> _FixedClock:
+        return cls.fromtimestamp(NOW.timestamp(), tz)
+
+
+@pytest.mark.parametrize(
+    ("name", "argv"),
+    [
+        ("devices.txt", ["devices"]),
+        ("devices-wide.txt", ["devices", "-o", "wide"]),
+        ("devices-node-b.txt", ["devices", "--node", "b"]),
+        ("devices.json", ["devices", "-o", "json"]),
+        ("claims-all.txt", ["claims", "-A"]),
+        ("claims-all-wide.txt", ["claims", "-A", "-o", "wide"]),
+        ("claims-ns.yaml", ["claims", "-n", "ns", "-o", "yaml"]),
+        ("claims-team.txt", ["claims", "-n", "team"]),
+    ],
+)
+def test_output_is_pinned(
+    fake_api: _FakeApi, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, argv: list[str]
+) -> None:
+    """The whole command, from the API's lists to its text: byte for byte what it printed before
+    the command was made fast (``tests/fixtures/kubectl_dra``)."""
+    monkeypatch.setattr(cli, "datetime", types.SimpleNamespace(datetime=_FixedClock, UTC=datetime.UTC))
+    path = _kubeconfig(tmp_path, f"http://127.0.0.1:{fake_api.port}")
+    code, out, err = _main(*argv, f"--kubeconfig={path}")
+    assert (code, err) == (0, "")
+    golden = GOLDEN / name
+    if os.environ.get(UPDATE_GOLDEN) == "1":
+        golden.parent.mkdir(parents=True, exist_ok=True)
+        golden.write_text(out)
+    assert out == golden.read_text()
+
+
+def test_policy_flag_offers_the_planners_policies() -> None:
+    """The flag's choices come from settings (the planner is imported only to explain)."""
+    from dra_operator.planner import POLICIES
+
+    assert cli.PLACEMENT_POLICIES == POLICIES
+
+
+@pytest.mark.parametrize(
+    ("created", "age"),
+    [
+        ("2025-01-01T11:57:00Z", 180.0),
+        ("2025-1-1T11:57:00Z", 180.0),  # strptime's looser form still reads
+        ("2025-02-30T11:57:00Z", None),
+        ("yesterday", None),
+        ("", None),
+    ],
+)
+def test_claim_age(created: str, age: float | None) -> None:
+    from dra_operator.kubectl_dra.claims_command import age_seconds
+
+    assert age_seconds(created, now=NOW) == age
+
+
+def test_each_command_lists_only_what_it_shows(fake_api: _FakeApi, tmp_path: Path) -> None:
+    """claims reads no slices, and nodes only for an allocation not pinned by name (by-label here);
+    devices reads nodes only for --node."""
+    path = _kubeconfig(tmp_path, f"http://127.0.0.1:{fake_api.port}")
+
+    def listed(*argv: str) -> set[str]:
+        fake_api.requests.clear()
+        assert _main(*argv, f"--kubeconfig={path}")[0] == 0
+        return {r.split("?")[0].rsplit("/", 1)[1] for r in fake_api.requests}
+
+    assert listed("claims", "-A") == {"deviceclasses", "resourceclaims", "pods", "nodes"}
+    assert listed("claims", "-n", "team") == {"deviceclasses", "resourceclaims", "pods", "nodes"}
+    assert listed("devices") == {"deviceclasses", "resourceslices", "resourceclaims", "pods"}
+    assert listed("devices", "--node", "a") == {
+        "deviceclasses",
+        "resourceslices",
+        "resourceclaims",
+        "pods",
+        "nodes",
+    }
