@@ -20,6 +20,10 @@ and per claim.
     .venv/bin/python -m bench.model_memory --nodes 1000 --claims 8000
     .venv/bin/python -m bench.model_memory --nodes 1000 --claims 0 --trace
     .venv/bin/python -m bench.model_memory --nodes 5000 --claims 20000 --no-walk
+    .venv/bin/python -m bench.model_memory --nodes 1000 --claims 0 --no-walk --feed relist
+
+``--feed relist`` drives the operator's ``Relister`` with a fake API that decodes each page of 500
+from its own JSON, and prints the peak RSS of each re-list (``VmHWM``, reset before it).
 
 Discovery writes each node's fake hardware under a temporary directory (about 10 ms a node).
 """
@@ -37,7 +41,7 @@ import time
 import tracemalloc
 import types
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,22 +56,30 @@ from dra_api.names import OPERATOR_FINALIZER
 from dra_devcluster.cluster import node_object
 from dra_node_agent.publisher import PoolDesign, chunk_pool, plan_pool
 from dra_node_agent.simulated.discovery import load_profile
-from dra_operator.clustermodel import ClusterModel
+from dra_operator.clustermodel import ClaimKey, ClusterModel
 from dra_operator.deviceclasses import desired_classes
 from dra_operator.handlers import _plain
+from dra_operator.kubeapi import Listing
+from dra_operator.metrics import Metrics
 from dra_operator.placement import Placement
 from dra_operator.planner import PlannerPlacer
+from dra_operator.reconcile.relist import Relister
 from dra_operator.settings import Settings
 
 NAMESPACE = "mem"
 CREATED = "2025-01-01T00:00:00Z"
 
 
-def rss_bytes() -> int:
+def rss_bytes(field: str = "VmRSS") -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS in /proc/self/status")
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def reset_peak() -> None:
+    """Start ``VmHWM`` (the peak RSS) again from the current RSS."""
+    Path("/proc/self/clear_refs").write_text("5")
 
 
 class Versions:
@@ -250,6 +262,95 @@ async def feed_kopf(model: ClusterModel, texts: list[str], *, chunk: int, kind: 
     return memories
 
 
+class PagedTexts:
+    """The listing methods of a :class:`KubeApi` over JSON texts: each page of ``page`` objects
+    decoded from its own JSON, as the client decodes a response. ``snapshot_pages`` and
+    ``core_pages`` yield one page at a time; ``list_snapshot`` and ``list_core`` collect them all
+    first, as the re-list did before it read page by page (so this bench runs against either)."""
+
+    api_version = "resource.k8s.io/v1"
+
+    def __init__(self, texts: dict[str, list[str]], *, page: int, resource_version: str) -> None:
+        self.texts = texts
+        self.page = page
+        self.resource_version = resource_version
+
+    async def snapshot_pages(self, plural: str) -> AsyncIterator[Listing]:
+        texts = self.texts.get(plural, [])
+        for start in range(0, max(len(texts), 1), self.page):
+            joined = ",".join(texts[start : start + self.page])
+            head = f'"metadata":{{"resourceVersion":"{self.resource_version}"}}'
+            response = json.loads(f'{{{head},"items":[{joined}]}}')
+            del joined
+            yield Listing(response["items"], self.resource_version)
+            del response
+            await asyncio.sleep(0)
+
+    core_pages = snapshot_pages
+
+    async def list_snapshot(self, plural: str) -> Listing:
+        items: list[dict[str, Any]] = []
+        async for page in self.snapshot_pages(plural):
+            items.extend(page.items)
+        return Listing(items, self.resource_version)
+
+    list_core = list_snapshot
+
+
+class RelistInputs:
+    """What a :class:`Relister` feeds, reduced to the model (no claims are listed here)."""
+
+    def __init__(self, model: ClusterModel) -> None:
+        self.model = model
+
+    def on_claim_event(self, obj: Mapping[str, Any], *, deleted: bool) -> None:
+        self.model.upsert_claim(obj)
+
+    def mark(self, key: ClaimKey) -> None:
+        return None
+
+    def on_pod_gone(self, *, namespace: str, name: str) -> None:
+        return None
+
+    def on_cluster_change(self) -> None:
+        return None
+
+
+def feed_relist(
+    model: ClusterModel, nodes: list[str], slices: list[str], *, page: int, versions: Versions, meter: Meter
+) -> None:
+    """As the operator's re-list feeds the model (``Relister.relist`` of nodes and slices), twice:
+    into the empty model (start-up, takeover), then again into the full one (a periodic re-list or
+    one after a watch gap, where every object is unchanged). Prints each one's peak RSS (VmHWM)
+    above the RSS it began at: the JSON it held at once."""
+    api = PagedTexts(
+        {"resourceslices": slices, "nodes": nodes}, page=page, resource_version=str(versions.last)
+    )
+    relister = Relister(model=model, api=api, metrics=Metrics(), inputs=RelistInputs(model))  # type: ignore[arg-type]
+    for what in ("into the empty model", "again, the model full"):
+        gc.collect()
+        before = rss_bytes()
+        reset_peak()
+        counts = asyncio.run(relister.relist(["resourceslices", "nodes"]))
+        peak = rss_bytes("VmHWM") - before
+        gc.collect()
+        after = rss_bytes() - before
+        timing = relister.last_timing
+        assert timing is not None
+        print(
+            f"re-list {what}: {counts['resourceslices']} slices, {counts['nodes']} nodes; "
+            f"peak RSS +{peak / 2**20:.1f} MiB, RSS after +{after / 2**20:.1f} MiB; "
+            f"{timing.describe()}",
+            flush=True,
+        )
+        if what == "into the empty model":
+            meter.report(
+                meter.mark("slices in the model"),
+                per=sum(len(s.devices) for s in model.slices.values()),
+                unit="device",
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -258,11 +359,17 @@ def main() -> None:
     parser.add_argument("--claims", type=int, default=8000, help="allocated claims, one GPU each")
     parser.add_argument(
         "--feed",
-        choices=("direct", "kopf"),
+        choices=("direct", "kopf", "relist"),
         default="direct",
-        help="one object at a time (the model alone), or as Kopf's listing does (see feed_kopf)",
+        help="one object at a time (the model alone), as Kopf's listing does (see feed_kopf), or as"
+        " the operator's re-list does (see feed_relist)",
     )
-    parser.add_argument("--chunk", type=int, default=0, help="with --feed kopf: objects per listing page")
+    parser.add_argument(
+        "--chunk",
+        type=int,
+        default=0,
+        help="objects per listing page: with --feed kopf (0: all at once), --feed relist (0: 500)",
+    )
     parser.add_argument("--trace", action="store_true", help="tracemalloc: traced memory and top sites")
     parser.add_argument("--top", type=int, default=15, help="allocation sites and types shown")
     parser.add_argument("--no-walk", action="store_true", help="skip the walk of the model by type")
@@ -289,6 +396,8 @@ def main() -> None:
     kopf_memories: list[ResourceMemories] = []
     if args.feed == "direct":
         feed_direct(model, node_texts, slice_texts)
+    elif args.feed == "relist":
+        feed_relist(model, node_texts, slice_texts, page=args.chunk or 500, versions=versions, meter=meter)
     else:
         kopf_memories = [
             asyncio.run(feed_kopf(model, node_texts, chunk=args.chunk, kind="Node")),
@@ -296,7 +405,8 @@ def main() -> None:
         ]
     devices = sum(len(s.devices) for s in model.slices.values())
     print(f"{len(model.slices)} slices, {devices} devices in the model", flush=True)
-    meter.report(meter.mark("slices in the model"), per=devices, unit="device")
+    if args.feed != "relist":  # reported by feed_relist, before its second re-list
+        meter.report(meter.mark("slices in the model"), per=devices, unit="device")
     started = time.monotonic()
     probe = model.upsert_claim(
         versions.stamp(gpu_claim("probe", NAMESPACE, settings.gpu_class)),

@@ -610,7 +610,7 @@ class Scale:
         if list_s is not None and apply_s is not None:
             r.add(
                 "startup_list_s",
-                "  initial listing (all resources at once)",
+                "  initial listing (in pages, each into the model as it comes)",
                 list_s,
                 "s",
                 f"{100 * list_s / first:.0f} % of the start-up; into the model {apply_s:.2f} s more",

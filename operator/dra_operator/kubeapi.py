@@ -12,7 +12,7 @@ import asyncio
 import datetime
 import json
 import logging
-from collections.abc import AsyncGenerator, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -101,10 +101,46 @@ async def _api_error(raw: Any) -> ApiException:
 
 @dataclass(frozen=True)
 class Listing:
-    """A complete list of one resource and the resourceVersion it was read at."""
+    """A complete list of one resource, or one page of it, and the resourceVersion it was read at
+    (for a page, the first page's: the snapshot's)."""
 
     items: list[dict[str, Any]]
     resource_version: str
+
+
+PAGE_SIZE = 500
+"""Objects per page of a listing (``limit``): a re-list holds one page's JSON at a time, not the
+whole cluster's."""
+
+
+async def _paged(
+    get: Callable[[str | None], Awaitable[dict[str, Any]]],
+) -> AsyncGenerator[Listing, None]:
+    """The pages that ``get`` returns (given the previous page's continue token, None first), each
+    as a Listing at the first page's resourceVersion (the snapshot's)."""
+    cont: str | None = None
+    version = ""
+    while True:
+        page = await get(cont)
+        meta = page.get("metadata") or {}
+        version = version or str(meta.get("resourceVersion", ""))
+        cont = meta.get("continue") or None
+        items: list[dict[str, Any]] = list(page.get("items") or [])
+        # Not kept while the next page is read: one page at a time.
+        del page, meta
+        yield Listing(items, version)
+        del items
+        if not cont:
+            return
+
+
+async def _collect(pages: AsyncGenerator[Listing, None]) -> Listing:
+    items: list[dict[str, Any]] = []
+    version = ""
+    async for page in pages:
+        items.extend(page.items)
+        version = page.resource_version
+    return Listing(items, version)
 
 
 def _now() -> str:
@@ -138,33 +174,35 @@ class KubeApi:
 
     # -- resource.k8s.io ---------------------------------------------------------------------------
 
-    async def list_snapshot(self, plural: str, *, page_size: int = 500) -> Listing:
-        """All objects of a resource.k8s.io resource, in pages of ``page_size``. The pages of one list
-        are one consistent snapshot, at the first page's resourceVersion."""
-        items: list[dict[str, Any]] = []
-        cont: str | None = None
-        version = ""
-        while True:
-            kwargs: dict[str, Any] = {"limit": page_size}
+    async def list_snapshot(self, plural: str, *, page_size: int = 0) -> Listing:
+        """All objects of a resource.k8s.io resource, at once (see :meth:`snapshot_pages`)."""
+        return await _collect(self.snapshot_pages(plural, page_size=page_size))
+
+    async def snapshot_pages(self, plural: str, *, page_size: int = 0) -> AsyncGenerator[Listing, None]:
+        """The objects of a resource.k8s.io resource, one page of ``page_size`` (default
+        :data:`PAGE_SIZE`) at a time. The
+        pages of one list are one consistent snapshot, at the first page's resourceVersion, which
+        every page carries."""
+        kind = {
+            "resourceclaims": "ResourceClaim",
+            "resourceslices": "ResourceSlice",
+            "deviceclasses": "DeviceClass",
+        }[plural]
+
+        async def get(cont: str | None) -> dict[str, Any]:
+            kwargs: dict[str, Any] = {"limit": page_size or PAGE_SIZE}
             if cont:
                 kwargs["_continue"] = cont
-            page = await self.custom.list_cluster_custom_object(
+            page: dict[str, Any] = await self.custom.list_cluster_custom_object(
                 RESOURCE_GROUP, self.version, plural, **kwargs
             )
-            kind = {
-                "resourceclaims": "ResourceClaim",
-                "resourceslices": "ResourceSlice",
-                "deviceclasses": "DeviceClass",
-            }[plural]
-            for item in page.get("items", []):
+            for item in page.get("items") or []:
                 item.setdefault("apiVersion", self.api_version)
                 item.setdefault("kind", kind)
-                items.append(item)
-            meta = page.get("metadata") or {}
-            version = version or str(meta.get("resourceVersion", ""))
-            cont = meta.get("continue")
-            if not cont:
-                return Listing(items, version)
+            return page
+
+        async for listing in _paged(get):
+            yield listing
 
     async def watch(
         self,
@@ -468,10 +506,21 @@ class KubeApi:
         return (await self.list_core("pods")).items
 
     async def list_core(self, plural: str) -> Listing:
-        """All nodes or pods (cluster-wide), as one snapshot."""
-        page = (await self._raw_get(f"/api/v1/{plural}")) or {}
-        version = str((page.get("metadata") or {}).get("resourceVersion", ""))
-        return Listing(list(page.get("items", [])), version)
+        """All nodes or pods (cluster-wide), at once (see :meth:`core_pages`)."""
+        return await _collect(self.core_pages(plural))
+
+    async def core_pages(self, plural: str) -> AsyncGenerator[Listing, None]:
+        """All nodes or pods (cluster-wide), one page of :data:`PAGE_SIZE` at a time, as one
+        snapshot at the first page's resourceVersion, which every page carries."""
+
+        async def get(cont: str | None) -> dict[str, Any]:
+            query = f"?limit={PAGE_SIZE}"
+            if cont:
+                query += f"&continue={quote(cont, safe='')}"
+            return (await self._raw_get(f"/api/v1/{plural}{query}")) or {}
+
+        async for listing in _paged(get):
+            yield listing
 
     async def _raw_get(self, path: str) -> dict[str, Any] | None:
         """GET a core object as plain JSON; None on 404. (Without preloading, the client does not

@@ -10,10 +10,11 @@ What it finds goes through the reconciler's inputs (``ClaimInputs``), as watch e
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from dra_api.model import ModelError
@@ -39,19 +40,37 @@ class ClaimInputs(Protocol):
 
 @dataclass(frozen=True)
 class RelistTiming:
-    """How long one re-list took: its listings (the requests and their decoding, all at once) and
-    making the model match them (on the event loop, after every listing has come)."""
+    """How long one re-list took: its listings (the requests and their decoding) and making the
+    model match them (on the event loop). The kinds are listed side by side, in pages; each page
+    goes into the model as it comes, and each kind's deletions once its last page has come.
+    Together they are the re-list's time."""
 
     list_s: float
-    """From the start of the listings until the last one had come."""
+    """The re-list's time not spent applying: waiting for pages that no kind had yet."""
     apply_s: float
-    """Making the model match the listings."""
+    """Making the model match the pages, summed over the pages and kinds."""
     per_kind_s: Mapping[str, float]
-    """Each listing's own time, from its start (all start together) until it had come."""
+    """Each kind's own listing time: waiting for its pages, not applying them."""
 
     def describe(self) -> str:
         kinds = ", ".join(f"{kind} {self.per_kind_s[kind]:.2f} s" for kind in self.per_kind_s)
         return f"listing {self.list_s:.2f} s ({kinds}), into the model {self.apply_s:.2f} s"
+
+
+@dataclass
+class _KindPass:
+    """One kind's re-list while its pages come: what was listed and when."""
+
+    kind: str
+    listed: set[Any] = field(default_factory=set)
+    """The names listed so far (for pods, (namespace, name)): what the deletion pass needs."""
+    resource_version: str = ""
+    """The snapshot's, as the first page says."""
+    count: int = 0
+    changed: bool = False
+    """Whether classes, slices or nodes changed."""
+    list_s: float = 0.0
+    apply_s: float = 0.0
 
 
 class Relister:
@@ -102,109 +121,124 @@ class Relister:
     async def relist(self, kinds: Iterable[str], *, mark_all: bool = False) -> dict[str, int]:
         """Read whole resources again and make the model match them, deletions included. Claims
         that changed are queued; with ``mark_all``, every claim (after a standby period, when
-        nothing may have been done about them). Returns how many objects each listing had."""
-        wanted = [k for k in RELIST_KINDS if k in set(kinds)]
-        started = self.clock()
-        self._last_started = started
-        timed: list[tuple[Listing, float]] = await asyncio.gather(*(self._list(kind) for kind in wanted))
-        listed = self.clock()
-        listings = [listing for listing, _ in timed]
-        changed = False
-        for kind, listing in zip(wanted, listings, strict=True):
-            changed |= self.apply_listing(kind, listing, mark_all=mark_all)
-        if changed:
-            self.inputs.on_cluster_change()
-        self.last_timing = RelistTiming(
-            list_s=listed - started,
-            apply_s=self.clock() - listed,
-            per_kind_s={kind: seconds for kind, (_, seconds) in zip(wanted, timed, strict=True)},
-        )
-        return {kind: len(listing.items) for kind, listing in zip(wanted, listings, strict=True)}
+        nothing may have been done about them). Returns how many objects each listing had.
 
-    async def _list(self, kind: str) -> tuple[Listing, float]:
-        """The listing of ``kind`` and the seconds it took."""
-        started = self.clock()
-        if kind in ("nodes", "pods"):
-            listing = await self.api.list_core(kind)
-        else:
-            listing = await self.api.list_snapshot(kind)
-        return listing, self.clock() - started
+        The kinds side by side, each page into the model as it comes: only one page's JSON per kind
+        is held at a time (at thousands of nodes, the JSON of every object at once costs ten times what the
+        model holds of it, and the process keeps that peak). Watch events may come between pages:
+        the resourceVersions keep whichever is newer, as they do between watch and listing."""
+        chosen = set(kinds)  # once: an iterator is read once
+        wanted = [k for k in RELIST_KINDS if k in chosen]
+        started = self._last_started = self.clock()
+        # The kinds are listed side by side (a takeover waits for the slowest, not for the sum),
+        # each page into the model as it comes: at most one page per kind is held at a time.
+        passes = list(await asyncio.gather(*(self._relist_kind(kind, mark_all=mark_all) for kind in wanted)))
+        if any(p.changed for p in passes):
+            self.inputs.on_cluster_change()
+        elapsed = self.clock() - started
+        apply_s = sum(p.apply_s for p in passes)
+        self.last_timing = RelistTiming(
+            list_s=max(0.0, elapsed - apply_s),
+            apply_s=apply_s,
+            per_kind_s={p.kind: p.list_s for p in passes},
+        )
+        return {p.kind: p.count for p in passes}
+
+    async def _relist_kind(self, kind: str, *, mark_all: bool) -> _KindPass:
+        """List ``kind`` page by page, each into the model as it comes, then drop what no page had."""
+        one = _KindPass(kind)
+        pages = self.api.core_pages(kind) if kind in ("nodes", "pods") else self.api.snapshot_pages(kind)
+        asked = self.clock()
+        async with contextlib.aclosing(pages):
+            async for page in pages:
+                came = self.clock()
+                one.list_s += came - asked
+                one.resource_version = one.resource_version or page.resource_version
+                one.count += len(page.items)
+                one.changed |= self._apply_page(kind, page.items, one.listed, mark_all=mark_all)
+                del page  # not held while the next one is read
+                asked = self.clock()
+                one.apply_s += asked - came
+        came = self.clock()
+        one.list_s += came - asked
+        one.changed |= self._remove_unlisted(kind, one.listed, one.resource_version)
+        one.apply_s += self.clock() - came
+        return one
 
     def apply_listing(self, kind: str, listing: Listing, *, mark_all: bool = False) -> bool:
         """Upsert what is listed, drop what is gone; whether classes, slices or nodes changed."""
+        listed: set[Any] = set()
+        changed = self._apply_page(kind, listing.items, listed, mark_all=mark_all)
+        return self._remove_unlisted(kind, listed, listing.resource_version) or changed
+
+    def _apply_page(
+        self, kind: str, items: list[dict[str, Any]], listed: set[Any], *, mark_all: bool
+    ) -> bool:
+        """Upsert one page's objects and add their names to ``listed``; whether classes, slices or
+        nodes changed."""
+        model = self.model
         if kind == "resourceclaims":
-            self._apply_claims(listing, mark_all=mark_all)
+            for obj in items:
+                self.inputs.on_claim_event(obj, deleted=False)
+                key = claim_key_of(obj)
+                if mark_all:
+                    self.inputs.mark(key)
+                listed.add(str(key))
             return False
         if kind == "pods":
-            self._apply_pods(listing)
+            for obj in items:
+                model.upsert_pod(obj)
+                listed.add((str(obj["metadata"].get("namespace", "")), str(obj["metadata"]["name"])))
             return False
-        return self._apply_cluster(kind, listing)
-
-    def _apply_claims(self, listing: Listing, *, mark_all: bool) -> None:
-        model, at = self.model, listing.resource_version
-        for obj in listing.items:
-            self.inputs.on_claim_event(obj, deleted=False)
-            if mark_all:
-                self.inputs.mark(claim_key_of(obj))
-        listed = {str(claim_key_of(o)) for o in listing.items}
-        held = {str(k): k for k in [*model.claims, *model.invalid_claims]}
-        for name in model.unseen_since("claim", held, listed, at):
-            key = held[name]
-            logger.info("claim %s was deleted while the watch was not looking", key)
-            self.inputs.on_claim_event(
-                {"metadata": {"namespace": key.namespace, "name": key.name, "resourceVersion": at}},
-                deleted=True,
-            )
-
-    def _apply_pods(self, listing: Listing) -> None:
-        model = self.model
-        for obj in listing.items:
-            model.upsert_pod(obj)
-        listed_pods = {
-            (str(o["metadata"].get("namespace", "")), str(o["metadata"]["name"])) for o in listing.items
-        }
-        for namespace, name in [k for k in model.pods if k not in listed_pods]:
-            model.remove_pod(namespace=namespace, name=name)
-            self.inputs.on_pod_gone(namespace=namespace, name=name)
-
-    def _apply_cluster(self, kind: str, listing: Listing) -> bool:
-        """Classes, slices or nodes; whether the model changed."""
-        model, at = self.model, listing.resource_version
+        upsert = self._cluster_kind(kind)[0]
         before = model.generation
-        names = {str((o.get("metadata") or {}).get("name", "")) for o in listing.items}
-        upsert: Callable[[Mapping[str, Any]], object]
-        remove: Callable[..., None]
-        if kind == "deviceclasses":
-            upsert, remove, version_kind, held_names = (
-                model.upsert_class,
-                model.remove_class,
-                "class",
-                list(model.classes),
-            )
-        elif kind == "resourceslices":
-            upsert, remove, version_kind, held_names = (
-                model.upsert_slice,
-                model.remove_slice,
-                "slice",
-                list(model.slices),
-            )
-        else:
-            upsert, remove, version_kind, held_names = (
-                model.upsert_node,
-                model.remove_node,
-                "node",
-                list(model.nodes),
-            )
-        for obj in listing.items:
+        for obj in items:
+            name = (obj.get("metadata") or {}).get("name")
+            listed.add(str(name or ""))
             try:
                 upsert(obj)
             except ModelError as exc:
-                logger.warning("ignoring %s %s: %s", kind, (obj.get("metadata") or {}).get("name"), exc)
+                logger.warning("ignoring %s %s: %s", kind, name, exc)
                 self.metrics.reconcile_errors.labels(kind).inc()
-        for name in model.unseen_since(version_kind, held_names, names, at):
+        return model.generation != before
+
+    def _remove_unlisted(self, kind: str, listed: set[Any], at: str) -> bool:
+        """Drop what the model holds of ``kind`` that a listing at ``at`` did not have (``listed``)
+        and that the model has not seen change since; whether classes, slices or nodes changed."""
+        model = self.model
+        if kind == "resourceclaims":
+            claims = {str(k): k for k in [*model.claims, *model.invalid_claims]}
+            for name in model.unseen_since("claim", claims, listed, at):
+                key = claims[name]
+                logger.info("claim %s was deleted while the watch was not looking", key)
+                self.inputs.on_claim_event(
+                    {"metadata": {"namespace": key.namespace, "name": key.name, "resourceVersion": at}},
+                    deleted=True,
+                )
+            return False
+        if kind == "pods":
+            for namespace, name in [k for k in model.pods if k not in listed]:
+                model.remove_pod(namespace=namespace, name=name)
+                self.inputs.on_pod_gone(namespace=namespace, name=name)
+            return False
+        _, remove, version_kind, held = self._cluster_kind(kind)
+        before = model.generation
+        for name in model.unseen_since(version_kind, list(held), listed, at):
             logger.info("%s %s was deleted while the watch was not looking", kind, name)
             remove(name, resource_version=at)
         return model.generation != before
+
+    def _cluster_kind(
+        self, kind: str
+    ) -> tuple[Callable[[Mapping[str, Any]], object], Callable[..., None], str, Mapping[str, object]]:
+        """For classes, slices or nodes: the model's upsert and remove, the kind its versions are
+        kept under, and what it holds."""
+        model = self.model
+        if kind == "deviceclasses":
+            return model.upsert_class, model.remove_class, "class", model.classes
+        if kind == "resourceslices":
+            return model.upsert_slice, model.remove_slice, "slice", model.slices
+        return model.upsert_node, model.remove_node, "node", model.nodes
 
     def watch_relisted(self, kind: str) -> None:
         """A watch listed ``kind`` again (Kopf's, or the claim watch), which happens after a gap in
