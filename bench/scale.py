@@ -547,7 +547,17 @@ class Scale:
         """Delete the namespace's claims and wait until they are gone (the active operator removes
         its finalizer from each); returns the seconds it took."""
         started = time.monotonic()
-        await self.custom.delete_collection_namespaced_custom_object(GROUP, VERSION, ns, "resourceclaims")
+        # Deleting 20,000 claims takes the API server longer than its request timeout (504): it
+        # deletes what it can in the time, so the request is repeated until it completes.
+        for _ in range(30):
+            try:
+                await self.custom.delete_collection_namespaced_custom_object(
+                    GROUP, VERSION, ns, "resourceclaims"
+                )
+                break
+            except ApiException as exc:
+                if exc.status != 504:
+                    raise
 
         async def gone() -> bool:
             return not await list_claims(self.custom, ns)
