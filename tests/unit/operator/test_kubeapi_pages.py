@@ -11,6 +11,7 @@ from aiohttp import web
 from kubernetes_asyncio import client
 
 from dra_operator.kubeapi import PAGE_SIZE, KubeApi, Listing
+from tests.unit.operator.local_http import client_config, local_server
 
 Served = list[tuple[str, dict[str, str]]]
 
@@ -35,24 +36,8 @@ async def server() -> AsyncIterator[tuple[str, Served]]:
         items = [{"metadata": {"name": f"{plural}-{index}"}}]
         return web.json_response({"metadata": meta, "items": items})
 
-    app = web.Application()
-    app.router.add_route("GET", "/{tail:.*}", handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield f"http://127.0.0.1:{port}", served
-    finally:
-        await runner.cleanup()
-
-
-def _config(url: str) -> client.Configuration:
-    config = client.Configuration(host=url)
-    config.api_key = {"BearerToken": "secret-token"}
-    config.api_key_prefix = {"BearerToken": "Bearer"}
-    return config
+    async with local_server(handle) as url:
+        yield url, served
 
 
 @pytest.mark.parametrize(
@@ -67,7 +52,7 @@ async def test_pages_come_one_at_a_time_at_the_first_pages_version(
     server: tuple[str, Served], plural: str, path: str
 ) -> None:
     url, served = server
-    async with client.ApiClient(_config(url)) as api_client:
+    async with client.ApiClient(client_config(url)) as api_client:
         api = KubeApi(api_client, resource_version="v1", instance="test")
         pages = api.core_pages(plural) if plural in ("nodes", "pods") else api.snapshot_pages(plural)
         got: list[Listing] = []
@@ -88,7 +73,7 @@ async def test_pages_come_one_at_a_time_at_the_first_pages_version(
 
 async def test_whole_listings_collect_the_pages(server: tuple[str, Served]) -> None:
     url, _ = server
-    async with client.ApiClient(_config(url)) as api_client:
+    async with client.ApiClient(client_config(url)) as api_client:
         api = KubeApi(api_client, resource_version="v1", instance="test")
         claims = await api.list_snapshot("resourceclaims")
         nodes = await api.list_core("nodes")

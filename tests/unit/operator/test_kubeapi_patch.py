@@ -13,6 +13,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from dra_operator.kubeapi import MERGE_PATCH, Conflict, Gone, KubeApi, retry_after, transient
+from tests.unit.operator.local_http import client_config, local_server
 
 Seen = list[dict[str, Any]]
 
@@ -42,24 +43,8 @@ async def server() -> AsyncIterator[tuple[str, Seen, list[tuple[int, dict[str, s
             return web.Response(status=status, headers=headers, text=text)
         return web.json_response({"kind": "ResourceClaim", "patched": json.loads(body)})
 
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield f"http://127.0.0.1:{port}", seen, answers
-    finally:
-        await runner.cleanup()
-
-
-def _config(url: str) -> client.Configuration:
-    config = client.Configuration(host=url)
-    config.api_key = {"BearerToken": "secret-token"}
-    config.api_key_prefix = {"BearerToken": "Bearer"}
-    return config
+    async with local_server(handle) as url:
+        yield url, seen, answers
 
 
 BODY = {"metadata": {"resourceVersion": "7"}, "status": {"allocation": {"devices": {"results": []}}}}
@@ -69,7 +54,7 @@ async def test_claim_patches_send_what_the_generated_client_sends(
     server: tuple[str, Seen, list[tuple[int, dict[str, str], str]]],
 ) -> None:
     url, seen, _ = server
-    async with client.ApiClient(_config(url)) as api_client:
+    async with client.ApiClient(client_config(url)) as api_client:
         api = KubeApi(api_client, resource_version="v1", instance="test")
         custom: Any = client.CustomObjectsApi(api_client)
         for namespace, name in (("ns", "claim-1"), ("odd ns", "a/b?c")):
@@ -95,7 +80,7 @@ async def test_claim_patch_errors_are_raised_as_before(
     server: tuple[str, Seen, list[tuple[int, dict[str, str], str]]],
 ) -> None:
     url, _, answers = server
-    async with client.ApiClient(_config(url)) as api_client:
+    async with client.ApiClient(client_config(url)) as api_client:
         api = KubeApi(api_client, resource_version="v1", instance="test")
         answers.append((409, {}, '{"kind":"Status","code":409}'))
         with pytest.raises(Conflict, match="Conflict") as conflict:

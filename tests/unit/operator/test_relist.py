@@ -364,19 +364,23 @@ async def test_the_kinds_are_listed_side_by_side_each_page_in_its_order() -> Non
     assert sorted(model.nodes) == ["x0", "x1", "x2"]
 
 
+def _synced_at_a_fake_clock() -> tuple[ClaimReconciler, list[float], list[float]]:
+    """A reconciler on an empty cluster whose clock is ``now[0]`` (100 to begin with) and whose
+    re-list requests are recorded (at the clock's time) instead of run."""
+    reconciler, _ = _reconciler(ListApi({k: Listing([], "10") for k in RELIST_KINDS}))
+    now = [100.0]
+    reconciler.relister.clock = lambda: now[0]
+    requests: list[float] = []
+    reconciler.relister.request_relist = lambda: requests.append(now[0])  # type: ignore[method-assign]
+    return reconciler, now, requests
+
+
 async def test_one_listing_of_a_watch_makes_at_most_one_relist() -> None:
     """Kopf dispatches a listing event by event (thousands at scale, over seconds): a re-list that
     started after the first of them covers the gap before that listing, and the rest of it must
     not list the cluster again and again."""
-    api = ListApi(
-        {k: Listing([], "10") for k in ("deviceclasses", "resourceslices", "resourceclaims", "nodes", "pods")}
-    )
-    reconciler, _ = _reconciler(api)
+    reconciler, now, requests = _synced_at_a_fake_clock()
     relister = reconciler.relister
-    now = [100.0]
-    relister.clock = lambda: now[0]
-    requests: list[float] = []
-    relister.request_relist = lambda: requests.append(now[0])  # type: ignore[method-assign]
     await reconciler.resync()  # at 100: the takeover's own listing
 
     # Kopf's listing after the pause, arriving after the takeover's listing began: a re-list is
@@ -409,15 +413,8 @@ async def test_one_listing_of_a_watch_makes_at_most_one_relist() -> None:
 
 
 async def test_a_listing_that_began_before_the_takeovers_own_listing_makes_no_relist() -> None:
-    api = ListApi(
-        {k: Listing([], "10") for k in ("deviceclasses", "resourceslices", "resourceclaims", "nodes", "pods")}
-    )
-    reconciler, _ = _reconciler(api)
+    reconciler, now, requests = _synced_at_a_fake_clock()
     relister = reconciler.relister
-    now = [100.0]
-    relister.clock = lambda: now[0]
-    requests: list[float] = []
-    relister.request_relist = lambda: requests.append(now[0])  # type: ignore[method-assign]
     await reconciler.resync()
     now[0] = 99.0  # not possible on one clock; stands for a listing whose first event came earlier
     relister._listing["nodes"] = (99.0, 99.0)
