@@ -246,7 +246,8 @@ class Failover:
         def settled() -> tuple[Instance, Instance] | None:
             live = self.running()
             for inst in live:
-                if inst.metric("dra_operator_active") is None:
+                # Up, and its model listed: a standby before that would list at the takeover.
+                if inst.metric("dra_operator_model_synced") != 1.0:
                     return None
             active = [i for i in live if i.active()]
             standby = [i for i in live if not i.active()]

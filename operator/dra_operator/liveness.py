@@ -4,8 +4,10 @@ Kopf's watch streams can stop delivering events without failing (a half-open TCP
 watcher task that died: Kopf issues #1276 and #996). Liveness therefore proves the round trip: with
 every keep-alive (see :mod:`dra_operator.peering`) the operator writes a heartbeat annotation
 ``<identity>@<time>`` on its peering object, and its own Kopf watch must bring one back.
-``/healthz`` fails when none came back for ``liveness_stale_after`` seconds - unless this instance
-is the paused standby, whose watches Kopf freezes on purpose.
+``/healthz`` fails when none came back for ``liveness_stale_after`` seconds, on the standby too: its
+watches keep the model a takeover allocates from, so a standby whose watch went deaf is restarted
+rather than left to take over with a stale model. Only an instance that writes no heartbeat (the
+peering object is missing) is not checked.
 """
 
 from __future__ import annotations
@@ -33,12 +35,15 @@ class Health:
         active: Callable[[], bool] = lambda: True,
         clock: Callable[[], float] = time.monotonic,
         heartbeat_enabled: bool = True,
+        writing: Callable[[], bool] = lambda: True,
     ) -> None:
         self.stale_after = stale_after
         self.identity = identity
         self._active = active
         self.clock = clock
         self.heartbeat_enabled = heartbeat_enabled
+        self._writing = writing
+        """Whether this instance writes heartbeats now (not while its peering object is missing)."""
         self.started = clock()
         self.last_heartbeat_seen: float | None = None
         self.last_event: float | None = None
@@ -62,16 +67,19 @@ class Health:
         now = self.clock()
         if not self.heartbeat_enabled:
             return True, "ok (no heartbeat object; watch liveness not checked)"
-        if not self.active:
-            return True, "ok (standby: not the active instance)"
+        if not self._writing():
+            self.started = now  # the wait for a heartbeat starts when writing it does
+            return True, "ok (no heartbeat written: the peering object is missing)"
+        role = "active" if self.active else "standby"
         reference = self.last_heartbeat_seen if self.last_heartbeat_seen is not None else self.started
         age = now - reference
         if age > self.stale_after:
             return (
                 False,
-                f"no heartbeat came back on the watch for {age:.0f} s (limit {self.stale_after:.0f} s)",
+                f"{role}: no heartbeat came back on the watch for {age:.0f} s "
+                f"(limit {self.stale_after:.0f} s)",
             )
-        return True, f"ok (heartbeat seen {age:.0f} s ago)"
+        return True, f"ok ({role}, heartbeat seen {age:.0f} s ago)"
 
 
 def make_app(*, health: Health, metrics: Metrics) -> web.Application:

@@ -218,8 +218,8 @@ class Metrics:
         )
         self.model_sync = Gauge(
             "dra_operator_model_sync_duration_seconds",
-            "How long the last full listing of the cluster into the model took (at start and whenever "
-            "this instance becomes active; nothing is allocated before it ends), by phase: 'list' (the "
+            "How long the first full listing of the cluster into the model took (at start, on the active "
+            "instance and the standby alike; nothing is allocated before it ends), by phase: 'list' (the "
             "API requests and their decoding, all resources at once) and 'apply' (making the model "
             "match them).",
             ["phase"],
@@ -296,6 +296,16 @@ class Metrics:
             registry=self.registry,
         )
         gauge.set_function(longest)
+
+    def attach_synced(self, synced: Callable[[], bool]) -> None:
+        """``dra_operator_model_synced``: 1 once the model holds a full listing of the cluster."""
+        gauge = Gauge(
+            "dra_operator_model_synced",
+            "1 once this instance's model holds a full listing of the cluster (the watches keep it "
+            "current from then on; a standby at 1 takes over without listing again), 0 before.",
+            registry=self.registry,
+        )
+        gauge.set_function(lambda: 1.0 if synced() else 0.0)
 
     def attach_active(self, identity: str, active: Callable[[], bool]) -> None:
         """``dra_operator_active{identity}``: 1 on the instance that allocates, 0 on a standby."""

@@ -241,6 +241,25 @@ class ClaimReconciler:
     async def resync(self) -> None:
         await self.relister.resync()
 
+    async def take_over(self) -> None:
+        """This instance became the active one: every claim is queued, from the model the watches
+        kept current while it stood by (listed first only if it never was). A re-list in flight,
+        after a gap in a watch, is waited for; a fresh one follows in the background, to catch
+        what a watch may have missed, without holding the first allocation back."""
+        if not self.synced.is_set():
+            await self.resync()
+            return
+        await self.relister.settle()
+        keys = [*self.model.claims, *self.model.invalid_claims]
+        self.queue.mark_all(keys)
+        logger.info(
+            "taking over with the model kept current while standing by (listed %s): %d claims queued; "
+            "re-listing in the background",
+            self.relister.describe_age(),
+            len(keys),
+        )
+        self.relister.request_relist()
+
     async def relist(self, kinds: Iterable[str], *, mark_all: bool = False) -> dict[str, int]:
         return await self.relister.relist(kinds, mark_all=mark_all)
 

@@ -1,5 +1,5 @@
-"""Listing whole resources into the model: at startup, after a standby period, after a gap in a
-watch, and periodically.
+"""Listing whole resources into the model: at startup, after a gap in a watch, in the background
+after a takeover, and periodically.
 
 A watch that resumes after a gap (410 Gone, a reconnect) lists what exists, so objects deleted
 during the gap would stay in the model for good: a deleted slice's devices would look free, a
@@ -120,7 +120,7 @@ class Relister:
 
     async def relist(self, kinds: Iterable[str], *, mark_all: bool = False) -> dict[str, int]:
         """Read whole resources again and make the model match them, deletions included. Claims
-        that changed are queued; with ``mark_all``, every claim (after a standby period, when
+        that changed are queued; with ``mark_all``, every claim (at start, when
         nothing may have been done about them). Returns how many objects each listing had.
 
         The kinds side by side, each page into the model as it comes: only one page's JSON per kind
@@ -242,7 +242,7 @@ class Relister:
 
     def watch_relisted(self, kind: str) -> None:
         """A watch listed ``kind`` again (Kopf's, or the claim watch), which happens after a gap in
-        it (410 Gone, a lost connection, the pause of a standby): list the cluster here too, so that
+        it (410 Gone, a lost connection): list the cluster here too, so that
         what was deleted during the gap leaves the model. Every kind, not just this one: a gap
         rarely hits one watch alone, and a watch whose re-list is empty gives no event to notice it
         by.
@@ -250,8 +250,7 @@ class Relister:
         One listing of a watch makes at most one re-list: its events arrive over seconds at scale
         (Kopf dispatches a listing of thousands of slices one by one), and a re-list that started
         after the first of them came started after the watch's own listing did, so it already
-        covers the gap before that. That is also why the listing Kopf makes when a standby becomes
-        active, arriving while or after the takeover's own listing ran, lists nothing again."""
+        covers the gap before that."""
         if not self.synced.is_set():
             return
         now = self.clock()
@@ -266,6 +265,18 @@ class Relister:
     def watch_event(self, kind: str) -> None:
         """A watch delivered a change of ``kind``: its listing, if any, is over."""
         self._listing.pop(kind, None)
+
+    async def settle(self) -> None:
+        """Wait for the re-list in progress, if any (a takeover allocates after it)."""
+        task = self.task
+        if task is not None and not task.done():
+            await asyncio.shield(task)
+
+    def describe_age(self) -> str:
+        """How long ago the model was last listed whole or in part, for a log line."""
+        if self._last_started is None:
+            return "never"
+        return f"{self.clock() - self._last_started:.0f} s ago"
 
     def request_relist(self) -> None:
         self._wanted.update(RELIST_KINDS)

@@ -23,10 +23,30 @@ def test_liveness_fails_when_heartbeats_stop_coming_back() -> None:
     ok, text = health.verdict()
     assert not ok
     assert "no heartbeat" in text
-    active[0] = False  # a standby's watches are frozen on purpose
+    # A standby's watches keep the model a takeover allocates from: they are checked too.
+    active[0] = False
+    ok, text = health.verdict()
+    assert not ok
+    assert text.startswith("standby: no heartbeat")
+    health.heartbeat_seen("me@40.000")
     ok, text = health.verdict()
     assert ok
     assert "standby" in text
+
+
+def test_an_instance_that_writes_no_heartbeat_is_not_checked_until_it_does() -> None:
+    clock = _Clock()
+    writing = [False]  # the peering object is missing: no heartbeat is written
+    health = Health(stale_after=30, identity="me", clock=clock, writing=lambda: writing[0])
+    clock.now = 100
+    ok, text = health.verdict()
+    assert ok
+    assert "peering object is missing" in text
+    writing[0] = True  # the object came back: the wait for a heartbeat starts now, not at start
+    clock.now = 125
+    assert health.verdict()[0]
+    clock.now = 131
+    assert not health.verdict()[0]
 
 
 def test_a_foreign_heartbeat_does_not_count() -> None:

@@ -421,3 +421,58 @@ async def test_a_listing_that_began_before_the_takeovers_own_listing_makes_no_re
     now[0] = 100.5
     reconciler.watch_relisted("nodes")
     assert requests == []
+
+
+async def test_a_takeover_allocates_from_the_kept_model_and_relists_in_the_background(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The standby's watches kept its model current: a takeover queues every claim at once and
+    lists nothing before that; the re-list that follows in the background still repairs what a
+    watch missed."""
+    api = ListApi(
+        {
+            "deviceclasses": Listing([h.gpu_class(rv="1")], "10"),
+            "resourceslices": Listing([h.gpu_slice("n1", 2, rv="2")], "10"),
+            "resourceclaims": Listing([h.claim("old", rv="3")], "10"),
+            "nodes": Listing([{"metadata": {"name": "n1", "resourceVersion": "4"}}], "10"),
+            "pods": Listing([], "10"),
+        }
+    )
+    reconciler, model = _reconciler(api)
+    await reconciler.resync()  # the standby's listing at start
+    reconciler.queue.dirty.clear()
+    api.pages.clear()
+    # What the watches brought while standing by; a slice deleted in a gap they did not report.
+    reconciler.on_claim_event(h.claim("new", rv="11"), deleted=False)
+    api.listings["resourceslices"] = Listing([], "12")
+    api.listings["resourceclaims"] = Listing([h.claim("old", rv="3"), h.claim("new", rv="11")], "12")
+    reconciler.queue.dirty.clear()
+
+    with caplog.at_level(logging.INFO, logger="dra_operator.reconcile.claims"):
+        await reconciler.take_over()
+    assert api.pages == []  # nothing listed before the claims are queued
+    assert set(reconciler.queue.dirty) == {ClaimKey("ns", "old"), ClaimKey("ns", "new")}
+    assert any("2 claims queued" in r.getMessage() for r in caplog.records)
+    assert model.slices  # the watch missed the deletion: still in the model
+
+    task = reconciler._relist_task
+    assert task is not None
+    await asyncio.wait_for(task, timeout=5)
+    assert not model.slices  # the background re-list removed it
+    assert {kind for kind, _ in api.pages} == set(RELIST_KINDS)
+
+
+async def test_a_takeover_waits_for_a_relist_in_flight_and_lists_if_never_synced() -> None:
+    api = ListApi({kind: Listing([], "5") for kind in RELIST_KINDS})
+    reconciler, _ = _reconciler(api)
+    await reconciler.take_over()  # never listed: it lists first, as at start
+    assert reconciler.synced.is_set()
+    assert {kind for kind, _ in api.pages} == set(RELIST_KINDS)
+
+    reconciler.request_relist()  # a gap in a watch
+    in_flight = reconciler._relist_task
+    assert in_flight is not None
+    api.pages.clear()
+    await reconciler.take_over()
+    assert in_flight.done()
+    assert {kind for kind, _ in api.pages} == set(RELIST_KINDS)
