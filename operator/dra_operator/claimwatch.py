@@ -7,11 +7,12 @@ only needs the object. In the allocation benchmark that machinery was about a th
 operator's CPU, so claims get a plain list-then-watch loop of their own (what client-go calls a
 reflector); Kopf keeps the other resources, the peering and the probes.
 
-The loop: list the claims (one consistent snapshot) into the model, then watch from the listing's
-resourceVersion with bookmarks, resuming from the last version seen when the server ends the
-stream or the connection drops. On 410 Gone the version is too old: list again, which also drops
-claims deleted during the gap (:meth:`ClaimReconciler.apply_listing`), and ask for a re-list of the
-other resources, whose watches most likely had the same gap. Failures back off exponentially.
+The loop: list the claims into the model (one consistent snapshot, in pages, each applied as it
+comes), then watch from the listing's resourceVersion with bookmarks, resuming from the last
+version seen when the server ends the stream or the connection drops. On 410 Gone the version is
+too old: list again, which also drops claims deleted during the gap
+(:meth:`ClaimReconciler.list_for_watch`), and ask for a re-list of the other resources, whose
+watches most likely had the same gap. Failures back off exponentially.
 
 It runs on the standby instance too: its model stays current, and the claim worker, not the
 watch, is what the peering pauses. A watch that hangs without failing (a silent TCP stall: no data,
@@ -101,13 +102,11 @@ class ClaimWatch:
         """List if needed, then watch until the stream ends. Whether it made progress (events, or
         a stream that lasted), as opposed to ending at once, which backs off like a failure."""
         if self.version is None:
-            listing = await self.api.list_snapshot(RESOURCE)
-            self.claims.apply_listing(RESOURCE, listing)
-            self.version = listing.resource_version
+            self.version = await self.claims.list_for_watch(RESOURCE)
             self.listings += 1
-            if self.listings > 1:
+            if self.listings > 1 and self.claims.synced.is_set():
                 # A gap in this watch: the others likely had one too (see watch_relisted).
-                self.claims.watch_relisted(RESOURCE)
+                self.claims.request_relist()
         started, events = time.monotonic(), 0
         settings = self.settings
         counted = self.metrics.watch_events.labels(RESOURCE)  # looked up once, not per event

@@ -42,7 +42,6 @@ from dra_operator.kubeapi import (
     Conflict,
     Gone,
     KubeApi,
-    Listing,
     NotActive,
     error_cause,
     error_text,
@@ -263,8 +262,8 @@ class ClaimReconciler:
     async def relist(self, kinds: Iterable[str], *, mark_all: bool = False) -> dict[str, int]:
         return await self.relister.relist(kinds, mark_all=mark_all)
 
-    def apply_listing(self, kind: str, listing: Listing, *, mark_all: bool = False) -> bool:
-        return self.relister.apply_listing(kind, listing, mark_all=mark_all)
+    async def list_for_watch(self, kind: str) -> str:
+        return await self.relister.list_for_watch(kind)
 
     def watch_relisted(self, kind: str) -> None:
         self.relister.watch_relisted(kind)

@@ -38,9 +38,12 @@ class ScriptedApi:
         self.streams = streams
         self.watched_from: list[str] = []
 
-    async def list_snapshot(self, plural: str) -> Listing:
+    async def snapshot_pages(self, plural: str) -> AsyncGenerator[Listing, None]:
+        """The next listing, in pages of one object (as the API server's pages of one snapshot)."""
         assert plural == "resourceclaims"
-        return self.listings.pop(0)
+        listing = self.listings.pop(0)
+        for start in range(max(len(listing.items), 1)):
+            yield Listing(listing.items[start : start + 1], listing.resource_version)
 
     async def list_core(self, plural: str) -> Listing:
         return Listing([], "1")
@@ -75,7 +78,7 @@ def _watch(api: ScriptedApi, sleeps: list[float], *, stop_after: int) -> tuple[C
             raise Stop
 
     watch = ClaimWatch(
-        api=api,  # type: ignore[arg-type]  # list_snapshot and watch
+        api=api,  # type: ignore[arg-type]  # snapshot_pages and watch
         claims=claims,
         health=Health(stale_after=60, heartbeat_enabled=False),
         metrics=metrics,

@@ -381,10 +381,15 @@ async def test_one_listing_of_a_watch_makes_at_most_one_relist() -> None:
     not list the cluster again and again."""
     reconciler, now, requests = _synced_at_a_fake_clock()
     relister = reconciler.relister
-    await reconciler.resync()  # at 100: the takeover's own listing
+    reconciler.watch_relisted("resourceslices")  # the watch's first listing, at 100: its start
+    await reconciler.resync()  # at 100: the listing at start
+    now[0] = 100.5
+    reconciler.watch_relisted("resourceslices")  # the rest of that first listing
+    assert requests == []
+    reconciler.watch_event("resourceslices")  # a change ends it
 
-    # Kopf's listing after the pause, arriving after the takeover's listing began: a re-list is
-    # asked for (the asks coalesce while it waits to run)...
+    # Kopf's listing after a gap in its watch, arriving after the re-list at start began: a
+    # re-list is asked for (the asks coalesce while it waits to run)...
     for step in range(10):
         now[0] = 101.0 + step * 0.5
         reconciler.watch_relisted("resourceslices")
@@ -412,15 +417,38 @@ async def test_one_listing_of_a_watch_makes_at_most_one_relist() -> None:
     assert requests == [108.0, 114.5]
 
 
-async def test_a_listing_that_began_before_the_takeovers_own_listing_makes_no_relist() -> None:
+async def test_a_listing_that_began_before_the_last_relist_makes_no_relist() -> None:
     reconciler, now, requests = _synced_at_a_fake_clock()
     relister = reconciler.relister
-    await reconciler.resync()
-    now[0] = 99.0  # not possible on one clock; stands for a listing whose first event came earlier
-    relister._listing["nodes"] = (99.0, 99.0)
+    now[0] = 90.0
+    reconciler.watch_relisted("nodes")  # the watch's first listing
+    reconciler.watch_event("nodes")
+    now[0] = 99.0  # a gap's listing whose first event came before the re-list below started
+    reconciler.watch_relisted("nodes")
+    requests.clear()
+    now[0] = 100.0
+    await relister.relist(RELIST_KINDS)
     now[0] = 100.5
     reconciler.watch_relisted("nodes")
     assert requests == []
+
+
+async def test_a_watchs_first_listing_is_its_start_not_a_gap() -> None:
+    """Kopf's first listing of each resource takes seconds at scale (16 s for 5,000 slices) and
+    mostly arrives after the operator's own listing at start has ended: it is no gap to re-list
+    for, on the active instance or the standby. A listing after a change is."""
+    reconciler, now, requests = _synced_at_a_fake_clock()
+    await reconciler.resync()  # at 100
+    for step in range(30):  # Kopf's first listing of slices, 101 to 115.5
+        now[0] = 101.0 + step * 0.5
+        reconciler.watch_relisted("resourceslices")
+    now[0] = 116.0
+    reconciler.watch_relisted("nodes")  # and of nodes, after the slices'
+    assert requests == []
+    reconciler.watch_event("resourceslices")
+    now[0] = 200.0
+    reconciler.watch_relisted("resourceslices")
+    assert requests == [200.0]
 
 
 async def test_a_takeover_allocates_from_the_kept_model_and_relists_in_the_background(
