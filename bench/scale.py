@@ -87,7 +87,7 @@ from bench.operator_allocation import (
     service_account_kubeconfigs,
 )
 from bench.operator_chaos import claim_template, double_booked, template_pod
-from bench.operator_failover import FailoverConfig, Instance, allocation_counts
+from bench.operator_failover import FailoverConfig, Instance, allocation_counts, once_problems
 from dra_api.kube import make_api_client, preferred_resource_version
 from dra_api.names import GPU_CLASS, GPU_DRIVER, OPERATOR_FINALIZER, TPU_CLASS
 from dra_devcluster import LocalCluster, resolve_kubernetes_version
@@ -584,14 +584,17 @@ class Scale:
             raise TimeoutError(f"{exc}; {len(waiting)} not allocated: {', '.join(waiting[:10])}") from None
         return items
 
-    def check_once(self, ns: str, names: Sequence[str], claims: list[dict[str, Any]]) -> None:
+    def check_once(
+        self, ns: str, names: Sequence[str], claims: list[dict[str, Any]], *, killed_at: float | None = None
+    ) -> int:
         """Every claim of ``names`` allocated exactly once (one "allocated" line over all the
-        operators' logs), no device in two claims."""
+        operators' logs, or none for one the instance SIGKILLed at ``killed_at`` wrote as it died:
+        see :func:`once_problems`), no device in two claims. Returns how many were of the latter."""
         self.report.problems += double_booked(claims)
         counts = allocation_counts([i.log for i in self.instances], ns)
-        for name in names:
-            if counts.get(name, 0) != 1:
-                self.report.problems.append(f"claim {ns}/{name} allocated {counts.get(name, 0)} times")
+        problems, silent = once_problems(claims, names, counts, killed_at=killed_at)
+        self.report.problems += [f"{ns}/{p.removeprefix('claim ')}" for p in problems]
+        return silent
 
     # -- phases -----------------------------------------------------------------------------
 
@@ -864,7 +867,7 @@ class Scale:
             standby_rss_mib=standby_rss,
         )
         await self.wait_allocated(ns, names)
-        self.check_once(ns, names, await list_claims(self.custom))
+        silent = self.check_once(ns, names, await list_claims(self.custom), killed_at=killed)
         mismatches: list[str] = []
 
         async def consistent() -> bool:
@@ -908,6 +911,12 @@ class Scale:
                 "s",
                 f"into the model {result.apply_s:.2f} s more",
             )
+        r.add(
+            "takeover_written_as_killed",
+            "  claims the killed instance wrote as it died (allocated, never logged)",
+            float(silent),
+            "",
+        )
         r.add("takeover_model", "  model vs API after the takeover: mismatches", float(len(mismatches)), "")
         return result
 
