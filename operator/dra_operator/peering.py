@@ -137,6 +137,9 @@ class Peering:
         self._renewed: float | None = None  # clock() when the last successful renewal started
         self._joined: float | None = None  # clock() since when this entry has been live throughout
         self._wake = asyncio.Event()
+        # One write of this instance's entry at a time: a renewal still in flight when the farewell
+        # is sent could land after it and bring the entry back for a whole lifetime.
+        self._write = asyncio.Lock()
         self._next_deadline: float | None = None  # wall time a blocking peer expires
         self._was_active = False
 
@@ -209,9 +212,12 @@ class Peering:
                 }
             },
         }
-        obj = await asyncio.wait_for(
-            self.api.patch_peering(name=self.name, body=body), timeout=self.times.renew_deadline
-        )
+        async with self._write:
+            if self.stopping:
+                return  # the farewell came first: no entry may be written after it
+            obj = await asyncio.wait_for(
+                self.api.patch_peering(name=self.name, body=body), timeout=self.times.renew_deadline
+            )
         if obj is None:
             if not self.missing:
                 logger.warning(
@@ -223,7 +229,7 @@ class Peering:
             self._by_peers = False
             self._report()
             return
-        if self.stopping:
+        if self._stepped_down():
             return  # a renewal that raced the farewell must not count
         self.missing = False
         self.sent = stamp
@@ -294,6 +300,10 @@ class Peering:
 
     # -- stopping -----------------------------------------------------------------------------------
 
+    def _stepped_down(self) -> bool:
+        """``stopping``, read again after an ``await`` (a check before it does not hold after)."""
+        return self.stopping
+
     def step_down(self) -> None:
         """Stop writing now (SIGTERM); nothing is renewed after this."""
         self.stopping = True
@@ -304,10 +314,9 @@ class Peering:
         """Remove this instance's entry, so the standby need not wait out its lifetime."""
         self.step_down()
         try:
-            await asyncio.wait_for(
-                self.api.patch_peering(name=self.name, body={"status": {self.identity: None}}),
-                timeout=self.times.renew_deadline,
-            )
+            async with asyncio.timeout(self.times.renew_deadline), self._write:
+                # After any renewal in flight has landed, so that none can bring the entry back.
+                await self.api.patch_peering(name=self.name, body={"status": {self.identity: None}})
             logger.info("removed this instance from peering object %s", self.name)
         except Exception as exc:
             logger.warning(

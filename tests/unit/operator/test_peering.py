@@ -213,10 +213,41 @@ def test_a_standby_takes_over_when_the_active_entry_expires_or_at_once_on_its_fa
     second.observe(store2.obj)
     assert _active(second)
     patches = len(store2.patches)
-    asyncio.run(first.renew())  # a renewal racing the farewell is not counted
+    asyncio.run(first.renew())  # a renewal after the farewell writes nothing
     asyncio.run(first.run())  # returns at once: a stopping instance renews nothing
     assert not _active(first)
-    assert len(store2.patches) == patches + 1
+    assert len(store2.patches) == patches
+    assert "first" not in store2.obj["status"]
+
+
+class _SlowPeeringObject(_PeeringObject):
+    """Each patch is applied only once ``release`` is set, as a slow API server would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+        self.waiting = asyncio.Event()
+
+    async def patch_peering(self, *, name: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
+        self.waiting.set()
+        await self.release.wait()
+        return await super().patch_peering(name=name, body=body)
+
+
+async def test_a_renewal_in_flight_at_the_farewell_cannot_bring_the_entry_back() -> None:
+    """SIGTERM while a renewal is on its way: the removal is sent after that renewal has landed,
+    so the standby is not kept waiting a whole lifetime by an entry written after the farewell
+    (seen once in 6 SIGTERM rounds of bench.operator_failover: 12.2 s instead of 0.6 s)."""
+    store, t = _SlowPeeringObject(), _Time()
+    first = _instance(store, t, "first", 20)
+    renewal = asyncio.create_task(first.renew())
+    await store.waiting.wait()  # the renewal's request is out
+    farewell = asyncio.create_task(first.farewell())
+    await asyncio.sleep(0)
+    store.release.set()
+    await asyncio.gather(renewal, farewell)
+    assert [p["status"]["first"] is None for p in store.patches] == [False, True]  # renewal, then removal
+    assert "first" not in store.obj["status"]
 
 
 def test_a_missing_peering_object_keeps_the_instance_paused(caplog: pytest.LogCaptureFixture) -> None:
