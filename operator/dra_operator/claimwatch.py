@@ -105,7 +105,7 @@ class ClaimWatch:
             self.version = await self.claims.list_for_watch(RESOURCE)
             self.listings += 1
             if self.listings > 1 and self.claims.synced.is_set():
-                # A gap in this watch: the others likely had one too (see watch_relisted).
+                # A gap in this watch: the others likely had one too (see Relister.watch_relisted).
                 self.claims.request_relist()
         started, events = time.monotonic(), 0
         settings = self.settings

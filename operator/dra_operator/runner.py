@@ -393,11 +393,7 @@ async def _worker(
         try:
             await claims.resync()
         except Exception as exc:
-            if transient(exc):
-                logger.warning("initial listing failed (%s); retrying", error_text(exc))
-            else:
-                logger.exception("initial listing failed; retrying")
-            claims.metrics.reconcile_errors.labels("Resync").inc()
+            _failed_will_retry("initial listing", exc, claims)
             await asyncio.sleep(2.0)
     was_active = stood_by = False
     while True:
@@ -419,11 +415,7 @@ async def _worker(
                 await keeper.ensure_all()
                 await claims.reservations.sweep()
             except Exception as exc:
-                if transient(exc):
-                    logger.warning("taking over failed (%s); retrying", error_text(exc))
-                else:
-                    logger.exception("taking over failed; retrying")
-                claims.metrics.reconcile_errors.labels("Resync").inc()
+                _failed_will_retry("taking over", exc, claims)
                 was_active = False
                 await asyncio.sleep(2.0)
                 continue
@@ -435,6 +427,16 @@ async def _worker(
             await worker
         if worker.done() and not worker.cancelled() and worker.exception() is not None:
             logger.error("claim worker died: %s; restarting", worker.exception())
+
+
+def _failed_will_retry(what: str, exc: Exception, claims: ClaimReconciler) -> None:
+    """Say that ``what`` failed and will be tried again: one line for an API error that may pass
+    (the API server unreachable, 5xx), the traceback for anything else; counted either way."""
+    if transient(exc):
+        logger.warning("%s failed (%s); retrying", what, error_text(exc))
+    else:
+        logger.exception("%s failed; retrying", what)
+    claims.metrics.reconcile_errors.labels("Resync").inc()
 
 
 async def _sweeper(

@@ -99,6 +99,7 @@ class Relister:
         self._listing: dict[str, tuple[float, float]] = {}
         # Per kind, when the watch's first listing in this process began: its start, not a gap.
         self._first_listing: dict[str, float] = {}
+        self._synced_at: float | None = None
 
     async def resync(self) -> None:
         """List claims, slices, classes, nodes and pods into the model; queue every claim. Says
@@ -106,6 +107,7 @@ class Relister:
         and at a takeover, nothing is allocated before it ends."""
         counts = await self.relist(RELIST_KINDS, mark_all=True)
         self.synced.set()
+        self._synced_at = self.clock()
         timing = self.last_timing
         assert timing is not None  # set by the relist just made
         self.metrics.model_sync.labels("list").set(timing.list_s)
@@ -246,11 +248,14 @@ class Relister:
         return model.upsert_node, model.remove_node, "node", model.nodes
 
     def watch_relisted(self, kind: str) -> None:
-        """A watch listed ``kind`` (Kopf's, or the claim watch). Its first listing in this process
-        is where the watch starts, not a gap; a later one comes after a gap in it (410 Gone, a lost
-        connection): list the cluster here too, so that what was deleted during the gap leaves the
-        model. Every kind, not just this one: a gap rarely hits one watch alone, and a watch whose
-        re-list is empty gives no event to notice it by.
+        """One of Kopf's watches listed ``kind`` (the claim watch knows its own listings and asks
+        :meth:`request_relist` itself). Its first listing in this process is where the watch
+        starts, not a gap; a later one comes after a gap in it (410 Gone, a lost connection): list
+        the cluster here too, so that what was deleted during the gap leaves the model. Every
+        kind, not just this one: a gap rarely hits one watch alone, and a watch whose re-list is
+        empty gives no event to notice it by. A watch's first listing is one that began before the
+        model was first synced or at most ``LISTING_QUIET_S`` after: a kind that had no objects
+        then has none, and its first listing later is a gap's.
 
         One listing of a watch makes at most one re-list: its events arrive over seconds at scale
         (Kopf dispatches a listing of thousands of slices one by one), and a re-list that started
@@ -261,7 +266,11 @@ class Relister:
         if now - last > LISTING_QUIET_S:
             first = now  # a new listing, after a quiet spell: a new gap
         self._listing[kind] = (first, now)
-        if self._first_listing.setdefault(kind, first) == first:
+        if kind not in self._first_listing and (
+            self._synced_at is None or first - self._synced_at <= LISTING_QUIET_S
+        ):
+            self._first_listing[kind] = first
+        if self._first_listing.get(kind) == first:
             return  # the watch's first listing: at 5,000 nodes Kopf's takes 16 s, not a gap
         if not self.synced.is_set():
             return

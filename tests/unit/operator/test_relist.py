@@ -439,16 +439,28 @@ async def test_a_watchs_first_listing_is_its_start_not_a_gap() -> None:
     for, on the active instance or the standby. A listing after a change is."""
     reconciler, now, requests = _synced_at_a_fake_clock()
     await reconciler.resync()  # at 100
-    for step in range(30):  # Kopf's first listing of slices, 101 to 115.5
+    for step in range(30):  # Kopf's first listings of slices and nodes, side by side, 101 to 115.5
         now[0] = 101.0 + step * 0.5
         reconciler.watch_relisted("resourceslices")
-    now[0] = 116.0
-    reconciler.watch_relisted("nodes")  # and of nodes, after the slices'
+        reconciler.watch_relisted("nodes")
     assert requests == []
     reconciler.watch_event("resourceslices")
     now[0] = 200.0
     reconciler.watch_relisted("resourceslices")
     assert requests == [200.0]
+
+
+async def test_the_first_listing_of_a_kind_empty_at_the_start_is_a_gaps() -> None:
+    """On a fresh install there are no slices yet, so Kopf's watch of them starts with an empty
+    listing, which brings no event. Its first listing seen later comes after a gap."""
+    reconciler, now, requests = _synced_at_a_fake_clock()
+    await reconciler.resync()  # at 100
+    now[0] = 103.0
+    reconciler.watch_relisted("nodes")  # Kopf's first listing of nodes, just after the sync
+    assert requests == []
+    now[0] = 500.0
+    reconciler.watch_relisted("resourceslices")  # slices were published since; a gap's listing
+    assert requests == [500.0]
 
 
 async def test_a_takeover_allocates_from_the_kept_model_and_relists_in_the_background(
