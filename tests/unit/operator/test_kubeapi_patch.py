@@ -57,19 +57,17 @@ async def test_claim_patches_send_what_the_generated_client_sends(
     async with client.ApiClient(client_config(url)) as api_client:
         api = KubeApi(api_client, resource_version="v1", instance="test")
         custom: Any = client.CustomObjectsApi(api_client)
+        pairs = (
+            (api.patch_claim_status, custom.patch_namespaced_custom_object_status),
+            (api.patch_claim, custom.patch_namespaced_custom_object),
+        )
         for namespace, name in (("ns", "claim-1"), ("odd ns", "a/b?c")):
-            got = await api.patch_claim_status(namespace=namespace, name=name, body=BODY)
-            assert got == {"kind": "ResourceClaim", "patched": BODY}
-            await custom.patch_namespaced_custom_object_status(
-                "resource.k8s.io", "v1", namespace, "resourceclaims", name, BODY, _content_type=MERGE_PATCH
-            )
-            assert seen[-2] == seen[-1]
-            got = await api.patch_claim(namespace=namespace, name=name, body=BODY)
-            assert got == {"kind": "ResourceClaim", "patched": BODY}
-            await custom.patch_namespaced_custom_object(
-                "resource.k8s.io", "v1", namespace, "resourceclaims", name, BODY, _content_type=MERGE_PATCH
-            )
-            assert seen[-2] == seen[-1]
+            for ours, generated in pairs:
+                got = await ours(namespace=namespace, name=name, body=BODY)
+                assert got == {"kind": "ResourceClaim", "patched": BODY}
+                args = ("resource.k8s.io", "v1", namespace, "resourceclaims", name, BODY)
+                await generated(*args, _content_type=MERGE_PATCH)
+                assert seen[-2] == seen[-1]
     assert seen[0]["path"] == "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/claim-1/status"
     assert seen[0]["authorization"] == "Bearer secret-token"
     assert seen[0]["content_type"] == MERGE_PATCH
