@@ -71,9 +71,12 @@ def test_sigkill_and_sigterm_failover_with_claims_arriving(
             .log.read_text(errors="replace")
             .splitlines()
         )
+        # An instance that starts alone is active until its higher-priority peer's entry appears
+        # (on a loaded machine the peer may write it after this one's first renewal), so the round's
+        # "now active" is the last one before the takeover, not the first in the log.
         synced = next(n for n, line in enumerate(lines) if "model synced" in line)
-        became = next(n for n, line in enumerate(lines) if "this instance is now active" in line)
         took = next(n for n, line in enumerate(lines) if "taking over with the model kept current" in line)
+        became = max(n for n, line in enumerate(lines[:took]) if "this instance is now active" in line)
         first = next(n for n, line in enumerate(lines) if ": allocated " in line)
         assert synced < became < took < first, "\n".join(lines[synced : first + 1])
         assert not any("model synced" in line for line in lines[became:first]), lines[became : first + 1]
