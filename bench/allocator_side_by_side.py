@@ -9,7 +9,7 @@ interleaved (ours, Go, ours, Go...):
 - ours: the planner, first-fit, one claim at a time, each allocation noted before the next
   (:func:`bench.allocator_bench.place_claims`, the path ``allocator_bench`` measures);
 - Go: per claim, what kube-scheduler's DynamicResources plugin does for a pod: PreFilter (a fresh
-  copy of the allocated devices, ``structured.NewAllocator`` with the 1.36 default gates, which
+  copy of the allocated devices, ``structured.NewAllocator`` with the 1.37 default gates, which
   picks the "incubating" implementation), then Filter, ``Allocate(node, claim)`` node after node
   in name order, the first node with a result winning (one goroutine, no scoring).
 

@@ -7,7 +7,7 @@
 //
 // Per claim, as the plugin does per pod: PreFilter gathers the allocated state
 // (a fresh copy of the allocated devices) and calls NewAllocator once with the
-// features of the 1.36 default gates; Filter calls Allocate(node, claim) per
+// features of the 1.37 default gates; Filter calls Allocate(node, claim) per
 // node. Nodes are tried in order and the first node with a result wins (first
 // fit, one goroutine); its devices count as allocated for the following claims.
 package main
@@ -32,9 +32,10 @@ import (
 	"k8s.io/dynamic-resource-allocation/structured"
 )
 
-// features are AllocatorFeatures(fts) of kube-scheduler 1.36 with its default
-// gates: DRAConsumableCapacity is beta (on) in 1.36, DRAListTypeAttributes is
-// alpha (off). With these NewAllocator picks the "incubating" implementation.
+// features are AllocatorFeatures(fts) of kube-scheduler 1.37 with its default
+// gates: DRAConsumableCapacity is beta (on), DRAListTypeAttributes is alpha
+// (off), DRAFractionalCapacityRange is beta but off, as are the new alpha gates.
+// With these NewAllocator picks the "incubating" implementation.
 var features = structured.Features{
 	AdminAccess:            true,
 	PrioritizedList:        true,

@@ -53,7 +53,7 @@ def test_go_and_ours_place_the_same_claims(
     path, data = cluster_file
     go = run_go(go_binary, path, mix)
     ours = Ours(data).run(mix)
-    # 1.36's default gates select upstream's "incubating" implementation, as kube-scheduler's.
+    # 1.37's default gates select upstream's "incubating" implementation, as kube-scheduler's.
     assert go["allocator"] == "*incubating.Allocator"
     # The empty cluster holds exactly this many claims of the mix: all fit, both sides.
     assert go["allocated"] == ours["allocated"] == capacity(mix, NODES)
