@@ -357,7 +357,8 @@ class Chaos:
     async def _new_pod(self) -> None:
         name = f"p{self._next()}"
         await self.core.create_namespaced_pod(
-            self.config.namespace, template_pod(name, self.config.namespace)
+            self.config.namespace,
+            template_pod(name, self.config.namespace),  # type: ignore[arg-type]  # sent as it is
         )
         self.pods.append(name)
         self.report.actions["pod created"] += 1
@@ -376,8 +377,12 @@ class Chaos:
         force = self.rng.random() < self.config.force_delete_share
         # Forced: what `kubectl delete --grace-period=0 --force` sends. Otherwise the pod's own grace
         # period applies, which is 0 here: no kubelet would confirm a graceful deletion.
-        options = {"grace_period_seconds": 0} if force else {}
-        await self._ignore_missing(self.core.delete_namespaced_pod(name, self.config.namespace, **options))
+        ns = self.config.namespace
+        await self._ignore_missing(
+            self.core.delete_namespaced_pod(name, ns, grace_period_seconds=0)
+            if force
+            else self.core.delete_namespaced_pod(name, ns)
+        )
         self.report.actions["pod force-deleted" if force else "pod deleted"] += 1
 
     async def _race_the_operator(self) -> None:
@@ -413,13 +418,14 @@ class Chaos:
             allocated = [c for c in items if device_ids(c)]
             return len(allocated) >= capacity and any(_label(c) == "standalone" for c in allocated)
 
-        claims = await self._poll_claims(full_with_ours, within=90.0)
-        if claims is None:
+        full = await self._poll_claims(full_with_ours, within=90.0)
+        if full is None:
             self.report.actions["race not staged"] += 1
             return
         target_pod = f"p{self._next()}"
         await self.core.create_namespaced_pod(
-            self.config.namespace, template_pod(target_pod, self.config.namespace)
+            self.config.namespace,
+            template_pod(target_pod, self.config.namespace),  # type: ignore[arg-type]  # sent as it is
         )
         self.pods.append(target_pod)
 
@@ -431,12 +437,12 @@ class Chaos:
             waiting = any(_owner_name(c) == target_pod and not device_ids(c) for c in items)
             return waiting and bool(ours(items))
 
-        claims = await self._poll_claims(target_waiting, within=30.0)
-        if claims is None:
+        staged = await self._poll_claims(target_waiting, within=30.0)
+        if staged is None:
             self.report.actions["race not staged"] += 1
             return
-        (target,) = [c for c in claims if _owner_name(c) == target_pod]
-        victim = self.rng.choice(ours(claims))
+        (target,) = [c for c in staged if _owner_name(c) == target_pod]
+        victim = self.rng.choice(ours(staged))
         await self.custom.patch_namespaced_custom_object_status(
             GROUP,
             VERSION,
@@ -447,7 +453,7 @@ class Chaos:
                 "metadata": {"resourceVersion": target["metadata"]["resourceVersion"]},
                 "status": {"allocation": victim["status"]["allocation"]},
             },
-            _content_type="application/merge-patch+json",
+            _content_type="application/merge-patch+json",  # type: ignore[call-arg]  # stubs lack it
         )
         self.staged.add(frozenset((victim["metadata"]["name"], target["metadata"]["name"])))
         self.report.actions["race lost by the scheduler"] += 1

@@ -90,7 +90,7 @@ class Timer:
     async def start(self, name: str, *, gpu: bool) -> float:
         """Create the pod and wait until it runs; seconds from creation to Running."""
         self._waiters[name] = asyncio.Event()
-        await self.core.create_namespaced_pod(NS, pod(name, gpu=gpu))
+        await self.core.create_namespaced_pod(NS, pod(name, gpu=gpu))  # type: ignore[arg-type]
         self.created[name] = time.monotonic()
         await asyncio.wait_for(self._waiters[name].wait(), timeout=120)
         return self.running[name] - self.created[name]
