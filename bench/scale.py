@@ -593,7 +593,7 @@ class Scale:
         self.report.problems += double_booked(claims)
         counts = allocation_counts([i.log for i in self.instances], ns)
         problems, silent = once_problems(claims, names, counts, killed_at=killed_at)
-        self.report.problems += [f"{ns}/{p.removeprefix('claim ')}" for p in problems]
+        self.report.problems += [f"claim {ns}/{p.removeprefix('claim ')}" for p in problems]
         return silent
 
     # -- phases -----------------------------------------------------------------------------
