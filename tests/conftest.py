@@ -53,3 +53,11 @@ def pytest_runtest_makereport(
         for path in cluster.log_files():
             report.sections.append((f"{path.stem} log (tail; full log: {path})", cluster.log_tail(path.stem)))
     return report
+
+
+# Property-based tests draw the same examples on every run (no flakiness from random draws, nothing
+# written to a database beside the repository) and are never timed.
+from hypothesis import settings as _hypothesis_settings  # noqa: E402
+
+_hypothesis_settings.register_profile("project", derandomize=True, database=None, deadline=None)
+_hypothesis_settings.load_profile("project")

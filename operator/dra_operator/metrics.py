@@ -196,6 +196,12 @@ class Metrics:
             ["reason"],
             registry=self.registry,
         )
+        self.searches_off_loop = PromCounter(
+            "dra_operator_allocation_searches_off_loop",
+            "Placements that did not finish within their slice of the event loop and were searched in a "
+            "worker thread (--allocation-search-slice-seconds).",
+            registry=self.registry,
+        )
         self.deallocations = PromCounter(
             "dra_operator_deallocations", "Claims the operator deallocated.", registry=self.registry
         )
@@ -296,6 +302,19 @@ class Metrics:
             registry=self.registry,
         )
         gauge.set_function(longest)
+
+    def attach_search_threads(self, busy: Callable[[], int], queued: Callable[[], int]) -> None:
+        """``dra_operator_allocation_searches{state}``: searches in worker threads now, running or
+        waiting for a thread."""
+        gauge = Gauge(
+            "dra_operator_allocation_searches",
+            "Placements being searched in worker threads now, by state: 'running' or 'queued' (waiting "
+            "for a thread, or for their namespace's turn).",
+            ["state"],
+            registry=self.registry,
+        )
+        gauge.labels("running").set_function(busy)
+        gauge.labels("queued").set_function(queued)
 
     def attach_synced(self, synced: Callable[[], bool]) -> None:
         """``dra_operator_model_synced``: 1 once the model holds a full listing of the cluster."""

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from dra_api.model import AllocationResult, ResourceClaim
+from dra_operator.cel import WorkBudget
 from dra_operator.clustermodel import ClusterModel
 
 
@@ -32,6 +33,18 @@ class Unallocatable:
     message: str
 
 
+@dataclass(frozen=True, slots=True)
+class OutOfBudget:
+    """The placement used its budget before it had an answer. ``message`` says how far it got;
+    ``spent_s`` is what it used."""
+
+    message: str
+    spent_s: float
+
+
+Outcome = Placement | Unallocatable | OutOfBudget
+
+
 class Placer(Protocol):
     def place(
         self,
@@ -40,9 +53,19 @@ class Placer(Protocol):
         model: ClusterModel,
         policy: str | None = None,
         node: str | None = None,
-    ) -> Placement | Unallocatable:
+        budget: WorkBudget | None = None,
+    ) -> Outcome:
         """Where ``claims`` go together, by the placer's own policy or by ``policy`` ('first-fit',
-        'bin-pack', 'spread') for this one call; with ``node``, on that node or nowhere."""
+        'bin-pack', 'spread') for this one call; with ``node``, on that node or nowhere. On the
+        event loop: within ``budget``, or the placer's slice of the loop when none is given."""
+        ...
+
+    async def place_off_loop(
+        self, *, claims: Sequence[ResourceClaim], model: ClusterModel, namespace: str
+    ) -> Outcome:
+        """The same, searched in a worker thread with the placer's whole budget (for claims that
+        outgrew their slice of the loop); ``namespace`` takes its turn with the others'. The
+        answer reflects the model when the call was made."""
         ...
 
     def disagreements(self, model: ClusterModel) -> list[str]:

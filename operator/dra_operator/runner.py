@@ -134,10 +134,20 @@ async def run(
     # the Event sink, which posts at full pace only while that queue is idle.
     queue = ClaimQueue()
     events = EventSink(api, idle=queue.idle, dropped=metrics.events_dropped)
+    placer = placer or PlannerPlacer(
+        policy=settings.placement_policy,
+        gates=gates,
+        prefer_last_devices=True,
+        slice_s=settings.allocation_search_slice_s,
+        budget_s=settings.allocation_search_budget_s,
+        threads=settings.allocation_search_threads,
+    )
+    if isinstance(placer, PlannerPlacer):
+        search = placer.search
+        metrics.attach_search_threads(lambda: search.busy, lambda: search.queued)
     claims = ClaimReconciler(
         model=model,
-        placer=placer
-        or PlannerPlacer(policy=settings.placement_policy, gates=gates, prefer_last_devices=True),
+        placer=placer,
         api=api,
         settings=settings,
         metrics=metrics,
@@ -491,7 +501,7 @@ async def _explainer(
         now = time.time()
         try:
             if explainer.enabled:
-                explainer.sweep(now=now)
+                await explainer.sweep(now=now)
             extended.sweep(now=now)
             tpu_slices.sweep()
         except Exception:

@@ -31,6 +31,9 @@ class Ownership(enum.StrEnum):
 
 
 PLACEMENT_POLICIES = ("first-fit", "bin-pack", "spread")
+SEARCH_BUDGET_S = 5.0
+"""The default of --allocation-search-budget-seconds, and of the same budget in ``simulate`` and
+``kubectl dra explain``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +140,32 @@ class Settings:
     """How the operator picks a node for a claim: 'first-fit' (stable node order), 'bin-pack' (the
     node with the fewest free matching devices that still fits) or 'spread' (the most free)."""
 
+    allocation_search_budget_s: float = SEARCH_BUDGET_S
+    """CPU seconds one claim's placement may use per attempt, across every node: CEL selectors, the
+    feasibility check and the search for devices together (upstream has 10 s per node and no
+    limit across nodes). A claim that uses it up is told so, with what the search found, and is
+    tried again after --allocation-search-backoff-seconds, doubling up to
+    --allocation-search-backoff-max-seconds; other claims are not held up meanwhile."""
+
+    allocation_search_slice_s: float = 0.05
+    """How long a placement may run on the operator's event loop. Nearly every claim is placed
+    within it; one that is not is searched again in a worker thread (with the whole budget), so
+    watches, /healthz and other claims never wait on a long search for more than this."""
+
+    allocation_search_threads: int = 2
+    """Worker threads for the searches that outgrow their slice of the event loop. One search per
+    namespace runs at a time and namespaces take turns, so one tenant's hard claims cannot keep
+    another's waiting; the threads share the interpreter with the event loop (Python's GIL)."""
+
+    allocation_search_backoff_s: float = 30.0
+    """How long a claim whose search used its whole budget waits before it is searched again; the
+    wait doubles with each such attempt, up to --allocation-search-backoff-max-seconds. Changes in
+    the cluster do not bring it back sooner: a claim too hard to place would otherwise be searched
+    again on every change."""
+
+    allocation_search_backoff_max_s: float = 600.0
+    """The longest wait between two searches of a claim that keeps using its whole budget."""
+
     scheduler_headroom: int = 2
     """While pods wait for kube-scheduler, the operator allocates a device only where the free devices
     ahead of it in its slice (kube-scheduler takes devices from the front, the operator from the
@@ -216,6 +245,30 @@ class Settings:
         if pod:
             return pod
         return f"{os.uname().nodename}-{os.getpid()}-{random.randint(0, 0xFFFF):04x}"
+
+
+def add_search_budget_argument(parser: argparse.ArgumentParser) -> None:
+    """--search-budget-seconds of ``simulate`` and ``kubectl dra explain``: the operator's budget by
+    default, so that they answer as the operator does, in the time it takes."""
+    parser.add_argument(
+        "--search-budget-seconds",
+        dest="budget_s",
+        type=_positive_seconds,
+        default=SEARCH_BUDGET_S,
+        metavar="SECONDS",
+        help=f"CPU seconds the placement may use, across every node (default {SEARCH_BUDGET_S:g}, as the "
+        "operator's --allocation-search-budget-seconds)",
+    )
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
 
 
 def _parse_bool(text: str) -> bool:
@@ -307,7 +360,29 @@ def from_sources(*, args: argparse.Namespace | None = None, env: Mapping[str, st
     if values.get("max_concurrent_writes", 1) < 1:
         raise ValueError(f"max_concurrent_writes: must be at least 1, got {values['max_concurrent_writes']}")
     _check_ranges(values)
+    _check_search(values)
     return Settings(**values)
+
+
+def _check_search(values: Mapping[str, Any]) -> None:
+    defaults = Settings()
+    budget = values.get("allocation_search_budget_s", defaults.allocation_search_budget_s)
+    piece = values.get("allocation_search_slice_s", defaults.allocation_search_slice_s)
+    threads = values.get("allocation_search_threads", defaults.allocation_search_threads)
+    backoff = values.get("allocation_search_backoff_s", defaults.allocation_search_backoff_s)
+    most = values.get("allocation_search_backoff_max_s", defaults.allocation_search_backoff_max_s)
+    if not 0 < piece <= budget:
+        raise ValueError(
+            "allocation search: need 0 < allocation_search_slice <= allocation_search_budget, got "
+            f"{piece:g} s and {budget:g} s"
+        )
+    if threads < 1:
+        raise ValueError(f"allocation_search_threads: must be at least 1, got {threads}")
+    if not 0 < backoff <= most:
+        raise ValueError(
+            "allocation search: need 0 < allocation_search_backoff <= allocation_search_backoff_max, got "
+            f"{backoff:g} s and {most:g} s"
+        )
 
 
 def _check_ranges(values: Mapping[str, Any]) -> None:

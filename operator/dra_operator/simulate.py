@@ -30,8 +30,17 @@ from dra_api.model import (
     ResourceSlice,
 )
 from dra_operator.allocator import FeatureGates
-from dra_operator.cel import CelCompileError, compile_selector
-from dra_operator.planner import POLICIES, NotPlaced, PlanError, Planned, Planner, PlanOutcome
+from dra_operator.cel import CelCompileError, WorkBudget, compile_selector
+from dra_operator.planner import (
+    POLICIES,
+    NotPlaced,
+    OutOfBudget,
+    PlanError,
+    Planned,
+    Planner,
+    PlanOutcome,
+)
+from dra_operator.settings import SEARCH_BUDGET_S, add_search_budget_argument
 
 PROG = "dra-operator simulate"
 _SAFE_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -72,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="DRA feature gates (Kubernetes 1.36 defaults)",
     )
     parser.add_argument("--policy", choices=POLICIES, default=POLICIES[0], help="how to choose among nodes")
+    add_search_budget_argument(parser)
     parser.add_argument("-o", "--output", choices=("json", "yaml", "table"), default="table")
     return parser
 
@@ -288,6 +298,7 @@ def simulate(args: argparse.Namespace, *, stdin: TextIO) -> tuple[dict[str, Any]
         node=args.node,
         gates=gates,
         policy=args.policy,
+        budget_s=args.budget_s,
     )
     return result_of(outcome, pending=pending, policy=args.policy)
 
@@ -302,10 +313,12 @@ def plan(
     node: str | None,
     gates: FeatureGates,
     policy: str,
+    budget_s: float = SEARCH_BUDGET_S,
 ) -> PlanOutcome:
     """Allocate ``pending`` together, on ``node`` only when given, against the other objects (the
-    devices of ``allocated`` are taken). Nodes known only from their slices, or from ``node``, take
-    part without labels. Shared with ``kubectl dra explain``, which feeds it the live cluster."""
+    devices of ``allocated`` are taken), within ``budget_s`` seconds of this thread's CPU time, as
+    the operator would. Nodes known only from their slices, or from ``node``, take part without
+    labels. Shared with ``kubectl dra explain``, which feeds it the live cluster."""
     by_name = {n.name: n for n in nodes}
     for s in slices:
         if s.node_name and s.node_name not in by_name:
@@ -320,7 +333,7 @@ def plan(
         gates=gates,
         policy=policy,
     )
-    return planner.plan(pending, node=node)
+    return planner.plan(pending, node=node, budget=WorkBudget.thread_cpu(budget_s))
 
 
 def result_of(
@@ -355,6 +368,10 @@ def result_of(
             )
             return result, 2
         result["outcome"] = "unallocatable"
+        return result, 1
+    if isinstance(outcome, OutOfBudget):
+        result["outcome"] = "unfinished"
+        result["explanation"] = outcome.explanation.full
         return result, 1
     assert isinstance(outcome, PlanError)
     result["error"] = outcome.message

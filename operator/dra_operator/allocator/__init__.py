@@ -13,8 +13,10 @@ Public API::
     # -> list[AllocationResult] (one per claim, in order), or None when they do not fit on node.
     # raises AllocationError (fatal: bad input, CEL error, disabled feature, > 32 devices, ...)
     #     or FailedAllocationOnNode (node-local: nothing fits and the node has invalid pools)
-    #     or AllocationTimeout (allocate(..., timeout=seconds) ran out of time).
+    #     or AllocationTimeout (allocate(..., timeout=seconds) ran out of time)
+    #     or cel.BudgetExhausted (allocate(..., budget=WorkBudget(...)) ran out, CEL included).
     alloc.last_invocations                      # search effort (upstream allocateOne calls)
+    alloc.last_shortfall                        # why the feasibility check refused (search skipped)
     alloc.note_allocated(results[0])            # keep using alloc; do not mutate alloc.allocated directly
 
 Semantics follow upstream ``k8s.io/dynamic-resource-allocation/structured`` of Kubernetes 1.37.2
@@ -26,8 +28,9 @@ firstAvailable; partitionable devices (shared counters, compatibility groups); c
 with share IDs (whole-unit range arithmetic: DRAFractionalCapacityRange is not modelled); taints and
 tolerations; binding conditions; optional node operations (``Node.declared_features``);
 class-then-claim config; the result node selector; the 32-device claim limit, request by request;
-a depth-first, combination-only search. Requests with derived attributes are refused
-(DRADerivedAttributes is not modelled).
+a depth-first, combination-only search, after a polynomial feasibility check that upstream does
+not have (``feasibility.py``: it refuses what cannot fit without searching). Requests with derived
+attributes are refused (DRADerivedAttributes is not modelled).
 
 Hooks for placement and explanations: :meth:`Allocator.pools` (the node's pools in search order),
 :attr:`SliceIndex.on_node` / ``shared`` / ``by_pool`` and :meth:`SliceIndex.all_entries`,
@@ -47,7 +50,9 @@ from dra_operator.allocator.allocator import (
     class_matches,
     evaluate_selector,
 )
+from dra_operator.allocator.constraints import constraint_text
 from dra_operator.allocator.errors import AllocationError, AllocationTimeout, FailedAllocationOnNode
+from dra_operator.allocator.feasibility import Shortfall
 from dra_operator.allocator.gates import GATE_FIELDS, FeatureGates, KubernetesGates
 from dra_operator.allocator.pools import DeviceEntry, Pool, PoolID, SliceEntry, SliceIndex
 from dra_operator.allocator.state import (
@@ -75,9 +80,11 @@ __all__ = [
     "PoolID",
     "RequestFunnel",
     "SharedDeviceID",
+    "Shortfall",
     "SliceEntry",
     "SliceIndex",
     "class_matches",
+    "constraint_text",
     "device_id_text",
     "evaluate_selector",
     "parse_device_id",

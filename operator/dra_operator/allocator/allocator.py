@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import logging
 import sys
-import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -36,14 +35,24 @@ from dra_operator.allocator.constraints import (
     Constraint,
     DistinctAttribute,
     MatchAttribute,
+    attribute_set,
     attribute_text,
+    constraint_text,
     lookup_attribute,
 )
 from dra_operator.allocator.errors import AllocationError, AllocationTimeout, FailedAllocationOnNode
+from dra_operator.allocator.feasibility import DistinctValues, Need, SameValue, Shortfall, shortfall
 from dra_operator.allocator.gates import FeatureGates
 from dra_operator.allocator.pools import DeviceEntry, Pool, PoolID, SliceEntry, SliceIndex
 from dra_operator.allocator.state import AllocatedState, DeviceID, device_id_text
-from dra_operator.cel import CelCompileError, CelRuntimeError, compile_selector
+from dra_operator.cel import (
+    BudgetExhausted,
+    CelCompileError,
+    CelRuntimeError,
+    WorkBudget,
+    charged_to,
+    compile_selector,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -270,8 +279,12 @@ class Allocator:
         slices: SliceIndex | Iterable[ResourceSlice],
         allocated: AllocatedState | None = None,
         gates: FeatureGates | None = None,
+        feasibility: bool = True,
     ) -> None:
         self.gates = gates or FeatureGates()
+        # The polynomial check before the search (feasibility.py); off only to measure the search
+        # as upstream runs it.
+        self.feasibility = feasibility
         self.classes: Mapping[str, DeviceClass] = (
             classes if isinstance(classes, Mapping) else {c.name: c for c in classes}
         )
@@ -284,6 +297,8 @@ class Allocator:
         self.last_invocations = 0
         #: (claim ref, constraint index) -> devices that constraint turned away in the last call.
         self.last_constraint_rejections: dict[tuple[str, int], int] = {}
+        #: Why the last call's claims cannot fit, found before any search (feasibility.py).
+        self.last_shortfall: Shortfall | None = None
 
     def note_allocated(self, allocation: AllocationResult) -> None:
         """Record an allocation made with this allocator's results (keeps its caches coherent)."""
@@ -310,23 +325,40 @@ class Allocator:
         )
 
     def allocate(
-        self, *, node: Node, claims: Sequence[ResourceClaim], timeout: float | None = None
+        self,
+        *,
+        node: Node,
+        claims: Sequence[ResourceClaim],
+        timeout: float | None = None,
+        budget: WorkBudget | None = None,
     ) -> list[AllocationResult] | None:
-        """One result per claim (in order), None if the claims do not fit on ``node`` together.
+        """One result per claim (in order), None if the claims do not fit on ``node`` together
+        (:attr:`last_shortfall` says why when the feasibility check, not the search, found it).
 
         Raises :class:`AllocationError` for errors (unknown class, CEL errors, disabled features,
         too many devices, ...), :class:`FailedAllocationOnNode` when nothing fits and the node has
-        invalid pools, and :class:`AllocationTimeout` when ``timeout`` seconds pass first (the
-        search is exponential in the worst case, as upstream's; kube-scheduler's per-node limit
-        is 10 s).
+        invalid pools, :class:`~dra_operator.cel.BudgetExhausted` when ``budget`` runs out first
+        (CEL evaluation included), and :class:`AllocationTimeout` when ``timeout`` seconds pass
+        first (upstream's per-node limit, in upstream's words).
         """
         run = _Run(self, node, claims)
-        if timeout is not None:
-            run.deadline = time.monotonic() + timeout
+        if timeout is not None and budget is None:
+            run.budget = WorkBudget(timeout)
+        elif budget is not None:
+            run.budget = budget
+        self.last_shortfall = None
         try:
-            return run.run()
+            with charged_to(run.budget):
+                return run.run()
+        except BudgetExhausted:
+            if budget is None:
+                raise AllocationTimeout(
+                    f"filter operation aborted: allocation on node {node.name} took longer than the timeout"
+                ) from None
+            raise
         finally:
             self.last_invocations = run.invocations
+            self.last_shortfall = run.shortfall
             self.last_constraint_rejections = {
                 (c.ref, k.index): k.rejections for c in run.claims for k in c.constraints if k.rejections
             }
@@ -405,7 +437,8 @@ class _Run:
         self.input_claims = claims
         self.cc = self.gates.consumable_capacity
         self.invocations = 0
-        self.deadline: float | None = None
+        self.budget: WorkBudget | None = None
+        self.shortfall: Shortfall | None = None
         self.pools: tuple[Pool, ...] = ()
         self.claims: list[_Claim] = []
         self.results: list[list[_Pick]] = []
@@ -423,6 +456,7 @@ class _Run:
             not self.gates.optional_node_operations or OPTIONAL_NODE_OPERATIONS in node.declared_features
         )
         self.selectable: dict[tuple[DeviceID, int], bool] = {}
+        self._serve_errors = False
         self.compiled: dict[tuple[int, int], object] = {}
         self._next_key = 0
 
@@ -444,8 +478,9 @@ class _Run:
         depth = sum(MAX_DEVICES_PER_CLAIM + 2 * len(c.requests) + 2 for c in self.claims) + 200
         if depth > sys.getrecursionlimit():
             sys.setrecursionlimit(depth)
+        self.shortfall = self._shortfall() if self.alloc.feasibility else None
         try:
-            done = self._one(0, 0, 0, 0, False, None)
+            done = self.shortfall is None and self._one(0, 0, 0, 0, False, None)
         except _MaxSizeExceeded:
             done = False
         if not done:
@@ -886,16 +921,143 @@ class _Run:
             ),
         )
 
+    # ---- the feasibility check -----------------------------------------------------------------
+
+    def _shortfall(self) -> Shortfall | None:
+        """What the feasibility check (feasibility.py) finds missing before any search; None when
+        the claims may fit, or when there is nothing to combine (one device at most)."""
+        specs = [s for c in self.claims for r in c.requests for s in (r.subs or (r.single,)) if s]
+        if sum(s.num_devices for s in specs if not s.admin) <= 1:
+            return None
+        # In mode All a device a constraint turns away is an error, which the search reports where
+        # it meets it: such claims are left to the search (All leaves it nothing to combine anyway).
+        if any(
+            s.mode == ALL and any(k.covers(s.parent, s.full) for k in self.claims[s.claim_index].constraints)
+            for s in specs
+        ):
+            return None
+        self._serve_errors = False
+        devices: dict[DeviceID, int] = {}
+        entries: list[DeviceEntry] = []
+        serving: dict[int, list[int]] = {}  # spec key -> devices it can use (multi-allocatable apart)
+        shared: dict[int, int] = {}  # spec key -> multi-allocatable devices it can use
+        for spec in specs:
+            if spec.admin:
+                continue
+            candidates = spec.all_devices if spec.mode == ALL else self._all_positions()
+            own = serving[spec.key] = []
+            for pool, se, i in candidates:
+                entry = se.entries[i]
+                if not self._can_serve(spec, pool, se, i):
+                    continue
+                if self._serve_errors:
+                    return None  # an error the search reports as upstream does, if it gets there
+                if self.cc and entry.device.allow_multiple_allocations:
+                    shared[spec.key] = shared.get(spec.key, 0) + 1
+                    continue
+                index = devices.get(entry.id)
+                if index is None:
+                    index = devices[entry.id] = len(entries)
+                    entries.append(entry)
+                own.append(index)
+        needs: list[Need] = []
+        needs_of: list[tuple[_Claim, _Request, int]] = []
+        for claim in self.claims:
+            for request in claim.requests:
+                options = request.subs or ((request.single,) if request.single else ())
+                if not options or any(s.admin for s in options):
+                    continue  # admin access takes nothing from others
+                # The fewest devices any option needs beyond the shareable ones it can use.
+                count = min(max(0, s.num_devices - shared.get(s.key, 0)) for s in options)
+                if count <= 0:
+                    continue
+                served = sorted({d for s in options for d in serving[s.key]})
+                label = f"request {request.name}"
+                if len(self.claims) > 1:
+                    label = f"claim {claim.ref} {label}"
+                needs_of.append((claim, request, len(needs)))
+                needs.append(Need(label=label, count=count, devices=tuple(served)))
+        same, distinct = self._constraint_bounds(needs_of, entries)
+        check = self.budget.check if self.budget is not None else None
+        return shortfall(needs=needs, same=same, distinct=distinct, check=check)
+
+    def _all_positions(self) -> list[tuple[Pool, SliceEntry, int]]:
+        return [
+            (pool, se, i)
+            for pool in self.pools
+            if not pool.unusable
+            for se in pool.slices
+            for i in range(len(se.entries))
+        ]
+
+    def _can_serve(self, spec: Spec, pool: Pool, se: SliceEntry, index: int) -> bool:
+        """Whether ``spec`` could take this device on its own (the search's checks, without the
+        other devices of the claim). Errors count as yes: the search reports them where it meets them."""
+        entry = se.entries[index]
+        device = entry.device
+        # In the search's order: a device it would evaluate (and fail on) comes before the others.
+        if entry.id in self.alloc.allocated.devices:
+            return False
+        try:
+            if not self._is_selectable(spec, se, index):
+                return False
+            if self.cc and not self._capacity_fits(spec, entry):
+                return False
+        except AllocationError:
+            self._serve_errors = True
+            return True
+        if entry.slice.skip_node_operations and not self.node_operations:
+            return False
+        if device.consumes_counters and not self.gates.partitionable_devices:
+            return False
+        if self.gates.device_taints and device.taints and not _tolerated(device.taints, spec.tolerations):
+            return False
+        multi = self.cc and device.allow_multiple_allocations
+        if device.consumes_counters and not (multi and entry.id in self.alloc._in_use):
+            return _counters_fit(self.alloc.available_counters(pool), entry)
+        return True
+
+    def _constraint_bounds(
+        self, needs_of: list[tuple[_Claim, _Request, int]], entries: list[DeviceEntry]
+    ) -> tuple[list[SameValue], list[DistinctValues]]:
+        same: list[SameValue] = []
+        distinct: list[DistinctValues] = []
+        by_claim: dict[int, list[tuple[_Request, int]]] = {}
+        for claim, request, n in needs_of:
+            by_claim.setdefault(id(claim), []).append((request, n))
+        for claim in self.claims:
+            mine = by_claim.get(id(claim), [])
+            for k in claim.constraints:
+                # A request counts as covered only when all of its subrequests are.
+                covered = tuple(
+                    n
+                    for request, n in mine
+                    if all(k.covers(s.parent, s.full) for s in (request.subs or (request.single,)) if s)
+                )
+                if not covered:
+                    continue
+                values: dict[int, frozenset[object]] = {}
+                for d, entry in enumerate(entries):
+                    found = attribute_set(lookup_attribute(entry, k.attribute), lists=k.lists)
+                    if found is not None:
+                        values[d] = found
+                written = claim.claim.spec.constraints[k.index]
+                label = constraint_text(written.match_attribute, written.distinct_attribute, written.requests)
+                if isinstance(k, MatchAttribute):
+                    same.append(SameValue(label=label, needs=covered, values=values))
+                else:
+                    distinct.append(DistinctValues(label=label, needs=covered, values=values))
+        return same, distinct
+
     # ---- the search ----------------------------------------------------------------------------
 
     def _one(
         self, ci: int, ri: int, si: int, di: int, in_sub: bool, start: tuple[int, int, int] | None
     ) -> bool:
         self.invocations += 1
-        if self.deadline is not None and not self.invocations & 255 and time.monotonic() > self.deadline:
-            raise AllocationTimeout(
-                f"filter operation aborted: allocation on node {self.node.name} took longer than the timeout"
-            )
+        budget = self.budget
+        if budget is not None and not self.invocations & 255 and budget.clock() > budget.deadline:
+            raise BudgetExhausted(budget)
         if ci >= len(self.claims):
             return True
         claim = self.claims[ci]

@@ -60,6 +60,13 @@ def attribute_text(value: AttributeValue | UnsupportedAttribute | None, *, lists
     return texts[0] if len(texts) == 1 and not isinstance(value, tuple) else "[" + ", ".join(texts) + "]"
 
 
+def constraint_text(match: str | None, distinct: str | None, requests: tuple[str, ...]) -> str:
+    """A constraint as explanations name it: "constraint (matchAttribute <name> on a, b)"."""
+    kind = f"matchAttribute {match}" if match else f"distinctAttribute {distinct}"
+    on = f" on {', '.join(requests)}" if requests else ""
+    return f"constraint ({kind}{on})"
+
+
 class Constraint:
     """Base: which requests a constraint covers (empty = all requests of the claim)."""
 

@@ -11,6 +11,7 @@ types; results are memoized per projection of the device onto what the expressio
 
 from __future__ import annotations
 
+from .budget import BudgetExhausted, WorkBudget, charged_to
 from .errors import CelCompileError, CelRuntimeError
 from .selector import (
     MAX_EXPRESSION_LENGTH,
@@ -22,10 +23,13 @@ from .selector import (
 
 __all__ = [
     "MAX_EXPRESSION_LENGTH",
+    "BudgetExhausted",
     "CelCompileError",
     "CelRuntimeError",
     "CompiledSelector",
     "DeviceInput",
+    "WorkBudget",
+    "charged_to",
     "compile_selector",
     "evaluation_count",
 ]

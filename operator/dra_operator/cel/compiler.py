@@ -23,22 +23,28 @@ import lark
 from celpy import celtypes
 from celpy.evaluation import CELEvalError, Evaluator, base_functions
 
+from .budget import check_current
 from .checker import NAMESPACES, Tree, as_tree, bare_ident, unwrap
 from .library import DECLARATIONS
 from .values import NONE, CelOptional, cel_kind, cel_values_equal
 
-__all__ = ["COST_KEY", "MAX_ITERATIONS", "CostLimitExceeded", "DomainMap", "Program", "compile_program"]
+__all__ = ["COST_KEY", "MAX_COST", "CostLimitExceeded", "DomainMap", "Program", "compile_program"]
 
-# Upstream stops an evaluation whose runtime cost passes 1,000,000 units. Iterations of the
-# comprehension macros are what can grow without bound here, so they are counted against a budget
-# (each iteration costs upstream several units, hence the lower figure). The counter travels in the
-# environment under a key no CEL identifier can spell.
-MAX_ITERATIONS: Final = 100_000
-COST_KEY: Final = "#iterations"
+# Upstream stops an evaluation whose runtime cost passes 1,000,000 units
+# (CELSelectorExpressionMaxCost). Comprehensions are what can grow without bound here, so they are
+# what is counted: each iteration costs two units (upstream's loop condition and step) plus the
+# operands and operations of its body, about what upstream charges for the calls and operators in
+# the loop; nested comprehensions multiply. The counter travels in the environment under a key no
+# CEL identifier can spell. The limit is a second or two of evaluation here; the placement's budget
+# (budget.py), checked at the start of every comprehension, stops it sooner when that runs out.
+MAX_COST: Final = 1_000_000
+COST_KEY: Final = "#cost"
+# What an iteration costs upstream besides its body: the loop condition and the accumulating step.
+_STEP: Final = 2
 
 
 class CostLimitExceeded(Exception):
-    """An evaluation ran past the iteration budget; it is aborted, not absorbed by || or &&."""
+    """An evaluation ran past the cost limit; it is aborted, not absorbed by || or &&."""
 
 
 Env = Mapping[str, Any]
@@ -417,8 +423,10 @@ class _Compiler:
         if name == "filter" or (name == "map" and len(args) == 3):
             predicate = self.compile(args[1])
             transform = self.compile(args[2]) if name == "map" else None
-            return self._map_filter(name, target, names[0], predicate, transform)
+            step = _STEP + _size(args[1]) + (_size(args[2]) if name == "map" else 0)
+            return self._map_filter(name, target, names[0], predicate, transform, step)
         body = self.compile(args[-1])
+        step = _STEP + _size(args[-1])
         if name == "map":
 
             def map_(env: Env) -> Any:
@@ -426,7 +434,7 @@ class _Compiler:
                 if not isinstance(source, list | dict):
                     return source if isinstance(source, CELEvalError) else _overload(name, source)
                 out = []
-                for bindings in _iterate(source, names, env):
+                for bindings in _iterate(source, names, env, step):
                     value = body(bindings)
                     if isinstance(value, CELEvalError):
                         return value
@@ -442,7 +450,7 @@ class _Compiler:
                 if not isinstance(source, list | dict):
                     return source if isinstance(source, CELEvalError) else _overload(name, source)
                 error: Any = None
-                for bindings in _iterate(source, names, env):
+                for bindings in _iterate(source, names, env, step):
                     value = body(bindings)
                     if isinstance(value, celtypes.BoolType):
                         if bool(value) == decided:
@@ -458,7 +466,7 @@ class _Compiler:
             if not isinstance(source, list | dict):
                 return source if isinstance(source, CELEvalError) else _overload(name, source)
             count = 0
-            for bindings in _iterate(source, names, env):
+            for bindings in _iterate(source, names, env, step):
                 value = body(bindings)
                 if isinstance(value, CELEvalError):
                     return value
@@ -470,14 +478,20 @@ class _Compiler:
         return exists_one
 
     def _map_filter(
-        self, name: str, target: Program, var: str, predicate: Program, transform: Program | None
+        self,
+        name: str,
+        target: Program,
+        var: str,
+        predicate: Program,
+        transform: Program | None,
+        step: int,
     ) -> Program:
         def map_filter(env: Env) -> Any:
             source = target(env)
             if not isinstance(source, list | dict):
                 return source if isinstance(source, CELEvalError) else _overload(name, source)
             out = []
-            for bindings in _iterate(source, [var], env):
+            for bindings in _iterate(source, [var], env, step):
                 keep = predicate(bindings)
                 if isinstance(keep, CELEvalError):
                     return keep
@@ -575,14 +589,22 @@ class _Compiler:
 _MISSING: Final = object()
 
 
-def _iterate(target: Any, names: list[str], env: Env) -> Iterator[dict[str, Any]]:
-    budget = env.get(COST_KEY)
-    if budget is not None:
-        budget[0] += len(target)
-        if budget[0] > MAX_ITERATIONS:
-            raise CostLimitExceeded(
-                f"operation cancelled: actual cost limit exceeded ({MAX_ITERATIONS} iterations)"
-            )
+def _size(tree: Tree) -> int:
+    """Operands and operations of an expression (tokens, and nodes joining two or more parts; the
+    grammar's single-child wrappers are not counted): the per-iteration cost of a comprehension's body."""
+    subtrees = list(as_tree(tree).iter_subtrees())
+    tokens = sum(1 for t in subtrees for c in t.children if isinstance(c, lark.Token))
+    return tokens + sum(1 for t in subtrees if len(t.children) > 1)
+
+
+def _iterate(target: Any, names: list[str], env: Env, step: int) -> Iterator[dict[str, Any]]:
+    # The whole comprehension is charged up front: a limit that stops one mid-way would cost as much.
+    check_current()
+    cost = env.get(COST_KEY)
+    if cost is not None:
+        cost[0] += len(target) * step
+        if cost[0] > MAX_COST:
+            raise CostLimitExceeded(f"operation cancelled: actual cost limit exceeded ({MAX_COST} units)")
     if isinstance(target, dict):
         for key in list(dict.keys(target)):
             if len(names) == 1:

@@ -24,6 +24,7 @@ from celpy.evaluation import CELEvalError
 from dra_api.attributes import AttributeValue, UnsupportedAttribute, Version
 from dra_api.quantity import Quantity
 
+from .budget import BudgetExhausted, check_current
 from .checker import check
 from .compiler import COST_KEY, CostLimitExceeded, DomainMap, Program, compile_program
 from .errors import CelCompileError, CelRuntimeError
@@ -305,11 +306,14 @@ class CompiledSelector:
         return len(self._memo)
 
     def _evaluate(self, device: DeviceInput) -> bool | CelRuntimeError:
+        check_current()  # the placement's budget, before any work: an evaluation can take 0.4 s
         with self._lock:
             self.evaluations += 1
         _count_one()
         try:
             result = self._program({"device": _to_cel(device, self.reads), COST_KEY: [0]})
+        except BudgetExhausted:
+            raise  # not an answer about the device: nothing is remembered
         except CostLimitExceeded as exc:
             return CelRuntimeError(str(exc))
         except RecursionError:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, NoReturn, TextIO
 
 import yaml
 
-from dra_operator.settings import PLACEMENT_POLICIES
+from dra_operator.settings import PLACEMENT_POLICIES, add_search_budget_argument
 
 # The subcommands' modules, the client and the allocator are imported when a command needs them:
 # importing all of them took about 1.5 s of every run (--help included), and only explain needs the
@@ -115,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="Name=true,...",
         help="DRA feature gates (Kubernetes 1.36 defaults)",
     )
+    add_search_budget_argument(explain)
     return parser
 
 
@@ -251,7 +252,9 @@ def _explain(args: argparse.Namespace, *, kubeconfig: str | None, out: TextIO, e
         raise UsageError(
             f'resourceclaims.resource.k8s.io "{args.claim}" not found in namespace "{args.namespace}"'
         )
-    explained = explain_claim(cluster=cluster, obj=obj, node=args.node, gates=args.gates, policy=args.policy)
+    explained = explain_claim(
+        cluster=cluster, obj=obj, node=args.node, gates=args.gates, policy=args.policy, budget_s=args.budget_s
+    )
     if args.output in ("json", "yaml"):
         out.write(dump(explained.data, args.output))
     else:

@@ -27,9 +27,10 @@ from dra_operator.allocator import AllocationError, FeatureGates, RequestFunnel
 from dra_operator.kubectl_dra.claims_command import allocator, consumers, state
 from dra_operator.kubectl_dra.cluster import ClaimObject, ClusterObjects, node_of
 from dra_operator.kubectl_dra.devices import health, taint_text
-from dra_operator.planner import NotPlaced, PlanError, Planner, PlanOutcome
+from dra_operator.planner import NotPlaced, OutOfBudget, PlanError, Planner, PlanOutcome
 from dra_operator.reconcile.schedulerwait import WAITING_REASON
 from dra_operator.reconcile.status import describe_allocation
+from dra_operator.settings import SEARCH_BUDGET_S
 from dra_operator.simulate import plan, render, result_of
 
 ALLOCATABLE = 0
@@ -52,6 +53,8 @@ def operator_message(outcome: PlanOutcome) -> tuple[str, str]:
         return outcome.reason, outcome.message[:1024]
     if isinstance(outcome, NotPlaced):
         return ("InvalidResourceSlices" if outcome.invalid_pools else "NoFit"), outcome.explanation.short
+    if isinstance(outcome, OutOfBudget):
+        return "SearchBudgetExhausted", outcome.explanation.short
     return "Allocated", describe_allocation(
         outcome.allocations[0], outcome.node if outcome.node_bound else None
     )
@@ -70,7 +73,13 @@ def _as_pending(claim: ResourceClaim) -> ResourceClaim:
 
 
 def _what_if(
-    *, cluster: ClusterObjects, obj: ClaimObject, node: str | None, gates: FeatureGates, policy: str
+    *,
+    cluster: ClusterObjects,
+    obj: ClaimObject,
+    node: str | None,
+    gates: FeatureGates,
+    policy: str,
+    budget_s: float,
 ) -> Explained:
     claim = _as_pending(obj.claim)
     outcome = plan(
@@ -82,6 +91,7 @@ def _what_if(
         node=node,
         gates=gates,
         policy=policy,
+        budget_s=budget_s,
     )
     result, code = result_of(outcome, pending=[claim], policy=policy)
     text = render(result, "table")
@@ -202,8 +212,14 @@ def _allocated(*, cluster: ClusterObjects, obj: ClaimObject, gates: FeatureGates
 
 
 def explain_claim(
-    *, cluster: ClusterObjects, obj: ClaimObject, node: str | None, gates: FeatureGates, policy: str
+    *,
+    cluster: ClusterObjects,
+    obj: ClaimObject,
+    node: str | None,
+    gates: FeatureGates,
+    policy: str,
+    budget_s: float = SEARCH_BUDGET_S,
 ) -> Explained:
     if obj.claim.status.allocation is None or node is not None:
-        return _what_if(cluster=cluster, obj=obj, node=node, gates=gates, policy=policy)
+        return _what_if(cluster=cluster, obj=obj, node=node, gates=gates, policy=policy, budget_s=budget_s)
     return _allocated(cluster=cluster, obj=obj, gates=gates, policy=policy)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from dra_api.model import ALL, DeviceClass, Node, ResourceClaim
-from dra_operator.allocator import Allocator, MatchValues, RequestFunnel
+from dra_operator.allocator import Allocator, MatchValues, RequestFunnel, Shortfall, constraint_text
 from dra_operator.planner.demand import DemandKey, request_keys
 from dra_operator.planner.index import FreeDeviceIndex
 
@@ -50,6 +50,8 @@ class NodeAttempt:
     constraint_rejections: Mapping[tuple[str, int], int] = field(default_factory=dict)
     invalid_pools: tuple[str, ...] = ()
     """The node's invalid pools, "driver/pool (reason)", when they are why it failed."""
+    shortfall: Shortfall | None = None
+    """What the feasibility check found missing on the node, before (instead of) a search."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,10 +98,11 @@ def explain(
         best = _best_nodes(planner=planner, claims=claims)
     by_node = {a.node: a for a in attempts}
     constraint_names = {
-        (c.ref, i): _constraint_text(k.match_attribute, k.distinct_attribute, k.requests)
+        (c.ref, i): constraint_text(k.match_attribute, k.distinct_attribute, k.requests)
         for c in claims
         for i, k in enumerate(c.spec.constraints)
     }
+    named = {name: key for key, name in constraint_names.items()}
     lines = [header + "."]
     # Cluster-wide counts per request, from the index.
     cluster: list[str] = []
@@ -124,6 +127,11 @@ def explain(
         attempt = by_node.get(node.name)
         if attempt is not None and attempt.failure:
             parts.append(attempt.failure)
+        if attempt is not None and attempt.shortfall is not None:
+            text = str(attempt.shortfall)
+            ck = named.get(attempt.shortfall.constraint or "")
+            values = _match_values_text(rows=rows, key=ck, claims=claims) if ck is not None else None
+            parts.append(f"{text}: {values}" if values else text)
         if attempt is not None:
             for ck, rejected in sorted(attempt.constraint_rejections.items()):
                 name = constraint_names.get(ck, f"constraint #{ck[1]}")
@@ -143,6 +151,12 @@ def explain(
     if node_lines:
         lines.append("closest nodes:" if fixed is None else "on this node:")
         lines.extend(f"  {line}" for line in node_lines)
+    refused = [a for a in attempts if a.shortfall is not None]
+    if refused and fixed is None and refused[0].node not in {n.name for n in best}:
+        lines.append(
+            f"refused before any search on {len(refused)} of {len(attempts)} searched node(s); "
+            f"on {refused[0].node}: {refused[0].shortfall}"
+        )
     failures = [a for a in attempts if a.failure and a.node not in {n.name for n in best}]
     if failures:
         lines.append(f"{len(failures)} other node(s) failed: {failures[0].node}: {failures[0].failure}")
@@ -160,12 +174,6 @@ def explain(
 
 def _prefix(ref: str, claims: Sequence[ResourceClaim]) -> str:
     return f"claim {ref} " if len(claims) > 1 else ""
-
-
-def _constraint_text(match: str | None, distinct: str | None, requests: tuple[str, ...]) -> str:
-    kind = f"matchAttribute {match}" if match else f"distinctAttribute {distinct}"
-    on = f" on {', '.join(requests)}" if requests else ""
-    return f"constraint ({kind}{on})"
 
 
 def _match_values_text(
@@ -337,6 +345,9 @@ def _advice(
         return out
     # Every request fits alone somewhere: the requests together, or the constraints, do not.
     where = f"node {fixed.name}" if fixed is not None else "any node"
+    shortfalls = [a.shortfall for a in attempts if a.shortfall is not None]
+    if shortfalls:
+        return [_shortfall_advice(shortfalls[0], where=where)]
     together = [node for node, rows, _ in funnels if all(_short_at(r) is None for r in rows)]
     if not together and len({node for node, _ in best.values()}) > 1:
         places = ", ".join(
@@ -357,6 +368,52 @@ def _advice(
     return [f"the requests together need more devices than {where} offers: lower the counts"]
 
 
+def _shortfall_advice(s: Shortfall, *, where: str) -> str:
+    who = ", ".join(s.requests)
+    if s.constraint is not None:
+        return f"relax {s.constraint}: no set of free devices on {where} satisfies it for {who}"
+    if len(s.requests) == 1:
+        return f"lower the count of {who}: {where} has fewer devices that can serve it"
+    return (
+        f"the requests together need more devices than {where} offers ({who} can use only the same "
+        f"{s.offered} devices, for {s.wanted}): lower their counts, or select different devices for each"
+    )
+
+
+def explain_unfinished(
+    *,
+    claims: Sequence[ResourceClaim],
+    attempts: Sequence[NodeAttempt],
+    nodes: int,
+    spent_s: float,
+    cut: str | None,
+) -> Explanation:
+    """Why claims are not placed when the budget ran out first: what the nodes searched showed."""
+    what = ("claim " if len(claims) == 1 else "claims ") + ", ".join(c.ref for c in claims)
+    header = (
+        f"{what}: the search used its budget ({spent_s:.1f} s) after {len(attempts)} of {nodes} "
+        f"node{'s' if nodes != 1 else ''} without finding room"
+    )
+    lines = [header + "."]
+    if cut is not None:
+        lines.append(f"the search was cut short on node {cut}")
+    refused = [a for a in attempts if a.shortfall is not None]
+    if refused:
+        first = refused[0]
+        lines.append(
+            f"refused before any search on {len(refused)} node(s); on {first.node}: {first.shortfall}"
+        )
+    rejected = sum(n for a in attempts for n in a.constraint_rejections.values())
+    if rejected:
+        lines.append(f"the claims' constraints turned away {rejected} devices on the nodes searched")
+    lines.append(
+        "to change: fewer requests, fewer devices per request, or simpler constraints and selectors "
+        "make the search cheaper"
+    )
+    full = "\n".join(lines)
+    return Explanation(full=full, short=truncate(". ".join(lines)))
+
+
 def _best_nodes(*, planner: PlannerState, claims: Sequence[ResourceClaim]) -> list[Node]:
     """The nodes with the most free devices matching the requests (then the most matching)."""
     index = planner.index
@@ -371,4 +428,4 @@ def _best_nodes(*, planner: PlannerState, claims: Sequence[ResourceClaim]) -> li
     return [index.nodes[r] for r in scored[:_BEST_NODES]]
 
 
-__all__ = ["EVENT_MESSAGE_LIMIT", "Explanation", "NodeAttempt", "explain", "truncate"]
+__all__ = ["EVENT_MESSAGE_LIMIT", "Explanation", "NodeAttempt", "explain", "explain_unfinished", "truncate"]

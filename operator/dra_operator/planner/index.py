@@ -231,23 +231,25 @@ class FreeDeviceIndex:
         at = bisect.bisect_left(pending, rank)
         if at == len(pending) or pending[at] != rank:
             return False
-        del pending[at]
         binding = self.gates.device_binding_and_status
-        total = free = 0
+        matched: dict[DeviceID, None] = {}
         for s in self._node_slices[rank]:
             for entry in self.slices.entries(s):
                 did = entry.id
-                if did in counts.local:
+                if did in counts.local or did in matched:
                     continue  # another generation of the same device: count it once
                 if entry.device.binding_conditions and not binding:
                     continue
+                # CEL may run out of the placement's budget here: nothing is changed until the
+                # node is evaluated whole, so an interrupted evaluation is simply done again.
                 if not _matches(key=counts.key, device_class=counts.class_, entry=entry):
                     continue
-                counts.local[did] = rank
-                total += 1
-                free += did not in self.in_use
-        counts.total[rank] = total
-        counts.set_free(rank, free)
+                matched[did] = None
+        del pending[at]
+        for did in matched:
+            counts.local[did] = rank
+        counts.total[rank] = len(matched)
+        counts.set_free(rank, sum(1 for did in matched if did not in self.in_use))
         return True
 
     def _build(self, key: DemandKey) -> KeyCounts:

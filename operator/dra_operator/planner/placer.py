@@ -4,6 +4,9 @@
 generation builds a new slice index from the previous one, so unchanged devices keep their CEL
 results. Between calls it brings the planner's allocations in line with the model's (allocated
 claims and allocations being written), touching only claims whose allocation changed.
+
+A placement on the loop runs within a slice of it (``slice_s``); one that needs more is searched
+again in a worker thread from a snapshot, within ``budget_s`` (see :mod:`offloop`).
 """
 
 from __future__ import annotations
@@ -14,20 +17,47 @@ from collections.abc import Sequence
 
 from dra_api.model import AllocationResult, ResourceClaim
 from dra_operator.allocator import FeatureGates, SliceIndex
+from dra_operator.cel import WorkBudget
 from dra_operator.clustermodel import ClaimKey, ClusterModel
-from dra_operator.placement import Placement, Unallocatable
+from dra_operator.placement import Outcome, OutOfBudget, Placement, Unallocatable
 from dra_operator.planner.index import exclusive_devices
-from dra_operator.planner.planner import FIRST_FIT, NotPlaced, PlanError, Planner
+from dra_operator.planner.offloop import PlannerSnapshot, SearchThreads
+from dra_operator.planner.planner import (
+    FIRST_FIT,
+    NotPlaced,
+    PlanError,
+    Planner,
+    PlanOutcome,
+)
+from dra_operator.planner.planner import (
+    OutOfBudget as Unfinished,
+)
+from dra_operator.settings import SEARCH_BUDGET_S
+
+# Defaults of the operator's settings (see Settings for what each means).
+SLICE_S = 0.05
+BUDGET_S = SEARCH_BUDGET_S
+THREADS = 2
 
 
 class PlannerPlacer:
     """Cluster-wide placement for the claim reconciler (policy: first-fit, bin-pack or spread)."""
 
     def __init__(
-        self, *, policy: str = FIRST_FIT, gates: FeatureGates | None = None, prefer_last_devices: bool = False
+        self,
+        *,
+        policy: str = FIRST_FIT,
+        gates: FeatureGates | None = None,
+        prefer_last_devices: bool = False,
+        slice_s: float = SLICE_S,
+        budget_s: float = BUDGET_S,
+        threads: int = THREADS,
     ) -> None:
         self.policy = policy
         self.gates = gates or FeatureGates()
+        self.slice_s = slice_s
+        self.budget_s = budget_s
+        self.search = SearchThreads(threads=threads)
         # kube-scheduler takes the first free devices of a pool; an allocator running beside it takes
         # the last ones, so the two stay apart until a pool is nearly full (results name devices, so
         # the order is otherwise invisible).
@@ -113,13 +143,44 @@ class PlannerPlacer:
         model: ClusterModel,
         policy: str | None = None,
         node: str | None = None,
-    ) -> Placement | Unallocatable:
-        outcome = self.planner_for(model).plan(list(claims), policy=policy, node=node)
-        if isinstance(outcome, PlanError):
-            return Unallocatable(reason=outcome.reason, message=outcome.message[:1024])
-        if isinstance(outcome, NotPlaced):
-            # A node ruled out by invalid pools is upstream's error case: the driver's slices need
-            # fixing, so the reason says so (the message still explains every node).
-            reason = "InvalidResourceSlices" if outcome.invalid_pools else "NoFit"
-            return Unallocatable(reason=reason, message=outcome.explanation.short)
-        return Placement(node=outcome.node if outcome.node_bound else None, allocations=outcome.allocations)
+        budget: WorkBudget | None = None,
+    ) -> Outcome:
+        budget = budget if budget is not None else WorkBudget(self.slice_s)
+        return _outcome(self.planner_for(model).plan(list(claims), policy=policy, node=node, budget=budget))
+
+    def snapshot(self, model: ClusterModel) -> PlannerSnapshot:
+        """What a worker thread needs to place claims on the model as it is now (cheap: the slice
+        index is shared, the rest are copies of references)."""
+        planner = self.planner_for(model)
+        return PlannerSnapshot(
+            slices=planner.slices,
+            classes=dict(planner.classes),
+            nodes=list(planner.nodes),
+            allocations=list(model.holding_allocations().values()),
+            gates=self.gates,
+            policy=self.policy,
+        )
+
+    async def place_off_loop(
+        self, *, claims: Sequence[ResourceClaim], model: ClusterModel, namespace: str
+    ) -> Outcome:
+        snapshot = self.snapshot(model)
+        claims = list(claims)
+        budget_s = self.budget_s
+        outcome = await self.search.run(
+            namespace=namespace, work=lambda: snapshot.plan(claims, budget_s=budget_s)
+        )
+        return _outcome(outcome)
+
+
+def _outcome(outcome: PlanOutcome) -> Outcome:
+    if isinstance(outcome, PlanError):
+        return Unallocatable(reason=outcome.reason, message=outcome.message[:1024])
+    if isinstance(outcome, NotPlaced):
+        # A node ruled out by invalid pools is upstream's error case: the driver's slices need
+        # fixing, so the reason says so (the message still explains every node).
+        reason = "InvalidResourceSlices" if outcome.invalid_pools else "NoFit"
+        return Unallocatable(reason=reason, message=outcome.explanation.short)
+    if isinstance(outcome, Unfinished):
+        return OutOfBudget(message=outcome.explanation.short, spent_s=outcome.spent_s)
+    return Placement(node=outcome.node if outcome.node_bound else None, allocations=outcome.allocations)

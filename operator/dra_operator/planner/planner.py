@@ -9,6 +9,10 @@ solution winning. Allocations the caller commits are fed back with :meth:`Planne
 
 Policies: ``first-fit`` (stable node order, by name), ``bin-pack`` (fewest free matching devices
 that still fit), ``spread`` (most free matching devices).
+
+A call may be given a :class:`~dra_operator.cel.WorkBudget`: everything it does (the index's CEL,
+the feasibility check and search on each node, the explanation) answers to it, and a call that runs
+out returns :class:`OutOfBudget` with what it learnt so far rather than searching on.
 """
 
 from __future__ import annotations
@@ -21,15 +25,14 @@ from dra_api.model import AllocationResult, DeviceClass, Node, ResourceClaim, Re
 from dra_operator.allocator import (
     AllocatedState,
     AllocationError,
-    AllocationTimeout,
     Allocator,
     FailedAllocationOnNode,
     FeatureGates,
     SliceIndex,
 )
-from dra_operator.cel import CelCompileError, compile_selector
+from dra_operator.cel import BudgetExhausted, CelCompileError, WorkBudget, charged_to, compile_selector
 from dra_operator.planner.demand import Demand, DemandKey, demand_of, request_specs
-from dra_operator.planner.explain import Explanation, NodeAttempt, explain
+from dra_operator.planner.explain import Explanation, NodeAttempt, explain, explain_unfinished
 from dra_operator.planner.index import FreeDeviceIndex, exclusive_devices
 
 logger = logging.getLogger(__name__)
@@ -71,12 +74,23 @@ class PlanError:
     reason: str = "AllocationError"
 
 
-PlanOutcome = Planned | NotPlaced | PlanError
+@dataclass(frozen=True, slots=True)
+class OutOfBudget:
+    """The budget ran out before a node was found or every candidate ruled out; ``explanation``
+    says what was learnt (nodes searched, shortfalls found) and that the search was cut short."""
+
+    explanation: Explanation
+    tried: int
+    spent_s: float
+
+
+PlanOutcome = Planned | NotPlaced | PlanError | OutOfBudget
 
 
 @dataclass(slots=True)
 class _Search:
     attempts: list[NodeAttempt] = field(default_factory=list)
+    current: str | None = None  # the node being searched (where a budget that runs out stopped)
 
 
 class Planner:
@@ -91,12 +105,11 @@ class Planner:
         allocated: Iterable[AllocationResult] = (),
         gates: FeatureGates | None = None,
         policy: str = FIRST_FIT,
-        timeout: float | None = 10.0,
+        feasibility: bool = True,
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"unknown placement policy {policy!r}; expected one of {', '.join(POLICIES)}")
         self.policy = policy
-        self.timeout = timeout
         self.gates = gates or FeatureGates()
         self.classes: dict[str, DeviceClass] = (
             dict(classes) if isinstance(classes, Mapping) else {c.name: c for c in classes}
@@ -107,7 +120,11 @@ class Planner:
         for allocation in allocations:
             state.add_allocation(allocation)
         self.allocator = Allocator(
-            classes=self.classes, slices=self.slices, allocated=state, gates=self.gates
+            classes=self.classes,
+            slices=self.slices,
+            allocated=state,
+            gates=self.gates,
+            feasibility=feasibility,
         )
         self.index = _index_for(
             slices=self.slices, nodes=nodes, classes=self.classes, gates=self.gates, allocations=allocations
@@ -132,13 +149,19 @@ class Planner:
     # ---- placement -----------------------------------------------------------------------------
 
     def plan(
-        self, claims: Sequence[ResourceClaim], *, node: str | Node | None = None, policy: str | None = None
+        self,
+        claims: Sequence[ResourceClaim],
+        *,
+        node: str | Node | None = None,
+        policy: str | None = None,
+        budget: WorkBudget | None = None,
     ) -> PlanOutcome:
         """Choose a node and devices for ``claims`` (allocated together, like a pod's claims).
 
         With ``node`` only that node is tried (a name not among the planner's nodes is a node
-        without labels); ``policy`` overrides the planner's for this call. Nothing is recorded:
-        call :meth:`note_allocated` for what is committed.
+        without labels); ``policy`` overrides the planner's for this call; ``budget`` bounds the
+        whole call (no bound without one). Nothing is recorded: call :meth:`note_allocated` for
+        what is committed.
         """
         if policy is not None and policy not in POLICIES:
             raise ValueError(f"unknown placement policy {policy!r}; expected one of {', '.join(POLICIES)}")
@@ -149,9 +172,32 @@ class Planner:
         if problem is not None:
             return problem
         search = _Search()
+        try:
+            with charged_to(budget):
+                return self._plan(claims, search, node=node, policy=policy, budget=budget)
+        except BudgetExhausted as exc:
+            spent = exc.budget.spent
+            explanation = explain_unfinished(
+                claims=claims,
+                attempts=search.attempts,
+                nodes=len(self.nodes),
+                spent_s=spent,
+                cut=search.current,
+            )
+            return OutOfBudget(explanation=explanation, tried=len(search.attempts), spent_s=spent)
+
+    def _plan(
+        self,
+        claims: list[ResourceClaim],
+        search: _Search,
+        *,
+        node: str | Node | None,
+        policy: str | None,
+        budget: WorkBudget | None,
+    ) -> PlanOutcome:
         if node is not None:
             target = node if isinstance(node, Node) else self._node_named(node)
-            outcome = self._try(target, claims, search)
+            outcome = self._try(target, claims, search, budget)
             if outcome is not None:
                 return outcome
             return self._not_placed(claims, search, fixed=target)
@@ -159,7 +205,9 @@ class Planner:
             return NotPlaced(explanation=Explanation.simple("the cluster has no nodes"), tried=0)
         demand = demand_of(claims=claims, classes=self.classes)
         for rank in self.candidates(demand, policy=policy):
-            outcome = self._try(self.nodes[rank], claims, search)
+            if budget is not None:
+                budget.check()
+            outcome = self._try(self.nodes[rank], claims, search, budget)
             if outcome is not None:
                 return outcome
         return self._not_placed(claims, search, fixed=None)
@@ -270,23 +318,25 @@ class Planner:
         rank = self.index.rank.get(name)
         return self.nodes[rank] if rank is not None else Node.make(name)
 
-    def _try(self, node: Node, claims: list[ResourceClaim], search: _Search) -> PlanOutcome | None:
+    def _try(
+        self, node: Node, claims: list[ResourceClaim], search: _Search, budget: WorkBudget | None
+    ) -> PlanOutcome | None:
+        search.current = node.name
         try:
-            results = self.allocator.allocate(node=node, claims=claims, timeout=self.timeout)
+            results = self.allocator.allocate(node=node, claims=claims, budget=budget)
         except FailedAllocationOnNode as exc:
             search.attempts.append(
                 NodeAttempt(node=node.name, failure=str(exc), invalid_pools=exc.invalid_pools)
             )
-            return None
-        except AllocationTimeout as exc:
-            search.attempts.append(NodeAttempt(node=node.name, failure=str(exc)))
             return None
         except AllocationError as exc:
             return PlanError(str(exc))
         if results is None:
             search.attempts.append(
                 NodeAttempt(
-                    node=node.name, constraint_rejections=dict(self.allocator.last_constraint_rejections)
+                    node=node.name,
+                    constraint_rejections=dict(self.allocator.last_constraint_rejections),
+                    shortfall=self.allocator.last_shortfall,
                 )
             )
             return None

@@ -12,27 +12,32 @@ Warning Event and a condition; our finalizer is not left behind on it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import functools
 import logging
 import re
 from collections.abc import Callable, Mapping
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 
 from dra_api.model import ResourceClaim
 from dra_api.names import OPERATOR_FINALIZER
+from dra_operator.cel import BudgetExhausted, WorkBudget, charged_to
 from dra_operator.clustermodel import ClaimKey, ClusterModel, DeviceID, InvalidClaim
 from dra_operator.events import EventSink
 from dra_operator.kubeapi import KubeApi
 from dra_operator.metrics import Metrics
-from dra_operator.placement import Placement, Placer, Unallocatable
-from dra_operator.planner import SPREAD
+from dra_operator.placement import Outcome, OutOfBudget, Placement, Placer, Unallocatable
+from dra_operator.planner import SPREAD, truncate
+from dra_operator.reconcile.backoff import SearchBackoff
 from dra_operator.reconcile.claimchecks import validate_claim
 from dra_operator.reconcile.contention import Crowded, SchedulerDemand
 from dra_operator.reconcile.placerindex import PlacerIndexCheck
 from dra_operator.reconcile.reservation import NodeReservations, choose_target
 from dra_operator.reconcile.schedulerwait import (
+    UNFINISHED_RECHECK_S,
     WAITING_REASON,
     SchedulerWaits,
     reserved_message,
@@ -52,6 +57,7 @@ from dra_operator.settings import Settings
 logger = logging.getLogger(__name__)
 
 RESERVED_REASON = "NodeReserved"
+SEARCH_EXHAUSTED_REASON = "SearchBudgetExhausted"
 
 _CLASS_SELECTOR_ERROR = re.compile(r"class (\S+): selector #(\d+) on device \S+:")
 
@@ -104,6 +110,9 @@ class ClaimAllocator:
         on_claim_event: ClaimInput,
         clock: Callable[[], float],
         compiler: Callable[[str], object] | None,
+        searches: SearchBackoff | None = None,
+        mark_later: Callable[[float, ClaimKey], None] | None = None,
+        slot_released: Callable[[], AbstractAsyncContextManager[None]] | None = None,
     ) -> None:
         self.model = model
         self.placer = placer
@@ -118,6 +127,13 @@ class ClaimAllocator:
         self.on_claim_event = on_claim_event
         self.clock = clock
         self.compiler = compiler
+        self.searches = searches or SearchBackoff(
+            base=settings.allocation_search_backoff_s, cap=settings.allocation_search_backoff_max_s
+        )
+        self.mark_later = mark_later or (lambda delay, key: None)
+        # While a claim's search runs in a worker thread its task gives its write slot up, so that
+        # hard claims waiting there do not hold back the writes of the others.
+        self.slot_released = slot_released or contextlib.nullcontext
         # Claims that cannot be allocated now, with what they were last told (said once).
         self.failing: dict[ClaimKey, Failure] = {}
         self._class_reports: dict[str, tuple[str, int, str]] = {}
@@ -132,17 +148,60 @@ class ClaimAllocator:
             self._known_drivers = (self.model.generation, drivers)
         return drivers
 
-    def assess(self, claim: ResourceClaim) -> Placement | Unallocatable:
-        """Where the claim would go on the model as it is now, or why it cannot go anywhere. Holds
-        nothing: the caller assumes the devices if it goes on to allocate."""
+    def assess(self, claim: ResourceClaim) -> Outcome:
+        """Where the claim would go on the model as it is now, or why it cannot go anywhere, as far
+        as a slice of the event loop finds out (OutOfBudget: not that far). Holds nothing: the
+        caller assumes the devices if it goes on to allocate."""
         invalid = validate_claim(claim, known_drivers=self.known_drivers(), compiler=self.compiler)
         if invalid is not None:
             return invalid
         return self.placer.place(claims=[claim], model=self.model)
 
+    async def assess_fully(self, claim: ResourceClaim, *, check_taken: bool = True) -> Outcome | None:
+        """:meth:`assess`, continued in a worker thread when the loop's slice is not enough (and
+        straight there for a claim that needed one before). OutOfBudget: the whole budget was
+        used. None: the claim changed or went away meanwhile. Devices found in the thread are
+        checked against the model as it is when the answer comes (DevicesTaken when held)."""
+        key = ClaimKey(claim.namespace, claim.name)
+        if not self.searches.off_loop(key):
+            outcome = self.assess(claim)
+            if not isinstance(outcome, OutOfBudget):
+                return outcome
+        else:
+            invalid = validate_claim(claim, known_drivers=self.known_drivers(), compiler=self.compiler)
+            if invalid is not None:
+                return invalid
+        self.searches.went_off_loop(key)
+        self.metrics.searches_off_loop.inc()
+        async with self.slot_released():
+            outcome = await self.placer.place_off_loop(
+                claims=[claim], model=self.model, namespace=claim.namespace
+            )
+        current = self.model.claims.get(key)
+        if (
+            current is None
+            or current.metadata.uid != claim.metadata.uid
+            or current.status.allocation is not None
+            or current.metadata.deletion_timestamp is not None
+        ):
+            return None
+        if check_taken and isinstance(outcome, Placement):
+            taken = self.model.taken_by_others(key, outcome.allocations[0])
+            if taken:
+                raise DevicesTaken(taken)  # placed on a snapshot: another claim got there first
+        return outcome
+
     async def allocate(self, claim: ResourceClaim) -> None:
         key = ClaimKey(claim.namespace, claim.name)
-        outcome = self.assess(claim)
+        if self.searches.waiting(key):
+            return  # its back-off brings it back; nothing in the cluster does sooner
+        assessed = await self.assess_fully(claim)
+        if assessed is None:
+            return
+        if isinstance(assessed, OutOfBudget):
+            await self._out_of_budget(claim, assessed)
+            return
+        outcome = assessed
         if isinstance(outcome, Unallocatable):
             # Every device it could use is held: while pods wait for kube-scheduler, each one freed
             # goes to one of them; a claim that has waited long enough gets a node reserved.
@@ -164,7 +223,8 @@ class ClaimAllocator:
         # server refuses (allocation is immutable): a pod could never use the claim. Set it here;
         # a server with those gates off drops the field.
         allocation = dataclasses.replace(outcome.allocations[0], allocation_timestamp=now_stamp())
-        # No await between placement and this line: the devices are held before anyone else looks.
+        # No await between placement (or, for a placement found in a worker thread, the check that its
+        # devices are still free) and this line: the devices are held before anyone else looks.
         self.model.assume(key, allocation)
         try:
             current: ResourceClaim | None = claim
@@ -201,6 +261,7 @@ class ClaimAllocator:
             raise
         self.on_claim_event(obj, deleted=False)
         self.model.forget_assumed(key)
+        self.searches.forget(key)
         self.reservations.allocated(key, {r.device_id for r in allocation.devices})
         waited = self.waits.forget(key)
         unallocatable = self.failing.pop(key, None)
@@ -219,6 +280,19 @@ class ClaimAllocator:
             message=text,
         )
 
+    async def _out_of_budget(self, claim: ResourceClaim, outcome: OutOfBudget) -> None:
+        """The search used its whole budget: say what it found and when it searches again."""
+        key = ClaimKey(claim.namespace, claim.name)
+        count, delay = self.searches.exhausted(key)
+        self.mark_later(delay, key)
+        times = "once" if count == 1 else f"{count} times in a row"
+        message = (
+            f"{outcome.message.rstrip('.')}. The search has used its whole budget "
+            f"({self.settings.allocation_search_budget_s:g} s of CPU) {times}; it searches again in "
+            f"{delay:.0f} s"
+        )
+        await self.fail(claim, Unallocatable(reason=SEARCH_EXHAUSTED_REASON, message=truncate(message)))
+
     def _clear_of_scheduler(
         self, claim: ResourceClaim, placement: Placement, demand: SchedulerDemand
     ) -> Placement | Crowded:
@@ -230,7 +304,8 @@ class ClaimAllocator:
         crowded = self.waits.crowded(placement.allocations[0], demand, reserved=reserved)
         if crowded is None:
             return placement
-        # The node with the most free devices has the most of them ahead of its last one.
+        # The node with the most free devices has the most of them ahead of its last one (within the
+        # loop's slice: an alternative it cannot find in time is none).
         spread = self.placer.place(claims=[claim], model=self.model, policy=SPREAD)
         if isinstance(spread, Placement):
             again = self.waits.crowded(spread.allocations[0], demand, reserved=reserved)
@@ -262,9 +337,17 @@ class ClaimAllocator:
             in_use = self.model.devices_in_use()
             busy = self.reservations.reserved_nodes()
             tried = self.reservations.tried_nodes(key)
-            target = choose_target(
-                claim=claim, model=self.model, index=index, in_use=in_use, excluded=busy | tried
-            ) or choose_target(claim=claim, model=self.model, index=index, in_use=in_use, excluded=busy)
+            # The claim's selectors over every node: new CEL evaluations within the loop's slice (what
+            # they found is kept, so a choice cut short gets further the next time).
+            try:
+                with charged_to(WorkBudget(self.settings.allocation_search_slice_s)):
+                    target = choose_target(
+                        claim=claim, model=self.model, index=index, in_use=in_use, excluded=busy | tried
+                    ) or choose_target(
+                        claim=claim, model=self.model, index=index, in_use=in_use, excluded=busy
+                    )
+            except BudgetExhausted:
+                return False
             if target is None:
                 return False
             reservation = await self.reservations.reserve(claim, target)
@@ -298,6 +381,8 @@ class ClaimAllocator:
         """Leave the claim until pods, claims or devices change; say why once per claim."""
         key = ClaimKey(claim.namespace, claim.name)
         wait = self.waits.start(key)
+        if crowded.unfinished:
+            self.mark_later(UNFINISHED_RECHECK_S, key)
         if wait.announced:
             return
         message = waiting_message(demand=demand, crowded=crowded)

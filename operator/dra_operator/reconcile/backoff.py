@@ -49,3 +49,47 @@ class Backoff:
             if left <= 0:
                 return
             await asyncio.sleep(left)
+
+
+class SearchBackoff:
+    """Claims whose placement outgrew the event loop's slice, and when those whose search used its
+    whole budget may be searched again.
+
+    A claim that once needed a worker thread goes straight to one on its next attempt: trying it on
+    the loop again would only spend another slice. A claim whose search used its whole budget waits
+    ``base``, then twice that, and so on up to ``cap``, before the next search, whatever changes in
+    the cluster meanwhile: each search is the expensive part, so it is never repeated in a loop."""
+
+    def __init__(self, *, base: float, cap: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.base = base
+        self.cap = cap
+        self.clock = clock
+        self._off_loop: set[Hashable] = set()
+        self._exhausted: dict[Hashable, tuple[int, float]] = {}  # key -> (searches used up, due at)
+
+    def off_loop(self, key: Hashable) -> bool:
+        """Whether the claim's placement goes straight to a worker thread."""
+        return key in self._off_loop
+
+    def went_off_loop(self, key: Hashable) -> None:
+        self._off_loop.add(key)
+
+    def exhausted(self, key: Hashable) -> tuple[int, float]:
+        """Record a search that used its whole budget: (how many have, seconds until the next)."""
+        count = self._exhausted.get(key, (0, 0.0))[0] + 1
+        delay = min(self.cap, self.base * 2 ** (count - 1))
+        self._exhausted[key] = (count, self.clock() + delay)
+        return count, delay
+
+    def waiting(self, key: Hashable) -> bool:
+        """Whether the claim must not be searched yet (its back-off is running)."""
+        found = self._exhausted.get(key)
+        return found is not None and self.clock() < found[1]
+
+    def forget(self, key: Hashable) -> None:
+        """The claim was allocated or deleted."""
+        self._off_loop.discard(key)
+        self._exhausted.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self._off_loop | self._exhausted.keys())

@@ -28,9 +28,10 @@ the worker and sends each claim to the part that handles it:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any
 
 from dra_api.aiotasks import BackgroundTasks
@@ -50,7 +51,7 @@ from dra_operator.kubeapi import (
 )
 from dra_operator.logthrottle import LogThrottle, held_back
 from dra_operator.metrics import Metrics
-from dra_operator.placement import Placement, Placer, Unallocatable
+from dra_operator.placement import Outcome, Placer
 from dra_operator.reconcile.allocate import ClaimAllocator, DevicesTaken
 from dra_operator.reconcile.backoff import Backoff
 from dra_operator.reconcile.ownership import allocated_by_us, is_ours
@@ -129,6 +130,8 @@ class ClaimReconciler:
             on_claim_event=self.on_claim_event,
             clock=clock,
             compiler=compiler,
+            mark_later=lambda delay, key: self.queue.mark_later(delay, key),
+            slot_released=self._slot_released,
         )
         self.releaser = ClaimReleaser(
             model=model,
@@ -177,6 +180,7 @@ class ClaimReconciler:
             self.waits.forget(key)
             self.reservations.gone(key)
             self.backoff.forget(key)
+            self.allocator.searches.forget(key)
             if held_before:
                 self.waits.parked_helped()
                 self.retry_failing()
@@ -231,9 +235,15 @@ class ClaimReconciler:
             ):
                 self.mark(key)
 
-    def assess(self, claim: ResourceClaim) -> Placement | Unallocatable:
-        """Where the claim would go on the model as it is now, or why it cannot go anywhere."""
+    def assess(self, claim: ResourceClaim) -> Outcome:
+        """Where the claim would go on the model as it is now, or why it cannot go anywhere, as far
+        as the event loop's slice finds out."""
         return self.allocator.assess(claim)
+
+    async def assess_fully(self, claim: ResourceClaim) -> Outcome | None:
+        """The same, searched on in a worker thread when the slice is not enough (None: the claim
+        changed meanwhile). Nothing is held: for explanations."""
+        return await self.allocator.assess_fully(claim, check_taken=False)
 
     # -- re-listing (see relist.py) -------------------------------------------------------------
 
@@ -279,6 +289,16 @@ class ClaimReconciler:
         """The re-list in progress, if any (tests cancel it)."""
         return self.relister.task
 
+    @contextlib.asynccontextmanager
+    async def _slot_released(self) -> AsyncIterator[None]:
+        """Give the calling claim task's write slot up for the block (a search in a worker thread),
+        and take one again after it."""
+        self._writes.release()
+        try:
+            yield
+        finally:
+            await self._writes.acquire()
+
     # -- the worker -----------------------------------------------------------------------------
 
     async def run(self, *, active: Callable[[], bool] = lambda: True) -> None:
@@ -293,7 +313,7 @@ class ClaimReconciler:
                 continue
             if not self.synced.is_set():
                 await self.resync()
-            batch = queue.take(order=self._urgency)
+            batch = _namespaces_in_turn(queue.take(order=self._urgency), tier=lambda k: self._urgency(k)[0])
             for key in batch:
                 queue.start(key)
                 await self._writes.acquire()
@@ -415,3 +435,18 @@ class ClaimReconciler:
                 await self.writer.patch_meta(claim, finalizer=False, condition=None)
             return
         await self.allocator.allocate(claim)
+
+
+def _namespaces_in_turn(batch: list[ClaimKey], *, tier: Callable[[ClaimKey], int]) -> list[ClaimKey]:
+    """``batch`` (in urgency order) with the namespaces taking turns within each tier of urgency,
+    each namespace's claims keeping their order: a tenant that creates a thousand claims at once
+    does not put another's one claim behind them."""
+    out: list[ClaimKey] = []
+    tiers: dict[int, dict[str, list[ClaimKey]]] = {}
+    for key in batch:
+        tiers.setdefault(tier(key), {}).setdefault(key.namespace, []).append(key)
+    for level in sorted(tiers):
+        queues = list(tiers[level].values())
+        for round_ in range(max(len(q) for q in queues)):
+            out.extend(q[round_] for q in queues if round_ < len(q))
+    return out

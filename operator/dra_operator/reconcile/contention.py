@@ -159,6 +159,9 @@ class Crowded:
     seen yet and the headroom."""
     pods: int
     """Pods waiting for kube-scheduler (all of them, not only those that could use the device)."""
+    unfinished: bool = False
+    """The check ran out of its slice of the event loop before it could tell (the pods' selectors
+    are slow to evaluate): the claim gives way until it is checked again."""
 
 
 class Clearance:

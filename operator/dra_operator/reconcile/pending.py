@@ -27,7 +27,7 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from dra_operator.clustermodel import ClaimKey, ClusterModel, PodInfo, parse_time
-from dra_operator.placement import Unallocatable
+from dra_operator.placement import OutOfBudget, Unallocatable
 from dra_operator.planner import truncate
 from dra_operator.reconcile.claims import ClaimReconciler
 from dra_operator.reconcile.ownership import is_ours, request_classes
@@ -168,8 +168,9 @@ class SchedulerClaimExplainer:
     def enabled(self) -> bool:
         return self.after > 0
 
-    def sweep(self, *, now: float) -> int:
-        """Explain the claims that are due; how many Events were queued."""
+    async def sweep(self, *, now: float) -> int:
+        """Explain the claims that are due; how many Events were queued. A claim whose placement
+        outgrows the event loop's slice is searched in a worker thread, as the operator's own are."""
         claims = self.claims
         waiting = waiting_claims(
             claims.model,
@@ -181,13 +182,17 @@ class SchedulerClaimExplainer:
         self.limiter.keep_only({w.key for w in waiting})
         posted = 0
         for w in self.limiter.due(waiting, now=now):
-            claim = claims.model.claims[w.key]
+            claim = claims.model.claims.get(w.key)
+            if claim is None:
+                continue  # deleted while an earlier claim was searched
             try:
-                outcome = claims.assess(claim)
+                outcome = await claims.assess_fully(claim)
             except Exception:
                 logger.exception("explaining claim %s failed", w.key)
                 claims.metrics.reconcile_errors.labels("ResourceClaim").inc()
                 outcome = None
+            if isinstance(outcome, OutOfBudget):
+                outcome = Unallocatable(reason="SearchBudgetExhausted", message=outcome.message)
             message = (
                 message_for(pod=w.pod, namespace=claim.namespace, why=outcome)
                 if isinstance(outcome, Unallocatable)

@@ -14,6 +14,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from dra_api.model import AllocationResult
+from dra_operator.cel import BudgetExhausted, WorkBudget, charged_to
 from dra_operator.clustermodel import ClaimKey, ClusterModel, DeviceID
 from dra_operator.reconcile.contention import (
     PARKED_RETRY_WINDOW_S,
@@ -33,6 +34,8 @@ events over only after 0.1 s without another, while kube-scheduler may place a n
 of milliseconds. A benchmark at five pods a second saw the operator take a device such a pod got in
 the same moment (bench/RESULTS.md)."""
 RECHECK_DELAY_S = 0.1
+UNFINISHED_RECHECK_S = 1.0
+"""When a claim whose check against the waiting pods ran out of its slice is checked again."""
 """Claims waiting for kube-scheduler are placed again this long after a change of pods, claims or
 devices: one try for a burst of changes."""
 
@@ -69,6 +72,13 @@ def waiting_message(*, demand: SchedulerDemand, crowded: Crowded) -> str:
     """What the WaitingForScheduler condition and Event say."""
     pods = _pods_text(demand)
     device = "/".join(crowded.device)
+    if crowded.unfinished:
+        return (
+            f"kube-scheduler is placing {pods} that could use the devices this claim would get; "
+            "working out which devices those pods could reach takes their claims' selectors longer "
+            "than the operator's slice of its event loop, so the operator gives way for now and checks "
+            f"again in {UNFINISHED_RECHECK_S:g} s, from where it stopped"
+        )
     return (
         f"kube-scheduler is placing {pods} that could use the devices this claim would get, and "
         f"allocates from the same devices: {device} has {crowded.ahead} free device"
@@ -156,13 +166,21 @@ class SchedulerWaits:
         *,
         reserved: Collection[DeviceID] = (),
     ) -> Crowded | None:
-        return self.clearance.crowded(
-            model=self.model,
-            allocation=allocation,
-            demand=demand,
-            headroom=self.settings.scheduler_headroom,
-            reserved=reserved,
-        )
+        # The pods' requests are tenants' selectors evaluated on the loop: within its slice. What
+        # they evaluate to is kept (per device), so a check cut short gets further the next time.
+        try:
+            with charged_to(WorkBudget(self.settings.allocation_search_slice_s)):
+                return self.clearance.crowded(
+                    model=self.model,
+                    allocation=allocation,
+                    demand=demand,
+                    headroom=self.settings.scheduler_headroom,
+                    reserved=reserved,
+                )
+        except BudgetExhausted:
+            first = next(iter(allocation.devices), None)
+            device = first.device_id if first is not None else ("", "", "")
+            return Crowded(device=device, ahead=0, needed=0, pods=demand.pods, unfinished=True)
 
     def recheck(self) -> None:
         """Pods, claims or devices changed: try the waiting claims again shortly."""

@@ -191,7 +191,7 @@ async def posted(explainer: SchedulerClaimExplainer, *, now: float) -> int:
     events = explainer.claims.events
     runner = asyncio.create_task(events.run(poll=0.001))
     try:
-        count = explainer.sweep(now=now)
+        count = await explainer.sweep(now=now)
         await events.flush(within=5)
     finally:
         runner.cancel()

@@ -184,9 +184,15 @@ def test_cel_runtime_error_is_fatal_and_names_the_device() -> None:
 
 
 def test_search_effort_is_reported() -> None:
-    allocator = Allocator(classes=[GPU_CLASS], slices=[_slice("node-1", devices=4, nodeName="node-1")])
+    slices = [_slice("node-1", devices=4, nodeName="node-1")]
+    allocator = Allocator(classes=[GPU_CLASS], slices=slices, feasibility=False)
     assert allocator.allocate(node=Node.make("node-1"), claims=[_claim("a", count=5)]) is None
     assert allocator.last_invocations == 16  # combinations of 4 devices, as upstream incubating
+    # With the feasibility check (the default) the same claim is refused before any search.
+    checked = Allocator(classes=[GPU_CLASS], slices=slices)
+    assert checked.allocate(node=Node.make("node-1"), claims=[_claim("a", count=5)]) is None
+    assert checked.last_invocations == 0
+    assert str(checked.last_shortfall) == "request gpu wants 5 devices; 4 devices of the node can serve it"
 
 
 def test_funnel_counts_each_check() -> None:
@@ -204,7 +210,9 @@ def test_funnel_counts_each_check() -> None:
 
 
 def test_constraint_rejections_are_counted() -> None:
-    allocator = Allocator(classes=[GPU_CLASS], slices=[_slice("node-1", devices=3, nodeName="node-1")])
+    allocator = Allocator(
+        classes=[GPU_CLASS], slices=[_slice("node-1", devices=3, nodeName="node-1")], feasibility=False
+    )
     body = _claim("a", count=2).to_json()
     body["spec"]["devices"]["constraints"] = [{"matchAttribute": "gpu.example.com/index"}]
     assert allocator.allocate(node=Node.make("node-1"), claims=[ResourceClaim.from_json(body)]) is None
@@ -234,8 +242,11 @@ def test_rebuilt_index_keeps_cel_results_of_unchanged_devices() -> None:
 def test_hopeless_search_times_out() -> None:
     from dra_operator.allocator import AllocationTimeout
 
-    # 24 devices for a request of 25: the combination search visits all 2^24 subsets.
-    allocator = Allocator(classes=[GPU_CLASS], slices=[_slice("node-1", devices=24, nodeName="node-1")])
+    # 24 devices for a request of 25: the combination search visits all 2^24 subsets (the
+    # feasibility check, off here, would refuse it at once).
+    allocator = Allocator(
+        classes=[GPU_CLASS], slices=[_slice("node-1", devices=24, nodeName="node-1")], feasibility=False
+    )
     with pytest.raises(AllocationTimeout, match="filter operation aborted"):
         allocator.allocate(node=Node.make("node-1"), claims=[_claim("a", count=25)], timeout=0.05)
     assert allocator.last_invocations < 2**24

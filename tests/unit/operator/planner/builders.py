@@ -132,6 +132,7 @@ def make_planner(
     policy: str = "first-fit",
     labels: dict[str, dict[str, str]] | None = None,
     gates: FeatureGates | None = None,
+    feasibility: bool = True,
 ) -> Planner:
     parsed = [ResourceSlice.from_json(s) for s in slices]
     names = list(nodes) if nodes is not None else sorted({s.node_name for s in parsed if s.node_name})
@@ -142,6 +143,7 @@ def make_planner(
         allocated=[AllocationResult.from_json(a) for a in allocated],
         policy=policy,
         gates=gates,
+        feasibility=feasibility,
     )
 
 

@@ -61,6 +61,8 @@ def test_selectors_that_keep_nothing_are_named() -> None:
 
 
 def test_failing_constraint_is_named_with_what_it_turned_away() -> None:
+    """Refused by the feasibility check; the search's own count of turned-away devices is in
+    test_constraint_rejections_are_named_when_the_search_runs."""
     planner = make_planner([node_slice("n1", [gpu(f"gpu-{i}", root=f"r{i}") for i in range(3)])])
     pair = rc(
         "pair",
@@ -70,6 +72,25 @@ def test_failing_constraint_is_named_with_what_it_turned_away() -> None:
     outcome = not_placed(planner.plan([pair]))
     assert outcome.tried == 1
     full = outcome.explanation.full
+    assert (
+        "request gpu wants 2 devices sharing one value under constraint (matchAttribute "
+        "resource.kubernetes.io/pcieRoot on gpu); no value has that many that can serve it together "
+        "(the most sharing one value: 1)"
+    ) in full
+    assert "to change: relax constraint (matchAttribute resource.kubernetes.io/pcieRoot on gpu)" in full
+
+
+def test_constraint_rejections_are_named_when_the_search_runs() -> None:
+    # The same claim with the feasibility check off: the search runs and counts what it turned away.
+    planner = make_planner(
+        [node_slice("n1", [gpu(f"gpu-{i}", root=f"r{i}") for i in range(3)])], feasibility=False
+    )
+    pair = rc(
+        "pair",
+        request(count=2),
+        constraints=[{"requests": ["gpu"], "matchAttribute": "resource.kubernetes.io/pcieRoot"}],
+    )
+    full = not_placed(planner.plan([pair])).explanation.full
     assert "constraint (matchAttribute resource.kubernetes.io/pcieRoot on gpu) turned away" in full
     assert "to change: relax constraint (matchAttribute resource.kubernetes.io/pcieRoot on gpu)" in full
 

@@ -101,7 +101,10 @@ def test_unallocatable_explanation_names_counts_and_constraint(capsys: pytest.Ca
     code, out, _ = run(capsys, "-f", CLUSTER, "-f", fx("claim-pair-same-root.yaml"), "--node", "node-b")
     assert code == 1
     assert "claim default/pair cannot be allocated on node node-b" in out
-    assert "constraint (matchAttribute resource.kubernetes.io/pcieRoot on gpus) turned away" in out
+    assert (
+        "request gpus wants 2 devices sharing one value under constraint (matchAttribute "
+        "resource.kubernetes.io/pcieRoot on gpus); no value has that many that can serve it together"
+    ) in out
     assert "to change: relax constraint" in out
 
 

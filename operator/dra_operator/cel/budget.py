@@ -1,0 +1,85 @@
+"""How much work a placement may do, CEL included, and the check that stops it.
+
+A :class:`WorkBudget` is a deadline on a clock: the wall clock for a slice of the event loop, the
+thread's CPU clock for a search in a worker thread (so that threads sharing the GIL are not charged
+for each other's time). Whoever searches calls :meth:`WorkBudget.check` at its loop points; CEL
+evaluation checks the budget that :func:`charged_to` made current for the thread before each
+evaluation and at the start of every comprehension, so one expensive selector cannot outrun it.
+
+Upstream has a 10 s timeout per node and a cost limit per CEL evaluation, but nothing across
+nodes; here a claim's whole placement answers to one budget.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+__all__ = ["BudgetExhausted", "WorkBudget", "charged_to", "check_current"]
+
+
+class BudgetExhausted(Exception):
+    """The budget ran out; the work in progress is abandoned, nothing half-done is kept."""
+
+    def __init__(self, budget: WorkBudget) -> None:
+        self.budget = budget
+        super().__init__(f"the search used its budget of {budget.seconds:g} s")
+
+
+class WorkBudget:
+    """``seconds`` of ``clock`` from now (or from :meth:`restart`)."""
+
+    __slots__ = ("clock", "deadline", "seconds", "started")
+
+    def __init__(self, seconds: float, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.seconds = seconds
+        self.clock = clock
+        self.started = clock()
+        self.deadline = self.started + seconds
+
+    @classmethod
+    def thread_cpu(cls, seconds: float) -> WorkBudget:
+        """A budget of the calling thread's CPU time (for searches in worker threads)."""
+        return cls(seconds, clock=time.thread_time)
+
+    def restart(self) -> None:
+        """Start the budget afresh on its clock (a thread's CPU clock counts from the thread's start:
+        a budget made elsewhere is restarted by the thread that spends it)."""
+        self.started = self.clock()
+        self.deadline = self.started + self.seconds
+
+    @property
+    def spent(self) -> float:
+        return self.clock() - self.started
+
+    @property
+    def exhausted(self) -> bool:
+        return self.clock() > self.deadline
+
+    def check(self) -> None:
+        """Raise :class:`BudgetExhausted` once the deadline has passed."""
+        if self.clock() > self.deadline:
+            raise BudgetExhausted(self)
+
+
+_current = threading.local()
+
+
+@contextlib.contextmanager
+def charged_to(budget: WorkBudget | None) -> Iterator[None]:
+    """Make ``budget`` the one CEL evaluations on this thread check, for the ``with`` block."""
+    before = getattr(_current, "budget", None)
+    _current.budget = budget
+    try:
+        yield
+    finally:
+        _current.budget = before
+
+
+def check_current() -> None:
+    """Check the thread's current budget, if any (see :func:`charged_to`)."""
+    budget: WorkBudget | None = getattr(_current, "budget", None)
+    if budget is not None and budget.clock() > budget.deadline:
+        raise BudgetExhausted(budget)
