@@ -31,6 +31,8 @@ class Unallocatable:
 
     reason: str
     message: str
+    spent_s: float | None = None
+    """What the placement cost (CPU seconds), when it was searched in a worker thread."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,8 @@ claims at once. It relaxes the problem to bipartite matchings, each solvable in 
   (free, selected, untainted, within counters and capacity, each device on its own). A device that
   allows several allocations serves each request once and is left out of the matching.
 - **matchAttribute**: some value of the attribute has devices enough for all the covered requests
-  at once (the matching above, restricted to devices with that value).
+  at once (the matching above, restricted to devices with that value), and within it values
+  enough for each distinctAttribute.
 - **distinctAttribute**: the covered requests' units each get a value of their own.
 
 Each is a necessary condition: a claim that fails one cannot fit, so the search is skipped and the
@@ -106,7 +107,7 @@ def shortfall(
     for constraint in same:
         if check is not None:
             check()
-        found = _same_value_shortfall(needs, constraint, check)
+        found = _same_value_shortfall(needs, constraint, distinct, check)
         if found is not None:
             return found
     for apart in distinct:
@@ -133,7 +134,10 @@ def _devices_shortfall(needs: Sequence[Need], label: str | None) -> Shortfall | 
 
 
 def _same_value_shortfall(
-    needs: Sequence[Need], constraint: SameValue, check: Callable[[], None] | None
+    needs: Sequence[Need],
+    constraint: SameValue,
+    distinct: Sequence[DistinctValues],
+    check: Callable[[], None] | None,
 ) -> Shortfall | None:
     covered = [i for i in constraint.needs if needs[i].count > 0]
     if sum(needs[i].count for i in covered) <= 1:
@@ -162,7 +166,11 @@ def _same_value_shortfall(
             else n
             for i, n in enumerate(needs)
         ]
-        if _devices_shortfall(restricted, constraint.label) is None:
+        # The value must leave devices enough, and values enough for every distinctAttribute too
+        # (a NUMA constraint inside one PCIe root, say).
+        if _devices_shortfall(restricted, constraint.label) is None and all(
+            _distinct_shortfall(restricted, apart) is None for apart in distinct
+        ):
             return None
     # The most devices of the covered requests that share one value.
     sharing: dict[Hashable, set[int]] = {}

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -49,9 +49,9 @@ class PlannerSnapshot:
     gates: FeatureGates
     policy: str
 
-    def plan(self, claims: Sequence[ResourceClaim], *, budget_s: float) -> PlanOutcome:
+    def plan(self, claims: Sequence[ResourceClaim], *, budget_s: float) -> tuple[PlanOutcome, float]:
         """Place ``claims`` within ``budget_s`` seconds of this thread's CPU time (run it in the
-        thread that spends them)."""
+        thread that spends them); the outcome and the CPU seconds it took."""
         budget = WorkBudget.thread_cpu(budget_s)
         planner = Planner(
             classes=self.classes,
@@ -62,7 +62,8 @@ class PlannerSnapshot:
             policy=self.policy,
         )
         budget.restart()  # the planner's set-up is the operator's cost, not the claim's
-        return planner.plan(list(claims), budget=budget)
+        outcome = planner.plan(list(claims), budget=budget)
+        return outcome, budget.spent
 
 
 @dataclass(slots=True)
@@ -73,8 +74,11 @@ class _Job(Generic[T]):
 
 @dataclass(slots=True)
 class _Turns:
-    waiting: OrderedDict[str, deque[_Job[Any]]] = field(default_factory=OrderedDict)
+    waiting: dict[str, deque[_Job[Any]]] = field(default_factory=dict)
     running: set[str] = field(default_factory=set)
+    # When each namespace last had a search started (a counter): the one served longest ago goes next.
+    served: dict[str, int] = field(default_factory=dict)
+    starts: int = 0
 
 
 class SearchThreads:
@@ -106,16 +110,19 @@ class SearchThreads:
     def _dispatch(self) -> None:
         turns = self._turns
         while len(turns.running) < self.threads:
-            namespace = next((ns for ns in turns.waiting if ns not in turns.running), None)
-            if namespace is None:
+            ready = [ns for ns in turns.waiting if ns not in turns.running]
+            if not ready:
                 return
-            jobs = turns.waiting.pop(namespace)  # to the back of the line: the others go first
+            namespace = min(ready, key=lambda ns: turns.served.get(ns, -1))
+            jobs = turns.waiting[namespace]
             job = jobs.popleft()
-            if jobs:
-                turns.waiting[namespace] = jobs
+            if not jobs:
+                del turns.waiting[namespace]
             if job.future.cancelled():
                 continue
             turns.running.add(namespace)
+            turns.served[namespace] = turns.starts
+            turns.starts += 1
             self._start(namespace, job)
 
     def _start(self, namespace: str, job: _Job[Any]) -> None:
@@ -128,6 +135,8 @@ class SearchThreads:
 
         def finished(done: asyncio.Future[Any]) -> None:
             self._turns.running.discard(namespace)
+            if namespace not in self._turns.waiting and namespace not in self._turns.running:
+                self._turns.served.pop(namespace, None)  # nothing left of it: forget it
             if not job.future.cancelled():
                 if done.cancelled():
                     job.future.cancel()

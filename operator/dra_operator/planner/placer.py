@@ -167,10 +167,11 @@ class PlannerPlacer:
         snapshot = self.snapshot(model)
         claims = list(claims)
         budget_s = self.budget_s
-        outcome = await self.search.run(
+        outcome, spent = await self.search.run(
             namespace=namespace, work=lambda: snapshot.plan(claims, budget_s=budget_s)
         )
-        return _outcome(outcome)
+        found = _outcome(outcome)
+        return dataclasses.replace(found, spent_s=spent) if isinstance(found, Unallocatable) else found
 
 
 def _outcome(outcome: PlanOutcome) -> Outcome:

@@ -177,6 +177,8 @@ class ClaimAllocator:
             outcome = await self.placer.place_off_loop(
                 claims=[claim], model=self.model, namespace=claim.namespace
             )
+        if isinstance(outcome, Unallocatable) and outcome.spent_s is not None:
+            self.searches.found_no_room(key, spent_s=outcome.spent_s)
         current = self.model.claims.get(key)
         if (
             current is None
@@ -195,6 +197,11 @@ class ClaimAllocator:
         key = ClaimKey(claim.namespace, claim.name)
         if self.searches.waiting(key):
             return  # its back-off brings it back; nothing in the cluster does sooner
+        cooling = self.searches.defer(key)
+        if cooling is not None:
+            if cooling > 0:
+                self.mark_later(cooling, key)  # once: whatever asked for it is seen to then
+            return
         assessed = await self.assess_fully(claim)
         if assessed is None:
             return

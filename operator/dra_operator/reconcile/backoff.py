@@ -58,7 +58,12 @@ class SearchBackoff:
     A claim that once needed a worker thread goes straight to one on its next attempt: trying it on
     the loop again would only spend another slice. A claim whose search used its whole budget waits
     ``base``, then twice that, and so on up to ``cap``, before the next search, whatever changes in
-    the cluster meanwhile: each search is the expensive part, so it is never repeated in a loop."""
+    the cluster meanwhile: each search is the expensive part, so it is never repeated in a loop. A
+    claim whose search in a thread found no room waits ``COOLDOWN_FACTOR`` times what that search
+    cost before the next, which the changes that come meanwhile bring about once it is over: an
+    expensive claim takes at most a tenth of a thread, however often devices come and go."""
+
+    COOLDOWN_FACTOR = 10.0
 
     def __init__(self, *, base: float, cap: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.base = base
@@ -66,6 +71,8 @@ class SearchBackoff:
         self.clock = clock
         self._off_loop: set[Hashable] = set()
         self._exhausted: dict[Hashable, tuple[int, float]] = {}  # key -> (searches used up, due at)
+        self._cooling: dict[Hashable, float] = {}  # key -> when its next search may start
+        self._deferred: set[Hashable] = set()  # cooling claims that something asked for meanwhile
 
     def off_loop(self, key: Hashable) -> bool:
         """Whether the claim's placement goes straight to a worker thread."""
@@ -81,15 +88,37 @@ class SearchBackoff:
         self._exhausted[key] = (count, self.clock() + delay)
         return count, delay
 
+    def found_no_room(self, key: Hashable, *, spent_s: float) -> None:
+        """A search in a thread that cost ``spent_s`` found no room: cool down before the next."""
+        self._cooling[key] = self.clock() + self.COOLDOWN_FACTOR * spent_s
+
     def waiting(self, key: Hashable) -> bool:
         """Whether the claim must not be searched yet (its back-off is running)."""
         found = self._exhausted.get(key)
         return found is not None and self.clock() < found[1]
 
+    def defer(self, key: Hashable) -> float | None:
+        """Whether the claim is cooling down: None when it may be searched now; else, the first time
+        it is asked for meanwhile, the seconds until it may be (to come back then), and 0.0 after."""
+        until = self._cooling.get(key)
+        if until is None:
+            return None
+        left = until - self.clock()
+        if left <= 0:
+            del self._cooling[key]
+            self._deferred.discard(key)
+            return None
+        if key in self._deferred:
+            return 0.0
+        self._deferred.add(key)
+        return left
+
     def forget(self, key: Hashable) -> None:
         """The claim was allocated or deleted."""
         self._off_loop.discard(key)
         self._exhausted.pop(key, None)
+        self._cooling.pop(key, None)
+        self._deferred.discard(key)
 
     def __len__(self) -> int:
         return len(self._off_loop | self._exhausted.keys())

@@ -256,3 +256,18 @@ def test_the_check_never_changes_what_the_search_answers(
     assert _outcome(checked, claim) == _outcome(allocator(feasibility=False), claim)
     if checked.last_shortfall is not None:
         assert checked.last_invocations == 0
+
+
+def test_distinct_values_are_counted_within_the_matched_value() -> None:
+    # Two roots of 4 devices, each root with 2 NUMA values: 3 devices under one root with 3
+    # different NUMA values cannot be had, though 4 NUMA values exist in all.
+    root = {d: frozenset({"r0" if d < 4 else "r1"}) for d in range(8)}
+    numa = {d: frozenset({d // 2}) for d in range(8)}
+    needs = [Need("gpu", 3, tuple(range(8)))]
+    same = [SameValue("constraint (matchAttribute root)", (0,), root)]
+    apart = [DistinctValues("constraint (distinctAttribute numa)", (0,), numa)]
+    assert shortfall(needs=needs, same=same) is None
+    assert shortfall(needs=needs, distinct=apart) is None
+    found = shortfall(needs=needs, same=same, distinct=apart)
+    assert found is not None
+    assert found.constraint == "constraint (matchAttribute root)"
