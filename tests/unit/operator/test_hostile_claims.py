@@ -130,7 +130,8 @@ async def test_requests_that_want_the_same_devices_are_refused_at_once_and_told_
         _exact(
             "a",
             3,
-            'device.attributes["gpu.nvidia.com"].index >= 0 && device.attributes["gpu.nvidia.com"].type == "gpu"',
+            'device.attributes["gpu.nvidia.com"].index >= 0 && '
+            'device.attributes["gpu.nvidia.com"].type == "gpu"',
         ),
         _exact("b", 2, 'device.attributes["gpu.nvidia.com"].type == "gpu"'),
     )
