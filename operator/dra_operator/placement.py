@@ -6,7 +6,7 @@ The claim lifecycle depends only on the :class:`Placer` protocol; the operator r
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -63,11 +63,17 @@ class Placer(Protocol):
         ...
 
     async def place_off_loop(
-        self, *, claims: Sequence[ResourceClaim], model: ClusterModel, namespace: str
+        self,
+        *,
+        claims: Sequence[ResourceClaim],
+        model: ClusterModel,
+        namespace: str,
+        check: Callable[[], Unallocatable | None] | None = None,
     ) -> Outcome:
         """The same, searched in a worker thread with the placer's whole budget (for claims that
-        outgrew their slice of the loop); ``namespace`` takes its turn with the others'. The
-        answer reflects the model when the call was made."""
+        outgrew their slice of the loop); ``namespace`` takes its turn with the others'; ``check``
+        runs first, in the thread (validation that compiles selectors). The answer reflects the
+        model when the call was made."""
         ...
 
     def disagreements(self, model: ClusterModel) -> list[str]:

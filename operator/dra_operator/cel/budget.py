@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-__all__ = ["BudgetExhausted", "WorkBudget", "charged_to", "check_current"]
+__all__ = ["BudgetExhausted", "WorkBudget", "charged_to", "check_current", "current"]
 
 
 class BudgetExhausted(Exception):
@@ -29,15 +29,24 @@ class BudgetExhausted(Exception):
 
 
 class WorkBudget:
-    """``seconds`` of ``clock`` from now (or from :meth:`restart`)."""
+    """``seconds`` of ``clock`` from now (or from :meth:`restart`). ``on_loop``: a slice of the
+    event loop, where work that cannot be cut short (compiling a long selector) is not started."""
 
-    __slots__ = ("clock", "deadline", "seconds", "started")
+    __slots__ = ("clock", "deadline", "on_loop", "seconds", "started")
 
-    def __init__(self, seconds: float, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, seconds: float, *, clock: Callable[[], float] = time.monotonic, on_loop: bool = False
+    ) -> None:
         self.seconds = seconds
         self.clock = clock
+        self.on_loop = on_loop
         self.started = clock()
         self.deadline = self.started + seconds
+
+    @classmethod
+    def loop_slice(cls, seconds: float) -> WorkBudget:
+        """A slice of the event loop's wall-clock time."""
+        return cls(seconds, on_loop=True)
 
     @classmethod
     def thread_cpu(cls, seconds: float) -> WorkBudget:
@@ -76,6 +85,12 @@ def charged_to(budget: WorkBudget | None) -> Iterator[None]:
         yield
     finally:
         _current.budget = before
+
+
+def current() -> WorkBudget | None:
+    """The thread's current budget, if any."""
+    budget: WorkBudget | None = getattr(_current, "budget", None)
+    return budget
 
 
 def check_current() -> None:

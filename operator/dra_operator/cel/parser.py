@@ -30,8 +30,9 @@ member_dot_opt   : member ".?" IDENT
 member_index_opt : member "[?" expr "]"
 """
 
-_lock = threading.Lock()
-_parser: lark.Lark | None = None
+# One parser per thread: lark parsers are not documented as thread-safe, and a lock would make the
+# event loop wait while a worker thread parses a long selector.
+_local = threading.local()
 
 
 def _build() -> lark.Lark:
@@ -53,21 +54,20 @@ def _build() -> lark.Lark:
 
 def parse(expression: str) -> Tree:
     """Parse a selector; CelCompileError with the position of a syntax error."""
-    global _parser
-    with _lock:  # lark parsers are not documented as thread-safe; parsing is rare (cached compiles)
-        if _parser is None:
-            _parser = _build()
-        try:
-            tree: Tree = _parser.parse(expression)
-        except lark.exceptions.UnexpectedInput as exc:
-            line, column = exc.line, exc.column
-            lines = expression.splitlines() or [""]
-            rest = lines[line - 1][column - 1 :] if 0 < line <= len(lines) and column > 0 else ""
-            near = f"near {rest[:20]!r}" if rest.strip() else "at end of input"
-            raise CelCompileError(
-                f"compilation failed: ERROR: <input>:{line}:{column}: Syntax error: unexpected input {near}"
-            ) from None
-        except lark.exceptions.LarkError as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise CelCompileError(f"compilation failed: ERROR: <input>: Syntax error: {first}") from None
+    parser: lark.Lark | None = getattr(_local, "parser", None)
+    if parser is None:
+        parser = _local.parser = _build()
+    try:
+        tree: Tree = parser.parse(expression)
+    except lark.exceptions.UnexpectedInput as exc:
+        line, column = exc.line, exc.column
+        lines = expression.splitlines() or [""]
+        rest = lines[line - 1][column - 1 :] if 0 < line <= len(lines) and column > 0 else ""
+        near = f"near {rest[:20]!r}" if rest.strip() else "at end of input"
+        raise CelCompileError(
+            f"compilation failed: ERROR: <input>:{line}:{column}: Syntax error: unexpected input {near}"
+        ) from None
+    except lark.exceptions.LarkError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CelCompileError(f"compilation failed: ERROR: <input>: Syntax error: {first}") from None
     return tree

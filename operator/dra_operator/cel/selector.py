@@ -10,11 +10,11 @@ attributes the selector never looks at share one evaluation. The memo is a bound
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -24,7 +24,7 @@ from celpy.evaluation import CELEvalError
 from dra_api.attributes import AttributeValue, UnsupportedAttribute, Version
 from dra_api.quantity import Quantity
 
-from .budget import BudgetExhausted, check_current
+from .budget import BudgetExhausted, check_current, current
 from .checker import check
 from .compiler import COST_KEY, CostLimitExceeded, DomainMap, Program, compile_program
 from .errors import CelCompileError, CelRuntimeError
@@ -49,6 +49,9 @@ MAX_EXPRESSION_LENGTH: Final = 10240
 MEMO_SIZE: Final = 4096
 # Compiled selectors kept by expression text.
 COMPILE_CACHE_SIZE: Final = 1024
+# The longest selector compiled on the event loop (characters): about 70 ms at the slowest this
+# machine compiles (long list literals); a longer one is compiled in a worker thread.
+INLINE_COMPILE_BYTES: Final = 256
 
 _MISSING: Final = ("missing",)
 
@@ -343,9 +346,73 @@ def _eval_message(exc: CELEvalError) -> str:
     return message
 
 
-@functools.lru_cache(maxsize=COMPILE_CACHE_SIZE)
+_compiled: OrderedDict[str, CompiledSelector | CelCompileError] = OrderedDict()
+_compiled_lock = threading.Lock()
+_compiling_later: set[str] = set()
+_compile_executor: ThreadPoolExecutor | None = None
+
+
+def is_compiled(expression: str) -> bool:
+    """Whether ``expression``'s compilation (or its error) is cached."""
+    with _compiled_lock:
+        return expression in _compiled
+
+
 def compile_selector(expression: str) -> CompiledSelector:
-    """Compile a selector (cached by text); CelCompileError says what is wrong with it."""
+    """Compile a selector (cached by text, errors too); CelCompileError says what is wrong with it.
+
+    Compiling is not interruptible and grows with the text (a 10 KiB selector can take seconds),
+    so within a slice of the event loop (see ``budget.py``) a selector longer than
+    :data:`INLINE_COMPILE_BYTES` that is not cached yet is not compiled: it is handed to a worker
+    thread and :class:`~dra_operator.cel.budget.BudgetExhausted` says to come back later."""
+    with _compiled_lock:
+        found = _compiled.get(expression)
+        if found is not None:
+            _compiled.move_to_end(expression)
+    if found is None:
+        budget = current()
+        if budget is not None:
+            budget.check()
+            if budget.on_loop and len(expression) > INLINE_COMPILE_BYTES:
+                _compile_later(expression)
+                raise BudgetExhausted(budget)
+        try:
+            found = _compile(expression)
+        except CelCompileError as exc:
+            found = exc
+        with _compiled_lock:
+            _compiled[expression] = found
+            if len(_compiled) > COMPILE_CACHE_SIZE:
+                _compiled.popitem(last=False)
+    if isinstance(found, CelCompileError):
+        raise CelCompileError(str(found))
+    return found
+
+
+def _compile_later(expression: str) -> None:
+    """Compile in the background (one worker thread), so that the next look finds it cached."""
+    global _compile_executor
+    with _compiled_lock:
+        if expression in _compiling_later:
+            return
+        _compiling_later.add(expression)
+        if _compile_executor is None:
+            _compile_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cel-compile")
+        executor = _compile_executor
+
+    def run() -> None:
+        try:
+            compile_selector(expression)
+        except CelCompileError:
+            pass  # cached: the caller meets it next time
+        finally:
+            with _compiled_lock:
+                _compiling_later.discard(expression)
+
+    executor.submit(run)
+
+
+def _compile(expression: str) -> CompiledSelector:
     if not expression or not expression.strip():
         raise CelCompileError("CEL expression empty")
     size = len(expression.encode())

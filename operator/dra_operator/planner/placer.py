@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from dra_api.model import AllocationResult, ResourceClaim
 from dra_operator.allocator import FeatureGates, SliceIndex
@@ -145,7 +145,7 @@ class PlannerPlacer:
         node: str | None = None,
         budget: WorkBudget | None = None,
     ) -> Outcome:
-        budget = budget if budget is not None else WorkBudget(self.slice_s)
+        budget = budget if budget is not None else WorkBudget.loop_slice(self.slice_s)
         return _outcome(self.planner_for(model).plan(list(claims), policy=policy, node=node, budget=budget))
 
     def snapshot(self, model: ClusterModel) -> PlannerSnapshot:
@@ -162,15 +162,25 @@ class PlannerPlacer:
         )
 
     async def place_off_loop(
-        self, *, claims: Sequence[ResourceClaim], model: ClusterModel, namespace: str
+        self,
+        *,
+        claims: Sequence[ResourceClaim],
+        model: ClusterModel,
+        namespace: str,
+        check: Callable[[], Unallocatable | None] | None = None,
     ) -> Outcome:
         snapshot = self.snapshot(model)
         claims = list(claims)
         budget_s = self.budget_s
-        outcome, spent = await self.search.run(
-            namespace=namespace, work=lambda: snapshot.plan(claims, budget_s=budget_s)
-        )
-        found = _outcome(outcome)
+
+        def work() -> tuple[PlanOutcome | Unallocatable, float]:
+            refused = check() if check is not None else None
+            if refused is not None:
+                return refused, 0.0
+            return snapshot.plan(claims, budget_s=budget_s)
+
+        outcome, spent = await self.search.run(namespace=namespace, work=work)
+        found = outcome if isinstance(outcome, Unallocatable) else _outcome(outcome)
         return dataclasses.replace(found, spent_s=spent) if isinstance(found, Unallocatable) else found
 
 

@@ -168,12 +168,12 @@ class Planner:
         claims = list(claims)
         if not claims:
             return PlanError("no claims to allocate", reason="NoClaims")
-        problem = self.check(claims)
-        if problem is not None:
-            return problem
         search = _Search()
         try:
             with charged_to(budget):
+                problem = self.check(claims)
+                if problem is not None:
+                    return problem
                 return self._plan(claims, search, node=node, policy=policy, budget=budget)
         except BudgetExhausted as exc:
             spent = exc.budget.spent

@@ -152,10 +152,15 @@ class ClaimAllocator:
         """Where the claim would go on the model as it is now, or why it cannot go anywhere, as far
         as a slice of the event loop finds out (OutOfBudget: not that far). Holds nothing: the
         caller assumes the devices if it goes on to allocate."""
-        invalid = validate_claim(claim, known_drivers=self.known_drivers(), compiler=self.compiler)
-        if invalid is not None:
-            return invalid
-        return self.placer.place(claims=[claim], model=self.model)
+        budget = WorkBudget.loop_slice(self.settings.allocation_search_slice_s)
+        try:
+            with charged_to(budget):
+                invalid = validate_claim(claim, known_drivers=self.known_drivers(), compiler=self.compiler)
+                if invalid is not None:
+                    return invalid
+                return self.placer.place(claims=[claim], model=self.model, budget=budget)
+        except BudgetExhausted:  # a selector too long to compile on the loop
+            return OutOfBudget(message="its selectors are compiled in a worker thread", spent_s=budget.spent)
 
     async def assess_fully(self, claim: ResourceClaim, *, check_taken: bool = True) -> Outcome | None:
         """:meth:`assess`, continued in a worker thread when the loop's slice is not enough (and
@@ -167,15 +172,16 @@ class ClaimAllocator:
             outcome = self.assess(claim)
             if not isinstance(outcome, OutOfBudget):
                 return outcome
-        else:
-            invalid = validate_claim(claim, known_drivers=self.known_drivers(), compiler=self.compiler)
-            if invalid is not None:
-                return invalid
         self.searches.went_off_loop(key)
         self.metrics.searches_off_loop.inc()
+        drivers, compiler = self.known_drivers(), self.compiler
         async with self.slot_released():
             outcome = await self.placer.place_off_loop(
-                claims=[claim], model=self.model, namespace=claim.namespace
+                claims=[claim],
+                model=self.model,
+                namespace=claim.namespace,
+                # In the thread: a long selector is compiled there, not on the loop.
+                check=lambda: validate_claim(claim, known_drivers=drivers, compiler=compiler),
             )
         if isinstance(outcome, Unallocatable) and outcome.spent_s is not None:
             self.searches.found_no_room(key, spent_s=outcome.spent_s)
@@ -347,7 +353,7 @@ class ClaimAllocator:
             # The claim's selectors over every node: new CEL evaluations within the loop's slice (what
             # they found is kept, so a choice cut short gets further the next time).
             try:
-                with charged_to(WorkBudget(self.settings.allocation_search_slice_s)):
+                with charged_to(WorkBudget.loop_slice(self.settings.allocation_search_slice_s)):
                     target = choose_target(
                         claim=claim, model=self.model, index=index, in_use=in_use, excluded=busy | tried
                     ) or choose_target(

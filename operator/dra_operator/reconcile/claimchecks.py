@@ -6,6 +6,7 @@ from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 
 from dra_api.model import ResourceClaim
+from dra_operator.cel import BudgetExhausted
 from dra_operator.placement import Unallocatable
 
 
@@ -29,6 +30,8 @@ def validate_claim(
                         continue
                     try:
                         compiler(expression)
+                    except BudgetExhausted:
+                        raise  # to be compiled off the event loop: not an answer about the selector
                     except Exception as exc:
                         return Unallocatable(
                             reason="InvalidSelector",

@@ -169,7 +169,7 @@ class SchedulerWaits:
         # The pods' requests are tenants' selectors evaluated on the loop: within its slice. What
         # they evaluate to is kept (per device), so a check cut short gets further the next time.
         try:
-            with charged_to(WorkBudget(self.settings.allocation_search_slice_s)):
+            with charged_to(WorkBudget.loop_slice(self.settings.allocation_search_slice_s)):
                 return self.clearance.crowded(
                     model=self.model,
                     allocation=allocation,

@@ -6,6 +6,7 @@ does not depend on the machine's speed.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from typing import Any
 
@@ -166,3 +167,22 @@ def test_the_cost_limit_is_upstreams() -> None:
     assert under.matches(
         DeviceInput(driver="d", attributes={}, capacity={}, allow_multiple_allocations=False)
     )
+
+
+async def test_a_long_selector_is_compiled_off_the_loop() -> None:
+    from dra_operator.cel.selector import INLINE_COMPILE_BYTES, is_compiled
+
+    expression = " || ".join(f"device.driver == 'x{i}-long-selector-of-this-test'" for i in range(12))
+    assert len(expression) > INLINE_COMPILE_BYTES
+    with charged_to(WorkBudget.loop_slice(60.0)), pytest.raises(BudgetExhausted):
+        compile_selector(expression)  # within a slice of the loop: handed to a worker thread
+    for _ in range(500):
+        if is_compiled(expression):
+            break
+        await asyncio.sleep(0.01)
+    with charged_to(WorkBudget.loop_slice(60.0)):
+        assert compile_selector(expression).expression == expression  # cached now
+    # Outside the loop's slices (a worker thread, the command line) it compiles where it is.
+    other = expression.replace("x0-", "y0-")
+    with charged_to(WorkBudget.thread_cpu(60.0)):
+        assert compile_selector(other).expression == other
