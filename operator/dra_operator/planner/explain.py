@@ -120,6 +120,10 @@ def explain(
         )
     lines.extend(cluster)
     node_lines: list[str] = []
+    # The first shortfall the feasibility check found, as a node line gives it ("node: text"):
+    # the one-line form leads with it, the counts per request after.
+    refusal: str | None = None
+    short_first_node: str | None = None
     funnels: list[tuple[str, list[RequestFunnel], NodeAttempt | None]] = []
     for node in best:
         rows = planner.allocator.funnel(node=node, claims=list(claims))
@@ -131,7 +135,11 @@ def explain(
             text = str(attempt.shortfall)
             ck = named.get(attempt.shortfall.constraint or "")
             values = _match_values_text(rows=rows, key=ck, claims=claims) if ck is not None else None
-            parts.append(f"{text}: {values}" if values else text)
+            found = f"{text}: {values}" if values else text
+            parts.append(found)
+            if refusal is None:
+                refusal = f"on {node.name}: {found}"
+                short_first_node = f"{node.name}: " + "; ".join(parts[:-1])
         if attempt is not None:
             for ck, rejected in sorted(attempt.constraint_rejections.items()):
                 name = constraint_names.get(ck, f"constraint #{ck[1]}")
@@ -140,7 +148,7 @@ def explain(
                 parts.append(f"{text} and failed: {values}" if values else text)
         node_lines.append(f"{node.name}: " + "; ".join(parts))
         funnels.append((node.name, rows, attempt))
-    advice = _advice(
+    advice = _together(planner=planner, claims=claims) + _advice(
         funnels=funnels, attempts=attempts, constraint_names=constraint_names, fixed=fixed, claims=claims
     )
     if not best:
@@ -152,11 +160,12 @@ def explain(
         lines.append("closest nodes:" if fixed is None else "on this node:")
         lines.extend(f"  {line}" for line in node_lines)
     refused = [a for a in attempts if a.shortfall is not None]
-    if refused and fixed is None and refused[0].node not in {n.name for n in best}:
-        lines.append(
-            f"refused before any search on {len(refused)} of {len(attempts)} searched node(s); "
-            f"on {refused[0].node}: {refused[0].shortfall}"
-        )
+    if refused and refusal is None:
+        refusal = f"on {refused[0].node}: {refused[0].shortfall}"
+        if fixed is None:
+            lines.append(
+                f"refused before any search on {len(refused)} of {len(attempts)} searched node(s); {refusal}"
+            )
     failures = [a for a in attempts if a.failure and a.node not in {n.name for n in best}]
     if failures:
         lines.append(f"{len(failures)} other node(s) failed: {failures[0].node}: {failures[0].failure}")
@@ -164,10 +173,12 @@ def explain(
         lines.append("to change: " + "; ".join(dict.fromkeys(advice)))
     full = "\n".join(lines)
     short_parts = [header]
-    if node_lines:
-        short_parts.append(node_lines[0])
+    if refusal is not None:
+        short_parts.append(f"refused before any search ({len(refused)} of {len(attempts)} nodes); {refusal}")
     if advice:
         short_parts.append("to change: " + "; ".join(dict.fromkeys(advice)))
+    if node_lines:
+        short_parts.append(short_first_node or node_lines[0])
     short_parts.extend(cluster)
     return Explanation(full=full, short=truncate(". ".join(short_parts)))
 
@@ -366,6 +377,29 @@ def _advice(
     if failed:
         return [f"fix the nodes' resource pools ({failed})"]
     return [f"the requests together need more devices than {where} offers: lower the counts"]
+
+
+def _together(*, planner: PlannerState, claims: Sequence[ResourceClaim]) -> list[str]:
+    """Requests that select the same devices and together want more of them than any node has free
+    (each alone may fit): named, so that the claim says which to change."""
+    by_key: dict[DemandKey, list[tuple[str, str, int]]] = {}
+    for ref, request, key, count, mode in request_keys(claims=claims, classes=planner.classes):
+        if mode != ALL and "/" not in request:  # subrequests are alternatives, not together
+            by_key.setdefault(key, []).append((ref, request, count))
+    out = []
+    for key, requests in by_key.items():
+        wanted = sum(n for _, _, n in requests)
+        if len(requests) < 2:
+            continue
+        counts = planner.index.counts(key, complete=True)
+        most = max(counts.free, default=0) + counts.shared_free
+        if wanted > most:
+            names = ", ".join(f"{_prefix(ref, claims)}{request}" for ref, request, _ in requests)
+            out.append(
+                f"requests {names} select the same devices and together want {wanted} of them, where the "
+                f"most free on one node is {most}: lower their counts, or select different devices for each"
+            )
+    return out
 
 
 def _shortfall_advice(s: Shortfall, *, where: str) -> str:

@@ -305,21 +305,32 @@ class ClaimReconciler:
         """Drain the queue forever. ``active`` is False while another instance is the active one."""
         queue = self.queue
         while True:
-            await queue.wake.wait()
-            queue.wake.clear()
+            if not queue.turns:
+                await queue.wake.wait()
+                queue.wake.clear()
             if not active():
+                queue.hold_back()
                 await asyncio.sleep(1.0)
                 queue.wake.set()
                 continue
             if not self.synced.is_set():
                 await self.resync()
-            batch = _namespaces_in_turn(queue.take(order=self._urgency), tier=lambda k: self._urgency(k)[0])
-            for key in batch:
-                queue.start(key)
-                await self._writes.acquire()
-                self._tasks.spawn(self._reconcile_guarded(key), name=f"claim {key}")
-            if batch:
+            if not queue.dirty and not queue.turns:
+                continue
+            # A slot first, then the claim: claims marked while the worker waited for a slot take
+            # their namespace's turn instead of waiting behind everything taken before them.
+            await self._writes.acquire()
+            key = queue.next(order=self._urgency, tier=self._tier)
+            if key is None:
+                self._writes.release()
+                continue
+            queue.start(key)
+            self._tasks.spawn(self._reconcile_guarded(key), name=f"claim {key}")
+            if not queue.turns:
                 await self.releaser.repair_double_bookings()
+
+    def _tier(self, key: ClaimKey) -> int:
+        return self._urgency(key)[0]
 
     def _urgency(self, key: ClaimKey) -> tuple[int, str]:
         """Claims waiting for devices, and claims being deleted (which free devices), before claims
@@ -435,18 +446,3 @@ class ClaimReconciler:
                 await self.writer.patch_meta(claim, finalizer=False, condition=None)
             return
         await self.allocator.allocate(claim)
-
-
-def _namespaces_in_turn(batch: list[ClaimKey], *, tier: Callable[[ClaimKey], int]) -> list[ClaimKey]:
-    """``batch`` (in urgency order) with the namespaces taking turns within each tier of urgency,
-    each namespace's claims keeping their order: a tenant that creates a thousand claims at once
-    does not put another's one claim behind them."""
-    out: list[ClaimKey] = []
-    tiers: dict[int, dict[str, list[ClaimKey]]] = {}
-    for key in batch:
-        tiers.setdefault(tier(key), {}).setdefault(key.namespace, []).append(key)
-    for level in sorted(tiers):
-        queues = list(tiers[level].values())
-        for round_ in range(max(len(q) for q in queues)):
-            out.extend(q[round_] for q in queues if round_ < len(q))
-    return out
