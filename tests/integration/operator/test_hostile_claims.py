@@ -23,6 +23,11 @@ from typing import Any
 
 import pytest
 
+from bench.hostile_claims import NESTED, parts_slices, wide_slice
+from bench.hostile_claims import claim as _claim
+from bench.hostile_claims import product as _product
+from bench.hostile_claims import request as _request
+from bench.hostile_claims import resource_slice as _slice
 from dra_devcluster import LocalCluster
 from tests.integration.operator.conftest import (
     OperatorProcess,
@@ -35,7 +40,7 @@ from tests.integration.operator.conftest import (
 )
 from tests.integration.operator.objects import CONDITION_ANNOTATION, OPERATOR_FINALIZER
 
-DRIVER = "gpu.nvidia.com"
+DRIVER = "gpu.nvidia.com"  # bench.hostile_claims builds its objects for this driver
 HOSTILE = "hostile-a"
 FLOOD = "hostile-b"
 ORDINARY = "hostile-ordinary"
@@ -44,14 +49,6 @@ GPU_NODES = [f"hostile-gpu-{i}" for i in range(4)]
 ORDINARY_CLAIMS = 24
 FLOOD_CLAIMS = 60
 BUDGET_S = 1.0  # the operator's search budget here (5 s by default), to keep the module short
-NESTED = (
-    f'device.attributes["{DRIVER}"].size() > 20 && device.attributes["{DRIVER}"].all(a, '
-    f'device.attributes["{DRIVER}"].all(b, device.attributes["{DRIVER}"].all(c, a + b + c != "x")))'
-)
-
-
-def _product(name: str) -> str:
-    return f'device.attributes["{DRIVER}"].productName == "{name}"'
 
 
 def _gpus(node: str, count: int) -> list[dict[str, Any]]:
@@ -69,72 +66,6 @@ def _gpus(node: str, count: int) -> list[dict[str, Any]]:
         }
         for i in range(count)
     ]
-
-
-def _slice(
-    node: str, devices: list[dict[str, Any]], *, name: str | None = None, **spec: Any
-) -> dict[str, Any]:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSlice",
-        "metadata": {"name": name or f"{node}-{DRIVER}"},
-        "spec": {
-            "driver": DRIVER,
-            "nodeName": node,
-            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-            **({"devices": devices} if devices else {}),
-            **spec,
-        },
-    }
-
-
-def _parts_slices(node: str) -> list[dict[str, Any]]:
-    """48 partitions in two counter sets of room 12 each: no more than 24 fit at once. The counters
-    and the devices are two slices of one pool (a slice carries one or the other)."""
-    devices = [
-        {
-            "name": f"part-{s}-{i}",
-            "attributes": {"type": {"string": "gpu"}, "productName": {"string": "Hostile Part"}},
-            "consumesCounters": [{"counterSet": s, "counters": {"units": {"value": "1"}}}],
-        }
-        for s in ("a", "b")
-        for i in range(24)
-    ]
-    counters = [{"name": s, "counters": {"units": {"value": "12"}}} for s in ("a", "b")]
-    pool = {"name": node, "generation": 1, "resourceSliceCount": 2}
-    return [
-        _slice(node, devices, name=f"{node}-devices", pool=pool),
-        _slice(node, [], name=f"{node}-counters", pool=pool, sharedCounters=counters),
-    ]
-
-
-def _wide_slice(node: str) -> dict[str, Any]:
-    """Devices with 30 attributes each, all values their own: a selector over every attribute
-    is evaluated again for each device."""
-    devices = []
-    for i in range(24):
-        attributes: dict[str, Any] = {"type": {"string": "gpu"}, "productName": {"string": "Hostile Wide"}}
-        attributes.update({f"a{k}": {"string": f"{node}-{i}-{k}"} for k in range(28)})
-        devices.append({"name": f"wide-{i}", "attributes": attributes})
-    return _slice(node, devices)
-
-
-def _request(name: str, count: int | None = 1, *selectors: str, cls: str, **extra: Any) -> dict[str, Any]:
-    exactly: dict[str, Any] = {"deviceClassName": cls, **extra}
-    if count is not None:
-        exactly["count"] = count
-    if selectors:
-        exactly["selectors"] = [{"cel": {"expression": s}} for s in selectors]
-    return {"name": name, "exactly": exactly}
-
-
-def _claim(name: str, namespace: str, requests: list[dict[str, Any]], **devices: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"devices": {"requests": requests, **devices}},
-    }
 
 
 @dataclass(frozen=True)
@@ -382,7 +313,7 @@ def _condition(cluster: LocalCluster, namespace: str, name: str) -> dict[str, An
 
 def _nodes_and_slices(cluster: LocalCluster, scratch: list[tuple[str, ...]]) -> None:
     slices = [_slice(n, _gpus(n, 24)) for n in GPU_NODES]
-    slices += [*_parts_slices("hostile-parts"), _wide_slice("hostile-wide")]
+    slices += [*parts_slices("hostile-parts"), wide_slice("hostile-wide")]
     # A careless driver: two slices of one pool naming the same device (an invalid pool), and a
     # pool that says it has two slices and publishes one (incomplete).
     bad = [
