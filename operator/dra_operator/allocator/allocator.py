@@ -90,6 +90,10 @@ class _MaxSizeExceeded(Exception):
     """Internal: this branch would put more than 32 devices into one claim."""
 
 
+class _Infeasible(Exception):
+    """Internal: the feasibility check, run once the search outgrew its easy start, refused."""
+
+
 class Spec:
     """One request (``exactly``) or one subrequest, prepared for the search."""
 
@@ -378,6 +382,16 @@ class Allocator:
             if spec
         ]
 
+    def shortfall(self, *, node: Node, claims: Sequence[ResourceClaim]) -> Shortfall | None:
+        """What the feasibility check finds missing for ``claims`` on ``node``, without a search
+        (for explanations: the search may have given up before the check ran). None when the check
+        is off or finds nothing. Raises the same errors as :meth:`allocate`'s preparation."""
+        if not self.feasibility or not claims:
+            return None
+        run = _Run(self, node, claims)
+        run.prepare()
+        return run._shortfall()
+
     # ---- caches shared by runs -----------------------------------------------------------------
 
     def available_counters(self, pool: Pool) -> dict[tuple[str, str], Quantity]:
@@ -439,6 +453,7 @@ class _Run:
         self.invocations = 0
         self.budget: WorkBudget | None = None
         self.shortfall: Shortfall | None = None
+        self.check_at = -1  # the search step at which the feasibility check runs (-1: never)
         self.pools: tuple[Pool, ...] = ()
         self.claims: list[_Claim] = []
         self.results: list[list[_Pick]] = []
@@ -478,10 +493,15 @@ class _Run:
         depth = sum(MAX_DEVICES_PER_CLAIM + 2 * len(c.requests) + 2 for c in self.claims) + 200
         if depth > sys.getrecursionlimit():
             sys.setrecursionlimit(depth)
-        self.shortfall = self._shortfall() if self.alloc.feasibility else None
+        # The check costs more than an easy search: it runs once the search has taken more steps
+        # than placing every device straight away would (a search that will succeed mostly does).
+        needed = sum(
+            s.num_devices for c in self.claims for r in c.requests for s in (r.subs or (r.single,)) if s
+        )
+        self.check_at = 2 * needed + 8 if self.alloc.feasibility else -1
         try:
-            done = self.shortfall is None and self._one(0, 0, 0, 0, False, None)
-        except _MaxSizeExceeded:
+            done = self._one(0, 0, 0, 0, False, None)
+        except (_MaxSizeExceeded, _Infeasible):
             done = False
         if not done:
             invalid = [p for p in self.pools if p.invalid]
@@ -635,20 +655,32 @@ class _Run:
         if found is not None:
             return found
         found = self._class_matches(spec, entry)
-        if found:
-            prefix = f"claim {self.input_claims[spec.claim_index].ref}"
-            for i, selector in enumerate(spec.request.selectors):
-                if not self._evaluate(prefix=prefix, index=i, expression=selector.cel, entry=entry):
-                    found = False
-                    break
+        selectors = spec.request.selectors
+        if found and selectors:
+            # Cached on the device beside its classes' results (a pure function of the device and
+            # the selectors): a claim placed on node after node, or again later, evaluates once.
+            cache = entry.class_matches
+            cached = cache.get(selectors) if cache is not None else None
+            if cached is None:
+                prefix = f"claim {self.input_claims[spec.claim_index].ref}"
+                cached = all(
+                    self._evaluate(prefix=prefix, index=i, expression=selector.cel, entry=entry)
+                    for i, selector in enumerate(selectors)
+                )
+                if cache is not None:
+                    cache[selectors] = cached
+            found = cached
         if found and se.node_ok is not None:
             found = se.node_ok[index]
         self.selectable[key] = found
         return found
 
-    def _capacity_fits(self, spec: Spec, entry: DeviceEntry, *, static: bool = False) -> bool:
-        """Whether the request fits the device's capacity: what is left of it, or (``static``) all
-        of it. A request the device's policy cannot represent, or a negative amount, is an error."""
+    def _capacity_fits(
+        self, spec: Spec, entry: DeviceEntry, *, static: bool = False, in_flight: bool = True
+    ) -> bool:
+        """Whether the request fits the device's capacity: what is left of it (by other claims and,
+        with ``in_flight``, by this search's own picks so far), or (``static``) all of it. A request
+        the device's policy cannot represent, or a negative amount, is an error."""
         device = entry.device
         if not spec.capacity and (not device.capacity or not device.allow_multiple_allocations):
             # A dedicated device without capacity requests consumes all of its capacity: always fits.
@@ -659,7 +691,7 @@ class _Run:
                 driver=entry.id[0],
                 requests=spec.capacity,
                 consumed=None if static else self.alloc.allocated.capacity.get(entry.id),
-                allocating=None if static else self.allocating_capacity.get(entry.id),
+                allocating=None if static or not in_flight else self.allocating_capacity.get(entry.id),
             )
         except cap.CapacityError as exc:
             # Upstream names the device by its name in the "all" pre-scan, by its ID elsewhere.
@@ -1001,7 +1033,8 @@ class _Run:
         try:
             if not self._is_selectable(spec, se, index):
                 return False
-            if self.cc and not self._capacity_fits(spec, entry):
+            # Not the search's own picks so far: the check may run in the middle of a search.
+            if self.cc and not self._capacity_fits(spec, entry, in_flight=False):
                 return False
         except AllocationError:
             self._serve_errors = True
@@ -1055,6 +1088,10 @@ class _Run:
         self, ci: int, ri: int, si: int, di: int, in_sub: bool, start: tuple[int, int, int] | None
     ) -> bool:
         self.invocations += 1
+        if self.invocations == self.check_at:
+            self.shortfall = self._shortfall()
+            if self.shortfall is not None:
+                raise _Infeasible
         budget = self.budget
         if budget is not None and not self.invocations & 255 and budget.clock() > budget.deadline:
             raise BudgetExhausted(budget)

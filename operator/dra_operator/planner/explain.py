@@ -124,6 +124,7 @@ def explain(
     # the one-line form leads with it, the counts per request after.
     refusal: str | None = None
     short_first_node: str | None = None
+    found_shortfalls: list[Shortfall] = []
     funnels: list[tuple[str, list[RequestFunnel], NodeAttempt | None]] = []
     for node in best:
         rows = planner.allocator.funnel(node=node, claims=list(claims))
@@ -131,9 +132,15 @@ def explain(
         attempt = by_node.get(node.name)
         if attempt is not None and attempt.failure:
             parts.append(attempt.failure)
-        if attempt is not None and attempt.shortfall is not None:
-            text = str(attempt.shortfall)
-            ck = named.get(attempt.shortfall.constraint or "")
+        # What the feasibility check finds there: from the search, or worked out now (a search that
+        # gave up within its easy start never ran it).
+        found_short = attempt.shortfall if attempt is not None else None
+        if found_short is None and (attempt is not None or fixed is not None):
+            found_short = planner.allocator.shortfall(node=node, claims=list(claims))
+        if found_short is not None:
+            found_shortfalls.append(found_short)
+            text = str(found_short)
+            ck = named.get(found_short.constraint or "")
             values = _match_values_text(rows=rows, key=ck, claims=claims) if ck is not None else None
             found = f"{text}: {values}" if values else text
             parts.append(found)
@@ -149,7 +156,12 @@ def explain(
         node_lines.append(f"{node.name}: " + "; ".join(parts))
         funnels.append((node.name, rows, attempt))
     advice = _together(planner=planner, claims=claims) + _advice(
-        funnels=funnels, attempts=attempts, constraint_names=constraint_names, fixed=fixed, claims=claims
+        funnels=funnels,
+        attempts=attempts,
+        constraint_names=constraint_names,
+        fixed=fixed,
+        claims=claims,
+        shortfalls=[*found_shortfalls, *(a.shortfall for a in attempts if a.shortfall is not None)],
     )
     if not best:
         advice = [
@@ -296,6 +308,7 @@ def _advice(
     constraint_names: Mapping[tuple[str, int], str],
     fixed: Node | None,
     claims: Sequence[ResourceClaim],
+    shortfalls: Sequence[Shortfall] = (),
 ) -> list[str]:
     """What to change, judged per request on the node where that request gets furthest."""
     out: list[str] = []
@@ -356,7 +369,6 @@ def _advice(
         return out
     # Every request fits alone somewhere: the requests together, or the constraints, do not.
     where = f"node {fixed.name}" if fixed is not None else "any node"
-    shortfalls = [a.shortfall for a in attempts if a.shortfall is not None]
     if shortfalls:
         return [_shortfall_advice(shortfalls[0], where=where)]
     together = [node for node, rows, _ in funnels if all(_short_at(r) is None for r in rows)]

@@ -188,11 +188,13 @@ def test_search_effort_is_reported() -> None:
     allocator = Allocator(classes=[GPU_CLASS], slices=slices, feasibility=False)
     assert allocator.allocate(node=Node.make("node-1"), claims=[_claim("a", count=5)]) is None
     assert allocator.last_invocations == 16  # combinations of 4 devices, as upstream incubating
-    # With the feasibility check (the default) the same claim is refused before any search.
-    checked = Allocator(classes=[GPU_CLASS], slices=slices)
-    assert checked.allocate(node=Node.make("node-1"), claims=[_claim("a", count=5)]) is None
-    assert checked.last_invocations == 0
-    assert str(checked.last_shortfall) == "request gpu wants 5 devices; 4 devices of the node can serve it"
+    # With the feasibility check (the default), a search that outgrows its easy start (2 x 13 + 8
+    # steps here, where upstream's would take 2^12) is cut short and the claim refused.
+    many = [_slice("node-1", devices=12, nodeName="node-1")]
+    checked = Allocator(classes=[GPU_CLASS], slices=many)
+    assert checked.allocate(node=Node.make("node-1"), claims=[_claim("a", count=13)]) is None
+    assert checked.last_invocations == 2 * 13 + 8
+    assert str(checked.last_shortfall) == "request gpu wants 13 devices; 12 devices of the node can serve it"
 
 
 def test_funnel_counts_each_check() -> None:
