@@ -493,12 +493,15 @@ class _Run:
         depth = sum(MAX_DEVICES_PER_CLAIM + 2 * len(c.requests) + 2 for c in self.claims) + 200
         if depth > sys.getrecursionlimit():
             sys.setrecursionlimit(depth)
-        # The check costs more than an easy search: it runs once the search has taken more steps
-        # than placing every device straight away would (a search that will succeed mostly does).
+        # Claims of several requests, or with constraints, are checked before the search: that is
+        # where requests compete for devices. Otherwise the check costs more than an easy search, so
+        # it runs once the search has taken more steps than placing every device straight away
+        # would (a search that will succeed mostly does).
         needed = sum(
             s.num_devices for c in self.claims for r in c.requests for s in (r.subs or (r.single,)) if s
         )
-        self.check_at = 2 * needed + 8 if self.alloc.feasibility else -1
+        competing = sum(len(c.requests) for c in self.claims) > 1 or any(c.constraints for c in self.claims)
+        self.check_at = -1 if not self.alloc.feasibility else 1 if competing else 2 * needed + 8
         try:
             done = self._one(0, 0, 0, 0, False, None)
         except (_MaxSizeExceeded, _Infeasible):
