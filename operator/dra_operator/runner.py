@@ -182,7 +182,9 @@ async def run(
     api.may_write = lambda: health.active
     metrics.attach_active(identity, lambda: health.active)
     metrics.attach_synced(claims.synced.is_set)
-    orphans = OrphanSliceCollector(model=model, api=api, grace=settings.orphan_slice_grace_s)
+    orphans = OrphanSliceCollector(
+        model=model, api=api, drivers=settings.drivers, grace=settings.orphan_slice_grace_s
+    )
 
     def login(kopf_settings: kopf.OperatorSettings) -> kopf.ConnectionInfo | None:
         if settings.kubeconfig:

@@ -5,7 +5,8 @@ the slice do not fit together.
 (a single-host slice keeps ``TPU_WORKER_ID=0``/``localhost``) whose TpuConfig does not set both
 worker fields already. It GETs the claim's pod and, for a pod of an Indexed Job (a JobSet's child
 Jobs are Indexed Jobs), the Job, and returns ``TpuWorkers`` from them (``tpu.workers``). The reads
-use the agent's own client (kubernetes_asyncio, non-blocking); RBAC: ``get`` on pods and jobs.
+use the agent's own client (kubernetes_asyncio, non-blocking); RBAC: ``get`` on pods and jobs, which
+only the TPU install grants (its ``accel-dra-node-agent-tpu-workloads`` role).
 
 What prepare does with the outcome:
 - a pod that is not in an Indexed Job: the host's own identity (tpu-env WORKER_ID), as before;

@@ -123,8 +123,10 @@ def agent_kubeconfig(cluster: LocalCluster, *, bound_node: str | None = None) ->
             }
         ]
     )
-    for name in ("node-agent-clusterrole.yaml", "node-agent-clusterrolebinding.yaml"):
-        cluster.apply((REPO / "manifests/base" / name).read_text())
+    # The TPU install's role too: the tests' agents serve simulated TPUs, multi-host slices included.
+    for path in ("base/node-agent-clusterrole.yaml", "base/node-agent-clusterrolebinding.yaml",
+                 "overlays/tpu/node-agent-tpu-workloads.yaml"):  # fmt: skip
+        cluster.apply((REPO / "manifests" / path).read_text())
     binding = ["--bound-object-kind=Node", f"--bound-object-name={bound_node}"] if bound_node else []
     token = cluster.kubectl(
         "create", "token", AGENT_SERVICE_ACCOUNT, "-n", AGENT_NAMESPACE, "--duration=2h", *binding

@@ -28,6 +28,16 @@ import pytest
 
 from dra_devcluster import LocalCluster
 from dra_devcluster.binaries import ensure_helm
+from tests.integration.deploy.agentwrites import (
+    SERVER_DEVICES,
+    allocated_claim,
+    device_entry,
+    expected_claim_refusal,
+    node_selector,
+    pod_bound_kubeconfig,
+    refused_once_in_effect,
+    resource_slice,
+)
 from tests.unit.deploy.helm_render import CHART_DIR, helm_template
 
 pytestmark = pytest.mark.cluster
@@ -35,6 +45,8 @@ pytestmark = pytest.mark.cluster
 NAMESPACE = "accel-dra-helm"
 RELEASE = "accel-dra"
 NODES = ("helm-node-a", "helm-node-b")
+TENANT = "helm-tenant"
+POLICIES = ("accel-dra-resourceslices-own-node", "accel-dra-resourceclaims-own-node")
 CRDS = ("clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev")
 # Every kind the chart renders with backend simulated (the monitoring kinds need the Prometheus
 # Operator's CRDs, which this cluster does not have), and whether it is namespaced.
@@ -113,6 +125,40 @@ def _set_aside(cluster: LocalCluster, helm_binary: Path) -> list[dict[str, Any]]
     return saved
 
 
+def _policies_deny_the_release_agent(cluster: LocalCluster) -> None:
+    """The agent of a release in a namespace of its own, with the token of its pod on node a: its
+    writes for node b are refused (the admission policies match it there too)."""
+    node_a, node_b = NODES
+
+    def agent_pod_on_a() -> str | None:
+        pods = cluster.get_json("pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=accel-dra-node-agent")
+        on_a = [p["metadata"]["name"] for p in pods["items"] if p["spec"].get("nodeName") == node_a]
+        return on_a[0] if on_a else None
+
+    pod = cluster.wait_for(agent_pod_on_a, timeout=60, what=f"the agent pod bound to {node_a}")
+    kubeconfig = pod_bound_kubeconfig(
+        cluster, account="accel-dra-node-agent", namespace=NAMESPACE, pod=pod, name="helm-agent-on-a"
+    )
+    create = ["create", "-f", "-"]
+    own_node_only = f'denied: it belongs to node "{node_b}"'
+    denied = refused_once_in_effect(
+        cluster, kubeconfig, create, resource_slice(f"{node_b}-gpu", node=node_b), says=own_node_only
+    )
+    assert "ValidatingAdmissionPolicy 'accel-dra-resourceslices-own-node'" in denied.stderr, denied.stderr
+    gpu = ("gpu", "gpu.nvidia.com", node_b, "gpu-0")
+    claim = allocated_claim(
+        cluster, namespace=TENANT, name="on-b", results=[gpu], selector=node_selector(node_b)
+    )
+    claim["status"]["devices"] = [device_entry("gpu.nvidia.com", node_b, "gpu-0")]
+    says = expected_claim_refusal(
+        cluster, server=SERVER_DEVICES, policy=f'it is allocated to node "{node_b}"'
+    )
+    status = ["replace", "--subresource=status", "-f", "-"]
+    denied = refused_once_in_effect(cluster, kubeconfig, status, claim, says=says)
+    assert denied.returncode != 0
+    assert "devices" not in cluster.get_json("resourceclaim", "on-b", "-n", TENANT)["status"]
+
+
 def _container(cluster: LocalCluster, kind: str, name: str) -> Any:
     obj = cluster.get_json(kind, name, "-n", NAMESPACE)
     (container,) = obj["spec"]["template"]["spec"]["containers"]
@@ -129,6 +175,7 @@ def helm(local_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) 
         cluster.kubectl("taint", "node", node, "node.kubernetes.io/not-ready:NoSchedule-", check=False)
     # The namespace as the chart's README says: Pod Security "privileged" for the agent's hostPaths.
     cluster.create_namespace(NAMESPACE, labels={"pod-security.kubernetes.io/enforce": "privileged"})
+    cluster.create_namespace(TENANT)
     tool = Helm(ensure_helm(), cluster, tmp_path_factory.mktemp("helm-home"))
     saved = _set_aside(cluster, tool.binary)
     try:
@@ -137,6 +184,9 @@ def helm(local_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) 
         tool("uninstall", RELEASE, "-n", NAMESPACE, "--ignore-not-found", check=False)
         _force_delete_pods(cluster)
         cluster.kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=false", check=False)
+        cluster.kubectl("delete", "namespace", TENANT, "--ignore-not-found", "--wait=false", check=False)
+        cluster.kubectl("delete", "resourceslices", "-l", "accel-dra-test=deploy", "--ignore-not-found",
+                        check=False)  # fmt: skip
 
         def namespace_gone() -> bool:
             _force_delete_pods(cluster)
@@ -174,6 +224,8 @@ def test_install_upgrade_uninstall(local_cluster: LocalCluster, helm: Helm) -> N
         "clusterrolebinding.rbac.authorization.k8s.io/accel-dra-node-agent",
         "validatingadmissionpolicy.admissionregistration.k8s.io/accel-dra-resourceslices-own-node",
         "validatingadmissionpolicybinding.admissionregistration.k8s.io/accel-dra-resourceslices-own-node",
+        "validatingadmissionpolicy.admissionregistration.k8s.io/accel-dra-resourceclaims-own-node",
+        "validatingadmissionpolicybinding.admissionregistration.k8s.io/accel-dra-resourceclaims-own-node",
         "deviceclass.resource.k8s.io/gpu.nvidia.com",
         "deviceclass.resource.k8s.io/mig.nvidia.com",
         "deviceclass.resource.k8s.io/tpu.google.com",
@@ -187,9 +239,10 @@ def test_install_upgrade_uninstall(local_cluster: LocalCluster, helm: Helm) -> N
     assert "--simulate-profile=h100-80gb-x8" in agent["args"]
     assert "--health-poll-interval=10" in agent["args"]
     assert not agent["securityContext"]["privileged"]
-    policy = cluster.get_json("validatingadmissionpolicy", "accel-dra-resourceslices-own-node")
-    (condition,) = policy["spec"]["matchConditions"]
-    assert f"system:serviceaccount:{NAMESPACE}:accel-dra-node-agent" in condition["expression"]
+    for name in POLICIES:
+        policy = cluster.get_json("validatingadmissionpolicy", name)
+        (condition,) = policy["spec"]["matchConditions"]
+        assert '.contains("accel-dra-node-agent")' in condition["expression"], name
     binding = cluster.get_json("clusterrolebinding", "accel-dra-operator")
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "accel-dra-operator", "namespace": NAMESPACE}
@@ -204,6 +257,7 @@ def test_install_upgrade_uninstall(local_cluster: LocalCluster, helm: Helm) -> N
         >= set(NODES),
         timeout=60, what="agent pods on the test's nodes",
     )  # fmt: skip
+    _policies_deny_the_release_agent(cluster)
 
     # upgrade: a value of each workload changes, the rest is kept
     helm("upgrade", RELEASE, str(CHART_DIR), "-n", NAMESPACE, "--reuse-values", "--set",

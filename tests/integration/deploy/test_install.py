@@ -18,6 +18,7 @@ import subprocess
 import sys
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -117,25 +118,70 @@ def installed(local_cluster: LocalCluster) -> Iterator[LocalCluster]:
         _teardown(cluster)
 
 
+def _rendered_refs(cluster: LocalCluster, overlay: str) -> set[tuple[str, str]]:
+    """(kind.group/name, namespace or "") of what an overlay renders, as kubectl delete takes them."""
+    text = cluster.kubectl("kustomize", str(overlay_dir(overlay))).stdout
+    refs = set()
+    for obj in yaml.safe_load_all(text):
+        if obj:
+            group = obj["apiVersion"].split("/")[0] if "/" in obj["apiVersion"] else ""
+            kind = f"{obj['kind'].lower()}.{group}" if group else obj["kind"].lower()
+            refs.add((f"{kind}/{obj['metadata']['name']}", obj["metadata"].get("namespace", "")))
+    return refs
+
+
+# What the agent may read only where multi-host TPU needs it; recorded after each overlay.
+WORKLOAD_READS = [("get", "", "pods"), ("get", "batch", "jobs")]
+
+
+@dataclass
+class Applied:
+    placements: dict[str, dict[str, str]]
+    """overlay -> node -> the agent pod the DaemonSet controller put there"""
+    workload_reads: dict[str, list[bool]]
+    """overlay -> whether the agent may do each of WORKLOAD_READS with it installed"""
+
+
 @pytest.fixture(scope="module")
-def overlays_applied(installed: LocalCluster) -> dict[str, dict[str, str]]:
-    """Apply each overlay in turn; record where the DaemonSet controller put the agent pods."""
+def overlays_applied(installed: LocalCluster) -> Applied:
+    """Apply each overlay in turn, removing what the previous one had and this one has not (as
+    `kubectl apply --prune` would); record where the DaemonSet controller put the agent pods."""
     cluster = installed
-    placements: dict[str, dict[str, str]] = {}
+    applied = Applied(placements={}, workload_reads={})
+    previous: set[tuple[str, str]] = set()
     for overlay in OVERLAY_ORDER:
         cluster.kubectl("apply", "-k", str(overlay_dir(overlay)))
+        current = _rendered_refs(cluster, overlay)
+        for ref, namespace in sorted(previous - current):
+            cluster.kubectl("delete", ref, *(["-n", namespace] if namespace else []), "--ignore-not-found")
+        previous = current
         expected = PLACEMENT[overlay]
         # Pods of the previous overlay that no longer fit are deleted by the DaemonSet controller; they
         # only go away once forced (no kubelet), so clear them and wait for the new placement.
         _force_delete_pods(cluster, NAMESPACE)
-        placements[overlay] = cluster.wait_for(
+        applied.placements[overlay] = cluster.wait_for(
             lambda expected=expected: (
                 (placed := _agent_pods_on_our_nodes(cluster)) and set(placed) == expected and placed
             ),
             timeout=90,
             what=f"agent pods of overlay {overlay} on exactly {sorted(expected)}",
         )
-    return placements
+        applied.workload_reads[overlay] = _settled_workload_reads(cluster, tpu=overlay == "tpu")
+    return applied
+
+
+def _settled_workload_reads(cluster: LocalCluster, *, tpu: bool) -> list[bool]:
+    """Whether the agent may do each of WORKLOAD_READS, once the API server's RBAC caught up with the
+    roles just applied or deleted (or what it still answers after a while)."""
+    seen: list[list[bool]] = []
+
+    def settled() -> bool:
+        seen.append([_agent_may(cluster, verb, group, resource) for verb, group, resource in WORKLOAD_READS])
+        return seen[-1] == [tpu] * len(WORKLOAD_READS)
+
+    with contextlib.suppress(TimeoutError):
+        cluster.wait_for(settled, timeout=15, what="RBAC to follow the overlay")
+    return seen[-1]
 
 
 def test_crds_are_served(installed: LocalCluster) -> None:
@@ -152,9 +198,26 @@ def test_crds_are_served(installed: LocalCluster) -> None:
         installed.kubectl("delete", "kopfpeering", "schema-check", "-n", "default")
 
 
-def test_each_overlay_applies_and_places_the_agent(overlays_applied: dict[str, dict[str, str]]) -> None:
-    for overlay, placed in overlays_applied.items():
+def test_each_overlay_applies_and_places_the_agent(overlays_applied: Applied) -> None:
+    for overlay, placed in overlays_applied.placements.items():
         assert set(placed) == PLACEMENT[overlay], overlay
+
+
+def _agent_may(cluster: LocalCluster, verb: str, group: str, resource: str) -> bool:
+    row = (AGENT_SA, verb, group, resource, "", "x", "team-a", True)
+    answer = yaml.safe_load(
+        cluster.kubectl("create", "-f", "-", "-o", "yaml", input=yaml.safe_dump(_review(row))).stdout
+    )
+    return bool(answer["status"].get("allowed"))
+
+
+def test_only_the_tpu_overlay_lets_the_agent_read_pods_and_jobs(overlays_applied: Applied) -> None:
+    """Pod specs carry environment literals: the agent reads pods and Jobs only for multi-host TPU."""
+    assert overlays_applied.workload_reads == {
+        "gpu": [False, False],
+        "tpu": [True, True],
+        "simulated": [False, False],
+    }
 
 
 def test_installed_objects_match_the_last_overlay(installed: LocalCluster, overlays_applied: Any) -> None:
@@ -281,6 +344,9 @@ ACCESS_TABLE: list[tuple[str, str, str, str, str, str, str, bool]] = [
     (AGENT_SA, "list", "", "nodes", "", "", "", False),
     (AGENT_SA, "update", "", "nodes", "", "node-a", "", False),
     (AGENT_SA, "list", "", "pods", "", "", "", False),
+    # Only the TPU overlay reads pods and Jobs (test_only_the_tpu_overlay_lets_the_agent_read_pods_and_jobs).
+    (AGENT_SA, "get", "", "pods", "", "p", "team-a", False),
+    (AGENT_SA, "get", "batch", "jobs", "", "j", "team-a", False),
     (AGENT_SA, "get", "", "secrets", "", "", NAMESPACE, False),
     (AGENT_SA, "patch", "kopf.dev", "clusterkopfpeerings", "", PEERING_NAME, "", False),
 ]

@@ -208,6 +208,16 @@ def test_the_quickstart_example_runs_on_the_devices_the_agent_pod_published(inst
     # The agent pod prepared them: its checkpoint (on the host) records both claims as completed.
     recorded = checkpoint_claims(install.state / "gpu.nvidia.com" / "checkpoint.json")
     assert {c["metadata"]["uid"] for c in claims} <= set(recorded)
+    # And wrote each claim's device status with its pod's token, through the admission policy that
+    # confines it to the claims of its node (on every release; 1.36+ checks it itself as well).
+    install.cluster.wait_for(
+        lambda: all(
+            any(d["driver"] == "gpu.nvidia.com" for d in (c.get("status") or {}).get("devices") or [])
+            for c in install.cluster.get_json("resourceclaims", "-n", EXAMPLE_NS)["items"]
+        ),
+        timeout=60,
+        what="the agent pod's status.devices entries in both claims",
+    )
     install.cluster.kubectl("delete", "namespace", EXAMPLE_NS, "--wait=true", "--timeout=120s")
 
 

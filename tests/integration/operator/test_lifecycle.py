@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from dra_devcluster import LocalCluster
+from tests.integration.objects import gpu_devices, resource_slice
 from tests.integration.operator.conftest import (
     Operators,
     assert_no_double_booking,
@@ -234,16 +235,26 @@ def test_slices_of_vanished_nodes_are_removed(
 ) -> None:
     add_gpu_node(local_cluster, scratch, "op-gone", 2)
     add_gpu_node(local_cluster, scratch, "op-stays", 2)
+    # Another driver's slice on the same node: not the operator's to delete, however orphaned.
+    foreign = resource_slice(
+        driver="other.example.com", node="op-gone", devices=gpu_devices(1, node="op-gone")
+    )
+    local_cluster.apply([foreign])
+    scratch.append(("resourceslice", foreign["metadata"]["name"]))
     operators.start()
+
+    def gone(name: str) -> bool:
+        return local_cluster.kubectl("get", "resourceslice", name, check=False).returncode != 0
+
     local_cluster.delete_node("op-gone")
     local_cluster.wait_for(
-        lambda: (
-            local_cluster.kubectl("get", "resourceslice", "op-gone-gpu.nvidia.com", check=False).returncode
-            != 0
-        ),
-        timeout=60,
-        what="slice of the deleted node removed",
+        lambda: gone("op-gone-gpu.nvidia.com"), timeout=60, what="slice of the deleted node removed"
     )
-    assert (
-        local_cluster.kubectl("get", "resourceslice", "op-stays-gpu.nvidia.com", check=False).returncode == 0
+    assert not gone("op-stays-gpu.nvidia.com")
+    # A later sweep (the second node's slice goes only after its own grace period) has had every
+    # chance to take the foreign slice as well.
+    local_cluster.delete_node("op-stays")
+    local_cluster.wait_for(
+        lambda: gone("op-stays-gpu.nvidia.com"), timeout=60, what="second node's slice removed"
     )
+    assert not gone(foreign["metadata"]["name"]), "the operator deleted another driver's slice"

@@ -154,9 +154,28 @@ def test_chart_monitoring_objects_are_the_manifests(
     _compare(monitoring, added, what="monitoring")
 
 
+def test_metrics_network_policy_covers_both_pods_and_the_chart_renders_it_alike(
+    kubectl: Path, helm: Path, rendered: dict[str, list[Obj]]
+) -> None:
+    optional = render(MANIFESTS_DIR / "optional" / "metrics-network-policy", kubectl=kubectl)
+    (policy,) = optional
+    (selector,) = policy["spec"]["podSelector"]["matchExpressions"]
+    (port,) = policy["spec"]["ingress"][0]["ports"]
+    for overlay in OVERLAYS:
+        for workload in (o for o in rendered[overlay] if o["kind"] in {"Deployment", "DaemonSet"}):
+            template = workload["spec"]["template"]
+            assert template["metadata"]["labels"][selector["key"]] in selector["values"], workload["kind"]
+            ports = {p["name"] for c in template["spec"]["containers"] for p in c.get("ports", [])}
+            assert port["port"] in ports, workload["kind"]
+    values = overlay_values("simulated")
+    with_policy = helm_template(helm, values={**values, "metricsNetworkPolicy": {"enabled": True}})
+    without = {_key(o) for o in helm_template(helm, values=values)}
+    _compare(optional, [o for o in with_policy if _key(o) not in without], what="metrics network policy")
+
+
 def test_chart_follows_the_release_namespace(helm: Path) -> None:
-    """Namespaced objects, ServiceAccount subjects, the policy's username and the alerts' job label
-    all name the release namespace."""
+    """Namespaced objects, ServiceAccount subjects and the alerts' job label all name the release
+    namespace (the admission policies match the agent in any namespace: test_policy.py)."""
     objs = helm_template(helm, values={**overlay_values("simulated"), "monitoring": {"enabled": True}},
                          namespace="gpu-system")  # fmt: skip
     text = yaml.safe_dump_all(objs)
@@ -168,7 +187,6 @@ def test_chart_follows_the_release_namespace(helm: Path) -> None:
             assert obj["metadata"]["namespace"] == "gpu-system", obj["metadata"]
         for subject in obj.get("subjects", []):
             assert subject["namespace"] == "gpu-system"
-    assert "system:serviceaccount:gpu-system:accel-dra-node-agent" in text
     assert 'up{job="gpu-system/accel-dra-node-agent"}' in text
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests.unit.deploy.render import (
@@ -10,6 +12,7 @@ from tests.unit.deploy.render import (
     OPERATOR_SA,
     OVERLAYS,
     PEERING_NAME,
+    REPO_ROOT,
     Obj,
     of_kind,
     pod_specs,
@@ -56,12 +59,17 @@ AGENT_GRANTS = (
         for name in ("gpu.nvidia.com", "tpu.google.com")
     }
     | _verbs("", "nodes", "get")
-    # Multi-host TPU worker identity: the claim's pod and its Indexed Job, read at prepare.
-    | _verbs("", "pods", "get")
-    | _verbs("batch", "jobs", "get")
     | _verbs("", "events", "create patch")
     | _verbs("events.k8s.io", "events", "create patch")
 )
+# Multi-host TPU worker identity: the claim's pod and its Indexed Job, read at prepare. Only the TPU
+# install reads them (pod specs carry environment literals).
+TPU_WORKLOAD_GRANTS = _verbs("", "pods", "get") | _verbs("batch", "jobs", "get")
+AGENT_GRANTS_BY_OVERLAY = {
+    "gpu": AGENT_GRANTS,
+    "tpu": AGENT_GRANTS | TPU_WORKLOAD_GRANTS,
+    "simulated": AGENT_GRANTS,
+}
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -74,8 +82,9 @@ def test_operator_has_exactly_its_permissions(rendered: dict[str, list[Obj]], ov
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_node_agent_has_exactly_its_permissions(rendered: dict[str, list[Obj]], overlay: str) -> None:
     grants = rbac_grants(rendered[overlay], service_account=AGENT_SA)
-    assert sorted(grants - AGENT_GRANTS) == [], "node agent has permissions it does not need"
-    assert sorted(AGENT_GRANTS - grants) == [], "node agent lacks permissions it needs"
+    wanted = AGENT_GRANTS_BY_OVERLAY[overlay]
+    assert sorted(grants - wanted) == [], "node agent has permissions it does not need"
+    assert sorted(wanted - grants) == [], "node agent lacks permissions it needs"
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -104,3 +113,19 @@ def test_each_component_runs_as_its_own_service_account(rendered: dict[str, list
     assert used == {"Deployment": OPERATOR_SA, "DaemonSet": AGENT_SA}
     for workload, _ in pod_specs(rendered[overlay]):
         assert workload["metadata"]["namespace"] == NAMESPACE
+
+
+# Client calls that read pods or Jobs; the agent's role grants them only with the TPU backend.
+_WORKLOAD_READS = re.compile(r"_namespaced_pod\b|_pod_for_all_namespaces|_namespaced_job\b|\"jobs\"|'jobs'")
+
+
+def test_only_the_tpu_multihost_code_reads_pods_or_jobs() -> None:
+    """The TPU-only grant is honest: no other agent module reads a pod or a Job (a GPU-only install
+    would meet Forbidden at run time)."""
+    package = REPO_ROOT / "node_agent" / "dra_node_agent"
+    readers = sorted(
+        str(path.relative_to(package))
+        for path in package.rglob("*.py")
+        if _WORKLOAD_READS.search(path.read_text())
+    )
+    assert readers == ["tpu/multihost.py"]

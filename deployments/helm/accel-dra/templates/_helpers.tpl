@@ -6,6 +6,28 @@
 {{- define "accel-dra.operatorName" -}}{{ include "accel-dra.fullname" . }}-operator{{- end -}}
 {{- define "accel-dra.agentName" -}}{{ include "accel-dra.fullname" . }}-node-agent{{- end -}}
 {{- define "accel-dra.policyName" -}}{{ include "accel-dra.fullname" . }}-resourceslices-own-node{{- end -}}
+{{- define "accel-dra.claimPolicyName" -}}{{ include "accel-dra.fullname" . }}-resourceclaims-own-node{{- end -}}
+{{- define "accel-dra.tpuWorkloadsName" -}}{{ include "accel-dra.agentName" . }}-tpu-workloads{{- end -}}
+
+{{/* The admission policies' test for "the caller is the node agent": a ServiceAccount whose name
+     contains the agent's, in any namespace (manifests/base/resourceslice-policy.yaml says why). */}}
+{{- define "accel-dra.agentMatch" -}}
+- name: node-agent-only
+  expression: >-
+    request.userInfo.username.startsWith("system:serviceaccount:") &&
+    request.userInfo.username.split(":").size() == 4 &&
+    request.userInfo.username.split(":")[3].contains("{{ include "accel-dra.agentName" . }}")
+{{- end -}}
+
+{{/* The policies' variables agentNode (the node in the caller's token) and drivers (the agent's). */}}
+{{- define "accel-dra.agentVariables" -}}
+- name: agentNode
+  expression: >-
+    request.userInfo.extra[?"authentication.kubernetes.io/node-name"].orValue([]).size() == 1
+    ? request.userInfo.extra["authentication.kubernetes.io/node-name"][0] : ""
+- name: drivers
+  expression: '["{{ .Values.driverNames.gpu }}", "{{ .Values.driverNames.tpu }}"]'
+{{- end -}}
 
 {{- define "accel-dra.image" -}}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
