@@ -11,6 +11,7 @@ vendor, `VendorEnv`); device-level edits carry each device's own nodes.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -130,8 +131,8 @@ def build_claim_spec(
             edits = edits.merged(ContainerEdits(env=env))
         if inventory.simulated:
             nodes = edits.device_nodes if inventory.simulated_nodes_on_host else ()
-            edits = ContainerEdits(
-                device_nodes=nodes, env=(*edits.env, _simulated_device_env(device)), mounts=edits.mounts
+            edits = dataclasses.replace(
+                edits, device_nodes=nodes, env=(*edits.env, _simulated_device_env(device))
             )
         cdi_devices.append(
             {
