@@ -116,7 +116,7 @@ def build_claim_spec(
     devices (``simulated_nodes_on_host``); otherwise its specs carry environment only (a runtime
     fails to create a container whose device node is missing or not a device).
     """
-    if not _UID.match(claim_uid):
+    if not _UID.fullmatch(claim_uid):
         raise ValueError(f"claim UID {claim_uid!r}: not a lower-case RFC 4122 UID")
     if not devices:
         raise ValueError(

@@ -354,7 +354,7 @@ def validate_slice_device(device: Mapping[str, Any], *, driver: str) -> list[str
     problems: list[str] = []
     name = device.get("name", "")
     where = f"device {name!r}"
-    if not isinstance(name, str) or len(name) > 63 or not _DNS_LABEL.match(name):
+    if not isinstance(name, str) or len(name) > 63 or not _DNS_LABEL.fullmatch(name):
         problems.append(f"{where}: name is not a DNS label")
     attributes = device.get("attributes", {})
     capacity = device.get("capacity", {})
@@ -376,7 +376,7 @@ def validate_slice_device(device: Mapping[str, Any], *, driver: str) -> list[str
             if not isinstance(v, str) or len(v) > MAX_STRING_ATTRIBUTE_LENGTH:
                 problems.append(f"{where}: attribute {key!r}: string longer than 64 characters")
         elif kind == "version":
-            if not isinstance(v, str) or len(v) > MAX_STRING_ATTRIBUTE_LENGTH or not _SEMVER.match(v):
+            if not isinstance(v, str) or len(v) > MAX_STRING_ATTRIBUTE_LENGTH or not _SEMVER.fullmatch(v):
                 problems.append(f"{where}: attribute {key!r}: {v!r} is not semver 2.0.0")
         elif kind == "int":
             if not isinstance(v, int) or isinstance(v, bool):
@@ -394,9 +394,9 @@ def validate_slice_device(device: Mapping[str, Any], *, driver: str) -> list[str
 
 def _qualified_name_problem(key: str, *, driver: str) -> str | None:
     domain, _, ident = key.rpartition("/")
-    if domain and (len(domain) > 63 or not _DNS_SUBDOMAIN.match(domain)):
+    if domain and (len(domain) > 63 or not _DNS_SUBDOMAIN.fullmatch(domain)):
         return "domain is not a DNS subdomain of at most 63 characters"
-    if len(ident) > MAX_IDENTIFIER_LENGTH or not _C_IDENTIFIER.match(ident):
+    if len(ident) > MAX_IDENTIFIER_LENGTH or not _C_IDENTIFIER.fullmatch(ident):
         return "identifier is not a C identifier of at most 32 characters"
     del driver  # unqualified names belong to the driver's own domain; nothing more to check
     return None

@@ -253,7 +253,7 @@ def _type_name(value: Any) -> str:
 
 
 def _quantity(value: Any, where: str) -> str:
-    if not isinstance(value, str) or not _QUANTITY.match(value):
+    if not isinstance(value, str) or not _QUANTITY.fullmatch(value):
         raise OpaqueConfigError(f"{where}: {value!r} is not a non-negative quantity such as '10Gi'")
     return value
 
@@ -388,7 +388,7 @@ def _parse_own_tpu(f: _Fields) -> TpuConfig:
         if not isinstance(hostnames_raw, list):
             raise OpaqueConfigError(f"{path}: must be a list, not {_type_name(hostnames_raw)}")
         for i, host in enumerate(hostnames_raw):
-            if not isinstance(host, str) or not _HOSTNAME.match(host):
+            if not isinstance(host, str) or not _HOSTNAME.fullmatch(host):
                 raise OpaqueConfigError(f"{path}[{i}]: {host!r} is not a hostname or IP address")
         hostnames = tuple(hostnames_raw)
         if worker_id is not None and worker_id >= len(hostnames):

@@ -90,7 +90,7 @@ def host_topology(chips: int, *, dims: int) -> str:
 
 
 def validate_topology(topology: str) -> str:
-    if not _TOPOLOGY.match(topology):
+    if not _TOPOLOGY.fullmatch(topology):
         raise ValueError(f"TPU topology {topology!r}: expected AxB or AxBxC with positive integers")
     return topology
 
@@ -298,7 +298,7 @@ class TpuBackend:
         if worker_id is None and env.get("WORKER_ID", "").isdigit():
             worker_id = int(env["WORKER_ID"])
         slice_id = slice_identity(env)
-        if slice_id is not None and not _SLICE_ID.match(slice_id):
+        if slice_id is not None and not _SLICE_ID.fullmatch(slice_id):
             errors.append(
                 f"{self._tpu_env_path}: slice identity {slice_id!r} is not 1-{MAX_SLICE_ID} letters, "
                 "digits, '-', '_' or '.'; sliceId is not published"

@@ -112,7 +112,7 @@ def job_of_pod(pod: Mapping[str, Any]) -> JobRef | None:
     annotations = meta.get("annotations") or {}
     labels = meta.get("labels") or {}
     raw_index = annotations.get(COMPLETION_INDEX, labels.get(COMPLETION_INDEX))
-    if raw_index is None or not _DIGITS.match(str(raw_index)):
+    if raw_index is None or not _DIGITS.fullmatch(str(raw_index)):
         return None
     name = next(
         (
