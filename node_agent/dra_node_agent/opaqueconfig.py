@@ -53,6 +53,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from dra_api.names import GPU_DRIVER, TPU_DRIVER
+from dra_node_agent.tenant_text import quoted, shown
 
 NVIDIA_GROUP = "resource.nvidia.com"
 NVIDIA_API_VERSION = "resource.nvidia.com/v1beta1"
@@ -232,8 +233,10 @@ class _Fields:
     def done(self) -> None:
         unknown = sorted(str(k) for k in self.raw if k not in self.seen)
         if unknown:
-            # Both vendors decode strictly; their decoder's words are `unknown field "<name>"`.
-            raise OpaqueConfigError(f'{self.path(unknown[0])}: unknown field "{unknown[0]}"')
+            # Both vendors decode strictly; their decoder's words are `unknown field "<name>"`. The
+            # name is the tenant's: escaped, so that a newline in it cannot forge a log line.
+            name = unknown[0]
+            raise OpaqueConfigError(f"{self.path(shown(name))}: unknown field {quoted(name)}")
 
 
 def _type_name(value: Any) -> str:
@@ -254,7 +257,7 @@ def _type_name(value: Any) -> str:
 
 def _quantity(value: Any, where: str) -> str:
     if not isinstance(value, str) or not _QUANTITY.fullmatch(value):
-        raise OpaqueConfigError(f"{where}: {value!r} is not a non-negative quantity such as '10Gi'")
+        raise OpaqueConfigError(f"{where}: {quoted(value)} is not a non-negative quantity such as '10Gi'")
     return value
 
 
@@ -263,7 +266,7 @@ def _parse_sharing(raw: Any, where: str, *, mig: bool) -> Sharing:
     strategy = f.string("strategy", required=True)
     if strategy not in SHARING_STRATEGIES:
         # NVIDIA says "GPU" for MIG devices too.
-        raise OpaqueConfigError(f"{f.path('strategy')}: unknown GPU sharing strategy: {strategy}")
+        raise OpaqueConfigError(f"{f.path('strategy')}: unknown GPU sharing strategy: {shown(strategy)}")
     interval = None
     ts_raw = f.get("timeSlicingConfig")
     if ts_raw is not None:
@@ -279,7 +282,7 @@ def _parse_sharing(raw: Any, where: str, *, mig: bool) -> Sharing:
         ts = _Fields(ts_raw, f.path("timeSlicingConfig"))
         interval = ts.string("interval")
         if interval is not None and interval not in TIME_SLICE_INTERVALS:
-            raise OpaqueConfigError(f"{ts.path('interval')}: unknown time-slice interval: {interval}")
+            raise OpaqueConfigError(f"{ts.path('interval')}: unknown time-slice interval: {shown(interval)}")
         ts.done()
     mps = None
     mps_raw = f.get("mpsConfig")
@@ -316,7 +319,7 @@ def _parse_mps(raw: Any, where: str) -> MpsConfig:
         path = f.path("defaultPerDevicePinnedMemoryLimit")
         if not isinstance(per_device_raw, Mapping):
             raise OpaqueConfigError(f"{path}: must be an object, not {_type_name(per_device_raw)}")
-        per_device = {str(k): _quantity(v, f"{path}.{k}") for k, v in per_device_raw.items()}
+        per_device = {str(k): _quantity(v, f"{path}.{shown(str(k))}") for k, v in per_device_raw.items()}
     multi_user = f.boolean("multiUser")
     f.done()
     return MpsConfig(
@@ -335,7 +338,9 @@ def _parse_vfio(f: _Fields) -> VfioDeviceConfig:
     iommu = _Fields(iommu_raw, f.path("iommu"))
     policy = iommu.string("backendPolicy")
     if policy is not None and policy != "" and policy not in IOMMU_BACKEND_POLICIES:
-        raise OpaqueConfigError(f'{iommu.path("backendPolicy")}: unknown IOMMU backend policy: "{policy}"')
+        raise OpaqueConfigError(
+            f"{iommu.path('backendPolicy')}: unknown IOMMU backend policy: {quoted(policy)}"
+        )
     api_device = iommu.boolean("enableAPIDevice")
     iommu.done()
     # NVIDIA's Normalize: an empty policy means LegacyOnly, an unset API device false.
@@ -389,7 +394,7 @@ def _parse_own_tpu(f: _Fields) -> TpuConfig:
             raise OpaqueConfigError(f"{path}: must be a list, not {_type_name(hostnames_raw)}")
         for i, host in enumerate(hostnames_raw):
             if not isinstance(host, str) or not _HOSTNAME.fullmatch(host):
-                raise OpaqueConfigError(f"{path}[{i}]: {host!r} is not a hostname or IP address")
+                raise OpaqueConfigError(f"{path}[{i}]: {quoted(host)} is not a hostname or IP address")
         hostnames = tuple(hostnames_raw)
         if worker_id is not None and worker_id >= len(hostnames):
             raise OpaqueConfigError(f"{f.path('workerId')}: {worker_id} has no entry in workerHostnames")
@@ -408,7 +413,7 @@ class OpaqueConfigParser:
     def parse(self, *, driver: str, parameters: Any, where: str = "parameters") -> DriverConfig:
         """Validate one opaque `parameters` object (a mapping, or JSON text/bytes) for `driver`."""
         if driver not in (self.gpu_driver, self.tpu_driver):
-            raise OpaqueConfigError(f"{where}: driver {driver!r} is not handled by this agent")
+            raise OpaqueConfigError(f"{where}: driver {quoted(driver)} is not handled by this agent")
         if isinstance(parameters, bytes | str):
             try:
                 parameters = json.loads(parameters)
@@ -420,7 +425,7 @@ class OpaqueConfigParser:
         api_version = f.string("apiVersion", required=True)
         if api_version not in versions:
             raise OpaqueConfigError(
-                f"{f.path('apiVersion')}: {api_version!r} is not one of {', '.join(versions)}"
+                f"{f.path('apiVersion')}: {quoted(api_version)} is not one of {', '.join(versions)}"
             )
         kind = f.string("kind", required=True) or ""
         if gpu and kind in COMPUTE_DOMAIN_KINDS:
@@ -432,7 +437,7 @@ class OpaqueConfigParser:
         kinds = GPU_KINDS if gpu else ("TpuConfig",)
         if kind not in kinds:
             raise OpaqueConfigError(
-                f'{f.path("kind")}: no kind "{kind}" is registered for version "{api_version}" '
+                f'{f.path("kind")}: no kind {quoted(kind)} is registered for version "{api_version}" '
                 f"(expected {', '.join(kinds)})"
             )
         f.seen.add("metadata")  # tolerated like Kubernetes objects, but carries nothing

@@ -35,7 +35,7 @@ def _mps(limit: str) -> Any:
 
 def test_a_worker_hostname_or_a_quantity_with_a_newline_is_refused() -> None:
     assert PARSER.parse(driver="tpu.google.com", parameters=_tpu(workerHostnames=["w-0"]))
-    with pytest.raises(OpaqueConfigError, match=r"'evil\\n' is not a hostname"):
+    with pytest.raises(OpaqueConfigError, match=r'"evil\\n" is not a hostname'):
         PARSER.parse(driver="tpu.google.com", parameters=_tpu(workerHostnames=["evil\n"]))
     assert PARSER.parse(driver="gpu.nvidia.com", parameters=_mps("1Gi"))
     with pytest.raises(OpaqueConfigError, match="is not a non-negative quantity"):
