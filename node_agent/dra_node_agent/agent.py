@@ -167,6 +167,7 @@ async def _start_driver(
         state_dir=settings.checkpoint_dir(driver=driver),
         cdi_dir=settings.cdi_dir,
         proc_root=settings.proc_root,
+        max_prepared_claims=settings.max_prepared_claims,
         tpu_workers=TpuWorkerResolver(
             source=KubeWorkloads(api=api, api_version=api_version),
             events=PodEvents(api=api, node_name=settings.node_name, component=driver),

@@ -70,6 +70,13 @@ SHARING_STRATEGIES = ("TimeSlicing", "MPS")
 TIME_SLICE_INTERVALS = ("Default", "Short", "Medium", "Long")
 IOMMU_BACKEND_POLICIES = ("PreferIommuFD", "LegacyOnly")
 TPU_LOG_LEVEL_MIN, TPU_LOG_LEVEL_MAX = 0, 3  # libtpu: 0 INFO, 1 WARNING, 2 ERROR, 3 FATAL
+# Bounds of what one claim brings for this driver. The API server allows 64 config entries of 10 KiB
+# each in an allocation; the agent holds one claim to 64 entries and 64 KiB in all for its driver
+# (each of the vendors' kinds needs a few hundred bytes), nested at most 16 deep.
+MAX_CONFIGS_PER_CLAIM = 64
+MAX_PARAMETERS_BYTES = 10 * 1024
+MAX_CONFIG_BYTES_PER_CLAIM = 64 * 1024
+MAX_NESTING = 16
 
 _QUANTITY = re.compile(r"^(\d+(\.\d+)?|\.\d+)([eE]\d+|[KMGTPE]i|[kMGTPE])?$")
 _HOSTNAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?(:\d+)?$")
@@ -415,10 +422,15 @@ class OpaqueConfigParser:
         if driver not in (self.gpu_driver, self.tpu_driver):
             raise OpaqueConfigError(f"{where}: driver {quoted(driver)} is not handled by this agent")
         if isinstance(parameters, bytes | str):
+            if len(parameters) > MAX_PARAMETERS_BYTES:
+                raise OpaqueConfigError(
+                    f"{where}: {len(parameters)} bytes, more than the {MAX_PARAMETERS_BYTES} of a config"
+                )
             try:
                 parameters = json.loads(parameters)
-            except ValueError as err:
-                raise OpaqueConfigError(f"{where}: not valid JSON ({err})") from err
+            except (ValueError, RecursionError) as err:
+                raise OpaqueConfigError(f"{where}: not valid JSON ({shown(str(err))})") from err
+        config_size(parameters, where=where, budget=MAX_PARAMETERS_BYTES)
         f = _Fields(parameters, where)
         gpu = driver == self.gpu_driver
         versions = GPU_API_VERSIONS if gpu else TPU_API_VERSIONS
@@ -456,6 +468,7 @@ class OpaqueConfigParser:
         config, each in listed order, so later entries override earlier ones (see `effective`).
         """
         found: list[tuple[int, int, RequestConfig]] = []
+        _check_bounds(driver=driver, configs=configs, where=where)
         for index, entry in enumerate(configs):
             entry_where = f"{where}.config[{index}]"
             if not isinstance(entry, Mapping):
@@ -479,6 +492,55 @@ class OpaqueConfigParser:
                 )
             )
         return [rc for _, _, rc in sorted(found, key=lambda t: (t[0], t[1]))]
+
+
+def config_size(value: Any, *, where: str, budget: int) -> int:
+    """About how many bytes ``value`` takes as JSON, counted without recursion; refuses a value over
+    ``budget`` bytes or nested deeper than ``MAX_NESTING``, stopping as soon as it is."""
+    size = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_NESTING:
+            raise OpaqueConfigError(f"{where}: nested more than {MAX_NESTING} deep")
+        if isinstance(item, Mapping):
+            size += 2
+            for key, child in item.items():
+                size += len(str(key).encode()) + 4
+                stack.append((child, depth + 1))
+        elif isinstance(item, list | tuple):
+            size += 2 + len(item)
+            stack.extend((child, depth + 1) for child in item)
+        else:
+            size += len(str(item).encode()) + 2
+        if size > budget:
+            raise OpaqueConfigError(f"{where}: more than {budget} bytes of configuration")
+    return size
+
+
+def _check_bounds(*, driver: str, configs: Sequence[Any], where: str) -> None:
+    """This driver's entries: at most ``MAX_CONFIGS_PER_CLAIM``, ``MAX_CONFIG_BYTES_PER_CLAIM`` in all."""
+    ours: list[Mapping[str, Any]] = [
+        e["opaque"]
+        for e in configs
+        if isinstance(e, Mapping)
+        and isinstance(e.get("opaque"), Mapping)
+        and e["opaque"].get("driver") == driver
+    ]
+    if len(ours) > MAX_CONFIGS_PER_CLAIM:
+        raise OpaqueConfigError(
+            f"{where}: {len(ours)} opaque configs for {driver}, more than the "
+            f"{MAX_CONFIGS_PER_CLAIM} a claim may bring"
+        )
+    left = MAX_CONFIG_BYTES_PER_CLAIM
+    for opaque in ours:
+        try:
+            left -= config_size(opaque.get("parameters"), where=where, budget=left)
+        except OpaqueConfigError:
+            raise OpaqueConfigError(
+                f"{where}: the opaque configs for {driver} are more than the "
+                f"{MAX_CONFIG_BYTES_PER_CLAIM} bytes (or {MAX_NESTING} levels) a claim may bring"
+            ) from None
 
 
 def effective_entry(

@@ -279,6 +279,14 @@ class Settings:
             metavar="ID",
         ),
     )
+    max_prepared_claims: int = field(
+        default=1024,
+        metadata=_opt(
+            "Most claims of one driver prepared on this node at once (its checkpoint's entries); a "
+            "claim beyond it fails at prepare with a message saying so, and the kubelet retries.",
+            metavar="N",
+        ),
+    )
     log_level: str = field(
         default="INFO",
         metadata=_opt("Log level: DEBUG, INFO, WARNING or ERROR.", metavar="LEVEL"),
@@ -411,6 +419,8 @@ def validate(settings: Settings) -> None:
         raise SettingsError(
             f"setting host_driver_root: {str(settings.host_driver_root)!r} is not an absolute path"
         )
+    if settings.max_prepared_claims < 1:
+        raise SettingsError(f"setting max_prepared_claims: {settings.max_prepared_claims} is less than 1")
     if settings.claim_read_attempts < 1:
         raise SettingsError(f"setting claim_read_attempts: {settings.claim_read_attempts} is less than 1")
     if settings.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):

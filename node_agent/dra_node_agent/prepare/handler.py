@@ -60,6 +60,7 @@ class PrepareHandler:
         dynamic_mig: MigInstances | None = None,
         vendor_env: VendorEnv | None = None,
         device_status: DeviceStatusWriter | None = None,
+        max_prepared_claims: int = cp.DEFAULT_MAX_CLAIMS,
     ) -> None:
         self.driver = driver
         self.device_status = device_status
@@ -78,6 +79,7 @@ class PrepareHandler:
             state_dir / CHECKPOINT_FILE,
             proc_root / "sys/kernel/random/boot_id",
             driver=driver,
+            max_claims=max_prepared_claims,
         )
         self.cdi = CdiWriter(driver=driver, cdi_dir=cdi_dir, node_name=node_name, vendor_env=vendor_env)
         self._devices = DeviceSetUp(self._node, self.store, self.cdi)
@@ -171,6 +173,10 @@ class PrepareHandler:
                 except cp.DeviceAlreadyPrepared as exc:
                     results[claim.uid] = self._failed(
                         "prepare", claim, f"{describe(claim)}: refused: {exc}", reason="device-busy"
+                    )
+                except cp.CheckpointFull as exc:
+                    results[claim.uid] = self._failed(
+                        "prepare", claim, f"{describe(claim)}: refused: {exc}", reason="checkpoint-full"
                     )
                 except OSError as exc:
                     results[claim.uid] = self._failed(
