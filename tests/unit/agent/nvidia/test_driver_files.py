@@ -6,7 +6,7 @@ reliance on NVIDIA_VISIBLE_DEVICES, which is void."""
 from __future__ import annotations
 
 import os
-import socket
+import stat
 from pathlib import Path
 
 import pytest
@@ -49,9 +49,8 @@ def host_root(root: Path) -> Path:
     _file(root / "usr/bin/nvidia-debugdump", 0o644)  # not executable: not mounted
     _file(root / f"usr/lib/firmware/nvidia/{VERSION}/gsp_ga10x.bin")
     (root / "run/nvidia-persistenced").mkdir(parents=True)
-    listener = socket.socket(socket.AF_UNIX)
-    listener.bind(str(root / "run/nvidia-persistenced/socket"))
-    listener.close()
+    # A socket file as the daemon leaves it (mknod: no path-length limit, unlike bind).
+    os.mknod(root / "run/nvidia-persistenced/socket", stat.S_IFSOCK | 0o666)
     return root
 
 
