@@ -33,7 +33,7 @@ TPU = "tpu.google.com"
 PARSER = OpaqueConfigParser()
 # No example database: a fresh clone's run writes nothing into the tree.
 PROPERTY = settings(
-    max_examples=150, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=100, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]
 )
 
 # Any JSON value, with keys and strings that include control characters and the schema's words.
