@@ -46,11 +46,11 @@ class Version:
     text: str
 
     def __post_init__(self) -> None:
-        if not isinstance(self.text, str) or _SEMVER_RE.match(self.text) is None:
+        if not isinstance(self.text, str) or _SEMVER_RE.fullmatch(self.text) is None:
             raise ValueError(f"invalid version {self.text!r}: must be a SemVer 2.0.0 string like 1.2.3")
 
     def _parts(self) -> re.Match[str]:
-        match = _SEMVER_RE.match(self.text)
+        match = _SEMVER_RE.fullmatch(self.text)
         assert match is not None  # validated in __post_init__
         return match
 
@@ -90,7 +90,7 @@ class Version:
 
 @functools.lru_cache(maxsize=4096)
 def _precedence_key(text: str) -> tuple[int, int, int, int, tuple[tuple[int, int, str], ...]]:
-    match = _SEMVER_RE.match(text)
+    match = _SEMVER_RE.fullmatch(text)
     assert match is not None  # only called for validated versions
     major, minor, patch, pre = match.group(1), match.group(2), match.group(3), match.group(4)
     # Numeric identifiers sort before alphanumeric ones, numerically among themselves.
@@ -184,7 +184,7 @@ def device_attribute_from_json(obj: Mapping[str, Any]) -> AttributeValue | Unsup
         if present == ["versions"] and isinstance(obj["versions"], list) and obj["versions"]:
             items = obj["versions"]
             if all(isinstance(v, str) for v in items):
-                bad = [v for v in items if _SEMVER_RE.match(v) is None]
+                bad = [v for v in items if _SEMVER_RE.fullmatch(v) is None]
                 if bad:
                     return UnsupportedAttribute(f"invalid version {bad[0]!r}")
     return attribute_from_json(obj)

@@ -76,6 +76,8 @@ def discovery_config(settings: Settings) -> DiscoveryConfig:
         gpu_driver=settings.gpu_driver_name,
         tpu_driver=settings.tpu_driver_name,
         driver_root=str(settings.driver_root),
+        host_driver_root=str(settings.host_driver_root),
+        cdi_hook_path=settings.nvidia_cdi_hook_path or None,
         dev_root=str(settings.dev_root),
         sysfs_root=str(settings.sysfs_root),
         proc_root=str(settings.proc_root),
@@ -165,6 +167,7 @@ async def _start_driver(
         state_dir=settings.checkpoint_dir(driver=driver),
         cdi_dir=settings.cdi_dir,
         proc_root=settings.proc_root,
+        max_prepared_claims=settings.max_prepared_claims,
         tpu_workers=TpuWorkerResolver(
             source=KubeWorkloads(api=api, api_version=api_version),
             events=PodEvents(api=api, node_name=settings.node_name, component=driver),

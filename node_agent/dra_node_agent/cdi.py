@@ -11,6 +11,7 @@ vendor, `VendorEnv`); device-level edits carry each device's own nodes.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -27,9 +28,17 @@ log = logging.getLogger(__name__)
 
 DEFAULT_CDI_DIR = Path("/var/run/cdi")
 CLAIM_CLASS = "claim"
+# Bounds of one claim's spec. An environment entry longer than Linux's MAX_ARG_STRLEN (131072 bytes
+# with its NUL) fails the container's start; a spec is a file on /var/run/cdi, a tmpfs in memory.
+MAX_ENV_ENTRY_BYTES = 131071
+MAX_SPEC_BYTES = 1 << 20
 
 _UID = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _ENV_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_]")
+
+
+class SpecTooLarge(ValueError):
+    """A claim's spec beyond the bounds above: prepare refuses it, naming what is too large."""
 
 
 def cdi_vendor(driver: str) -> str:
@@ -115,7 +124,7 @@ def build_claim_spec(
     devices (``simulated_nodes_on_host``); otherwise its specs carry environment only (a runtime
     fails to create a container whose device node is missing or not a device).
     """
-    if not _UID.match(claim_uid):
+    if not _UID.fullmatch(claim_uid):
         raise ValueError(f"claim UID {claim_uid!r}: not a lower-case RFC 4122 UID")
     if not devices:
         raise ValueError(
@@ -130,8 +139,8 @@ def build_claim_spec(
             edits = edits.merged(ContainerEdits(env=env))
         if inventory.simulated:
             nodes = edits.device_nodes if inventory.simulated_nodes_on_host else ()
-            edits = ContainerEdits(
-                device_nodes=nodes, env=(*edits.env, _simulated_device_env(device)), mounts=edits.mounts
+            edits = dataclasses.replace(
+                edits, device_nodes=nodes, env=(*edits.env, _simulated_device_env(device))
             )
         cdi_devices.append(
             {
@@ -152,7 +161,20 @@ def build_claim_spec(
     if not common.is_empty():
         spec["containerEdits"] = common.to_cdi()
     spec["cdiVersion"] = minimum_cdi_version(spec)
+    _check_env(spec)
     return spec
+
+
+def _check_env(spec: dict[str, Any]) -> None:
+    edits = [spec.get("containerEdits", {})] + [d["containerEdits"] for d in spec["devices"]]
+    for entry in (e for edit in edits for e in edit.get("env", [])):
+        size = len(entry.encode())
+        if size > MAX_ENV_ENTRY_BYTES:
+            name = entry.split("=", 1)[0]
+            raise SpecTooLarge(
+                f"the CDI spec's {name} would be {size} bytes, more than the {MAX_ENV_ENTRY_BYTES} a "
+                "process's environment entry may hold"
+            )
 
 
 def _simulated_device_env(device: DiscoveredDevice) -> str:
@@ -207,6 +229,10 @@ class CdiWriter:
         )
         self.cdi_dir.mkdir(parents=True, exist_ok=True)
         data = _encode(spec)
+        if len(data) > MAX_SPEC_BYTES:
+            raise SpecTooLarge(
+                f"the CDI spec would be {len(data)} bytes, more than the {MAX_SPEC_BYTES} allowed"
+            )
         atomic_write_file(self.spec_path(claim_uid), data, mode=0o644)
         return [
             qualified_device_id(driver=self.driver, claim_uid=claim_uid, device_name=d.name) for d in devices

@@ -45,6 +45,12 @@ log = logging.getLogger(__name__)
 
 API_VERSION = f"{PROJECT_DOMAIN}/v1"
 KIND = "Checkpoint"
+# Bounds of the file, which each write rewrites whole: claims of one driver prepared on the node
+# (the agent's --max-prepared-claims), bytes of one claim's entry (32 devices with long pool and
+# device names take under 24 KiB) and of the whole file.
+DEFAULT_MAX_CLAIMS = 1024
+MAX_ENTRY_BYTES = 32 * 1024
+MAX_FILE_BYTES = 8 * 1024 * 1024
 DEFAULT_BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
 _TEMP_MARKER = ".tmp-"
 
@@ -229,10 +235,23 @@ class DeviceAlreadyPrepared(Exception):
     """A device is already prepared for another claim (the double-allocation guard)."""
 
 
+class CheckpointFull(Exception):
+    """Recording the claim would take the checkpoint past one of its bounds; nothing was written."""
+
+
 @dataclass
 class _Contents:
     boot_id: str
     claims: dict[str, ClaimEntry] = field(default_factory=dict)
+
+
+def _check_entry_size(entry: ClaimEntry) -> None:
+    size = len(_canonical(entry.to_json()))
+    if size > MAX_ENTRY_BYTES:
+        raise CheckpointFull(
+            f"claim {entry.namespace}/{entry.name}'s checkpoint entry would be {size} bytes, more than "
+            f"the {MAX_ENTRY_BYTES} one claim may take"
+        )
 
 
 def _now() -> str:
@@ -264,7 +283,9 @@ class CheckpointStore:
         *,
         driver: str = "",
         use_flock: bool = True,
+        max_claims: int = DEFAULT_MAX_CLAIMS,
     ) -> None:
+        self.max_claims = max_claims
         self.path = Path(path)
         self.boot_id_path = Path(boot_id_path)
         self.driver = driver
@@ -310,6 +331,12 @@ class CheckpointStore:
             existing = contents.claims.get(claim.uid)
             if existing is not None and existing.state == ClaimState.PREPARE_COMPLETED:
                 return existing
+            if existing is None and len(contents.claims) >= self.max_claims:
+                raise CheckpointFull(
+                    f"{len(contents.claims)} claims of driver {self.driver} are prepared on this node, the "
+                    f"most the agent keeps (--max-prepared-claims={self.max_claims}); try again once "
+                    "others are unprepared"
+                )
             self._check_overlap(contents, claim.uid, devices)
             entry = ClaimEntry(
                 uid=claim.uid,
@@ -319,6 +346,7 @@ class CheckpointStore:
                 devices=tuple(replace(d, cdi_device_ids=()) for d in devices),
                 started_at=_now(),
             )
+            _check_entry_size(entry)
             contents.claims[claim.uid] = entry
             return entry
 
@@ -335,6 +363,7 @@ class CheckpointStore:
                 devices=tuple(devices),
                 completed_at=_now(),
             )
+            _check_entry_size(entry)
             contents.claims[uid] = entry
             return entry
 
@@ -403,7 +432,14 @@ class CheckpointStore:
                 raise
             before = _canonical(self._encode_data(contents))
             yield contents
-            if rewrite or (write and _canonical(self._encode_data(contents)) != before):
+            after = _canonical(self._encode_data(contents)) if write else before
+            if len(after) > max(len(before), MAX_FILE_BYTES):
+                # Only growth is refused: a removal always goes through.
+                raise CheckpointFull(
+                    f"the checkpoint would grow to {len(after)} bytes, more than the {MAX_FILE_BYTES} "
+                    "it may take"
+                )
+            if rewrite or after != before:
                 self._write(contents)
 
     def _notify(self, error: CheckpointCorrupt | None) -> None:

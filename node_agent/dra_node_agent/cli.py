@@ -13,12 +13,15 @@ import asyncio
 import logging
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Final, NoReturn
 
 from dra_node_agent import lean_imports
 from dra_node_agent import settings as settings_module
+from dra_node_agent.tenant_text import one_line
 
 logger = logging.getLogger(__name__)
+
+MAX_LOG_MESSAGE: Final = 65536  # characters of one log message; a longer one is cut
 
 _RUN_DESCRIPTION = """\
 Run the DRA node agent: discover this node's accelerators (NVIDIA GPUs through NVML, Google TPUs
@@ -62,12 +65,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class OneLineFormatter(logging.Formatter):
+    """Each message on one line, its control characters escaped: a tenant's text in a message (a
+    config key with a newline) cannot start a log line of its own. Tracebacks keep their lines."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = one_line(record.message, limit=MAX_LOG_MESSAGE)
+        return super().formatMessage(record)
+
+
 def _configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(OneLineFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level.upper(), handlers=[handler])
     # The API client logs whole response bodies at DEBUG; that is never what an agent log needs.
     logging.getLogger("kubernetes_asyncio").setLevel(max(logging.INFO, logging.getLevelName(level.upper())))
 

@@ -105,31 +105,46 @@ class DeviceNode:
 @dataclass(frozen=True)
 class Mount:
     """A bind mount for a CDI spec: `host_path` on the node at `container_path`, read-only unless
-    the container must write there (an MPS daemon's pipe and shm folders)."""
+    the container must write there (an MPS daemon's pipe and shm folders); `noexec` for what is
+    never run (a daemon's socket)."""
 
     host_path: str
     container_path: str
     read_only: bool = True
+    noexec: bool = False
 
     def to_cdi(self) -> dict[str, Any]:
-        return {
-            "hostPath": self.host_path,
-            "containerPath": self.container_path,
-            "options": ["ro" if self.read_only else "rw", "nosuid", "nodev", "bind"],
-        }
+        options = ["ro" if self.read_only else "rw", "nosuid", "nodev", "bind"]
+        if self.noexec:
+            options.append("noexec")
+        return {"hostPath": self.host_path, "containerPath": self.container_path, "options": options}
+
+
+@dataclass(frozen=True)
+class Hook:
+    """An OCI hook for a CDI spec: the runtime runs `path` (a host binary) with `args` (argv[0]
+    first) at `hook_name` (e.g. createContainer), as NVIDIA's generated specs run nvidia-cdi-hook."""
+
+    hook_name: str
+    path: str
+    args: tuple[str, ...]
+
+    def to_cdi(self) -> dict[str, Any]:
+        return {"hookName": self.hook_name, "path": self.path, "args": list(self.args)}
 
 
 @dataclass(frozen=True)
 class ContainerEdits:
-    """The subset of CDI containerEdits this driver uses: device nodes, environment ("K=V") and
-    read-only bind mounts."""
+    """The subset of CDI containerEdits this driver uses: device nodes, environment ("K=V"), bind
+    mounts and hooks."""
 
     device_nodes: tuple[DeviceNode, ...] = ()
     env: tuple[str, ...] = ()
     mounts: tuple[Mount, ...] = ()
+    hooks: tuple[Hook, ...] = ()
 
     def is_empty(self) -> bool:
-        return not self.device_nodes and not self.env and not self.mounts
+        return not self.device_nodes and not self.env and not self.mounts and not self.hooks
 
     def merged(self, other: ContainerEdits) -> ContainerEdits:
         """Union with `other`, keeping first occurrences (paths and env names are not duplicated)."""
@@ -152,7 +167,8 @@ class ContainerEdits:
             if mount.container_path not in targets:
                 mounts.append(mount)
                 targets.add(mount.container_path)
-        return ContainerEdits(device_nodes=tuple(nodes), env=tuple(env), mounts=tuple(mounts))
+        hooks = (*self.hooks, *(h for h in other.hooks if h not in self.hooks))
+        return ContainerEdits(device_nodes=tuple(nodes), env=tuple(env), mounts=tuple(mounts), hooks=hooks)
 
     def to_cdi(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -162,6 +178,8 @@ class ContainerEdits:
             out["deviceNodes"] = [n.to_cdi() for n in self.device_nodes]
         if self.mounts:
             out["mounts"] = [m.to_cdi() for m in self.mounts]
+        if self.hooks:
+            out["hooks"] = [h.to_cdi() for h in self.hooks]
         return out
 
 
@@ -336,7 +354,7 @@ def validate_slice_device(device: Mapping[str, Any], *, driver: str) -> list[str
     problems: list[str] = []
     name = device.get("name", "")
     where = f"device {name!r}"
-    if not isinstance(name, str) or len(name) > 63 or not _DNS_LABEL.match(name):
+    if not isinstance(name, str) or len(name) > 63 or not _DNS_LABEL.fullmatch(name):
         problems.append(f"{where}: name is not a DNS label")
     attributes = device.get("attributes", {})
     capacity = device.get("capacity", {})
@@ -358,7 +376,7 @@ def validate_slice_device(device: Mapping[str, Any], *, driver: str) -> list[str
             if not isinstance(v, str) or len(v) > MAX_STRING_ATTRIBUTE_LENGTH:
                 problems.append(f"{where}: attribute {key!r}: string longer than 64 characters")
         elif kind == "version":
-            if not isinstance(v, str) or len(v) > MAX_STRING_ATTRIBUTE_LENGTH or not _SEMVER.match(v):
+            if not isinstance(v, str) or len(v) > MAX_STRING_ATTRIBUTE_LENGTH or not _SEMVER.fullmatch(v):
                 problems.append(f"{where}: attribute {key!r}: {v!r} is not semver 2.0.0")
         elif kind == "int":
             if not isinstance(v, int) or isinstance(v, bool):
@@ -376,9 +394,9 @@ def validate_slice_device(device: Mapping[str, Any], *, driver: str) -> list[str
 
 def _qualified_name_problem(key: str, *, driver: str) -> str | None:
     domain, _, ident = key.rpartition("/")
-    if domain and (len(domain) > 63 or not _DNS_SUBDOMAIN.match(domain)):
+    if domain and (len(domain) > 63 or not _DNS_SUBDOMAIN.fullmatch(domain)):
         return "domain is not a DNS subdomain of at most 63 characters"
-    if len(ident) > MAX_IDENTIFIER_LENGTH or not _C_IDENTIFIER.match(ident):
+    if len(ident) > MAX_IDENTIFIER_LENGTH or not _C_IDENTIFIER.fullmatch(ident):
         return "identifier is not a C identifier of at most 32 characters"
     del driver  # unqualified names belong to the driver's own domain; nothing more to check
     return None

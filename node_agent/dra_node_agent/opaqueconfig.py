@@ -53,6 +53,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from dra_api.names import GPU_DRIVER, TPU_DRIVER
+from dra_node_agent.tenant_text import quoted, shown
 
 NVIDIA_GROUP = "resource.nvidia.com"
 NVIDIA_API_VERSION = "resource.nvidia.com/v1beta1"
@@ -69,6 +70,13 @@ SHARING_STRATEGIES = ("TimeSlicing", "MPS")
 TIME_SLICE_INTERVALS = ("Default", "Short", "Medium", "Long")
 IOMMU_BACKEND_POLICIES = ("PreferIommuFD", "LegacyOnly")
 TPU_LOG_LEVEL_MIN, TPU_LOG_LEVEL_MAX = 0, 3  # libtpu: 0 INFO, 1 WARNING, 2 ERROR, 3 FATAL
+# Bounds of what one claim brings for this driver. The API server allows 64 config entries of 10 KiB
+# each in an allocation; the agent holds one claim to 64 entries and 64 KiB in all for its driver
+# (each of the vendors' kinds needs a few hundred bytes), nested at most 16 deep.
+MAX_CONFIGS_PER_CLAIM = 64
+MAX_PARAMETERS_BYTES = 10 * 1024
+MAX_CONFIG_BYTES_PER_CLAIM = 64 * 1024
+MAX_NESTING = 16
 
 _QUANTITY = re.compile(r"^(\d+(\.\d+)?|\.\d+)([eE]\d+|[KMGTPE]i|[kMGTPE])?$")
 _HOSTNAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?(:\d+)?$")
@@ -232,8 +240,10 @@ class _Fields:
     def done(self) -> None:
         unknown = sorted(str(k) for k in self.raw if k not in self.seen)
         if unknown:
-            # Both vendors decode strictly; their decoder's words are `unknown field "<name>"`.
-            raise OpaqueConfigError(f'{self.path(unknown[0])}: unknown field "{unknown[0]}"')
+            # Both vendors decode strictly; their decoder's words are `unknown field "<name>"`. The
+            # name is the tenant's: escaped, so that a newline in it cannot forge a log line.
+            name = unknown[0]
+            raise OpaqueConfigError(f"{self.path(shown(name))}: unknown field {quoted(name)}")
 
 
 def _type_name(value: Any) -> str:
@@ -253,8 +263,8 @@ def _type_name(value: Any) -> str:
 
 
 def _quantity(value: Any, where: str) -> str:
-    if not isinstance(value, str) or not _QUANTITY.match(value):
-        raise OpaqueConfigError(f"{where}: {value!r} is not a non-negative quantity such as '10Gi'")
+    if not isinstance(value, str) or not _QUANTITY.fullmatch(value):
+        raise OpaqueConfigError(f"{where}: {quoted(value)} is not a non-negative quantity such as '10Gi'")
     return value
 
 
@@ -263,7 +273,7 @@ def _parse_sharing(raw: Any, where: str, *, mig: bool) -> Sharing:
     strategy = f.string("strategy", required=True)
     if strategy not in SHARING_STRATEGIES:
         # NVIDIA says "GPU" for MIG devices too.
-        raise OpaqueConfigError(f"{f.path('strategy')}: unknown GPU sharing strategy: {strategy}")
+        raise OpaqueConfigError(f"{f.path('strategy')}: unknown GPU sharing strategy: {shown(strategy)}")
     interval = None
     ts_raw = f.get("timeSlicingConfig")
     if ts_raw is not None:
@@ -279,7 +289,7 @@ def _parse_sharing(raw: Any, where: str, *, mig: bool) -> Sharing:
         ts = _Fields(ts_raw, f.path("timeSlicingConfig"))
         interval = ts.string("interval")
         if interval is not None and interval not in TIME_SLICE_INTERVALS:
-            raise OpaqueConfigError(f"{ts.path('interval')}: unknown time-slice interval: {interval}")
+            raise OpaqueConfigError(f"{ts.path('interval')}: unknown time-slice interval: {shown(interval)}")
         ts.done()
     mps = None
     mps_raw = f.get("mpsConfig")
@@ -316,7 +326,7 @@ def _parse_mps(raw: Any, where: str) -> MpsConfig:
         path = f.path("defaultPerDevicePinnedMemoryLimit")
         if not isinstance(per_device_raw, Mapping):
             raise OpaqueConfigError(f"{path}: must be an object, not {_type_name(per_device_raw)}")
-        per_device = {str(k): _quantity(v, f"{path}.{k}") for k, v in per_device_raw.items()}
+        per_device = {str(k): _quantity(v, f"{path}.{shown(str(k))}") for k, v in per_device_raw.items()}
     multi_user = f.boolean("multiUser")
     f.done()
     return MpsConfig(
@@ -335,7 +345,9 @@ def _parse_vfio(f: _Fields) -> VfioDeviceConfig:
     iommu = _Fields(iommu_raw, f.path("iommu"))
     policy = iommu.string("backendPolicy")
     if policy is not None and policy != "" and policy not in IOMMU_BACKEND_POLICIES:
-        raise OpaqueConfigError(f'{iommu.path("backendPolicy")}: unknown IOMMU backend policy: "{policy}"')
+        raise OpaqueConfigError(
+            f"{iommu.path('backendPolicy')}: unknown IOMMU backend policy: {quoted(policy)}"
+        )
     api_device = iommu.boolean("enableAPIDevice")
     iommu.done()
     # NVIDIA's Normalize: an empty policy means LegacyOnly, an unset API device false.
@@ -388,8 +400,8 @@ def _parse_own_tpu(f: _Fields) -> TpuConfig:
         if not isinstance(hostnames_raw, list):
             raise OpaqueConfigError(f"{path}: must be a list, not {_type_name(hostnames_raw)}")
         for i, host in enumerate(hostnames_raw):
-            if not isinstance(host, str) or not _HOSTNAME.match(host):
-                raise OpaqueConfigError(f"{path}[{i}]: {host!r} is not a hostname or IP address")
+            if not isinstance(host, str) or not _HOSTNAME.fullmatch(host):
+                raise OpaqueConfigError(f"{path}[{i}]: {quoted(host)} is not a hostname or IP address")
         hostnames = tuple(hostnames_raw)
         if worker_id is not None and worker_id >= len(hostnames):
             raise OpaqueConfigError(f"{f.path('workerId')}: {worker_id} has no entry in workerHostnames")
@@ -408,19 +420,24 @@ class OpaqueConfigParser:
     def parse(self, *, driver: str, parameters: Any, where: str = "parameters") -> DriverConfig:
         """Validate one opaque `parameters` object (a mapping, or JSON text/bytes) for `driver`."""
         if driver not in (self.gpu_driver, self.tpu_driver):
-            raise OpaqueConfigError(f"{where}: driver {driver!r} is not handled by this agent")
+            raise OpaqueConfigError(f"{where}: driver {quoted(driver)} is not handled by this agent")
         if isinstance(parameters, bytes | str):
+            if len(parameters) > MAX_PARAMETERS_BYTES:
+                raise OpaqueConfigError(
+                    f"{where}: {len(parameters)} bytes, more than the {MAX_PARAMETERS_BYTES} of a config"
+                )
             try:
                 parameters = json.loads(parameters)
-            except ValueError as err:
-                raise OpaqueConfigError(f"{where}: not valid JSON ({err})") from err
+            except (ValueError, RecursionError) as err:
+                raise OpaqueConfigError(f"{where}: not valid JSON ({shown(str(err))})") from err
+        config_size(parameters, where=where, budget=MAX_PARAMETERS_BYTES)
         f = _Fields(parameters, where)
         gpu = driver == self.gpu_driver
         versions = GPU_API_VERSIONS if gpu else TPU_API_VERSIONS
         api_version = f.string("apiVersion", required=True)
         if api_version not in versions:
             raise OpaqueConfigError(
-                f"{f.path('apiVersion')}: {api_version!r} is not one of {', '.join(versions)}"
+                f"{f.path('apiVersion')}: {quoted(api_version)} is not one of {', '.join(versions)}"
             )
         kind = f.string("kind", required=True) or ""
         if gpu and kind in COMPUTE_DOMAIN_KINDS:
@@ -432,7 +449,7 @@ class OpaqueConfigParser:
         kinds = GPU_KINDS if gpu else ("TpuConfig",)
         if kind not in kinds:
             raise OpaqueConfigError(
-                f'{f.path("kind")}: no kind "{kind}" is registered for version "{api_version}" '
+                f'{f.path("kind")}: no kind {quoted(kind)} is registered for version "{api_version}" '
                 f"(expected {', '.join(kinds)})"
             )
         f.seen.add("metadata")  # tolerated like Kubernetes objects, but carries nothing
@@ -451,6 +468,7 @@ class OpaqueConfigParser:
         config, each in listed order, so later entries override earlier ones (see `effective`).
         """
         found: list[tuple[int, int, RequestConfig]] = []
+        _check_bounds(driver=driver, configs=configs, where=where)
         for index, entry in enumerate(configs):
             entry_where = f"{where}.config[{index}]"
             if not isinstance(entry, Mapping):
@@ -474,6 +492,55 @@ class OpaqueConfigParser:
                 )
             )
         return [rc for _, _, rc in sorted(found, key=lambda t: (t[0], t[1]))]
+
+
+def config_size(value: Any, *, where: str, budget: int) -> int:
+    """About how many bytes ``value`` takes as JSON, counted without recursion; refuses a value over
+    ``budget`` bytes or nested deeper than ``MAX_NESTING``, stopping as soon as it is."""
+    size = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_NESTING:
+            raise OpaqueConfigError(f"{where}: nested more than {MAX_NESTING} deep")
+        if isinstance(item, Mapping):
+            size += 2
+            for key, child in item.items():
+                size += len(str(key).encode()) + 4
+                stack.append((child, depth + 1))
+        elif isinstance(item, list | tuple):
+            size += 2 + len(item)
+            stack.extend((child, depth + 1) for child in item)
+        else:
+            size += len(str(item).encode()) + 2
+        if size > budget:
+            raise OpaqueConfigError(f"{where}: more than {budget} bytes of configuration")
+    return size
+
+
+def _check_bounds(*, driver: str, configs: Sequence[Any], where: str) -> None:
+    """This driver's entries: at most ``MAX_CONFIGS_PER_CLAIM``, ``MAX_CONFIG_BYTES_PER_CLAIM`` in all."""
+    ours: list[Mapping[str, Any]] = [
+        e["opaque"]
+        for e in configs
+        if isinstance(e, Mapping)
+        and isinstance(e.get("opaque"), Mapping)
+        and e["opaque"].get("driver") == driver
+    ]
+    if len(ours) > MAX_CONFIGS_PER_CLAIM:
+        raise OpaqueConfigError(
+            f"{where}: {len(ours)} opaque configs for {driver}, more than the "
+            f"{MAX_CONFIGS_PER_CLAIM} a claim may bring"
+        )
+    left = MAX_CONFIG_BYTES_PER_CLAIM
+    for opaque in ours:
+        try:
+            left -= config_size(opaque.get("parameters"), where=where, budget=left)
+        except OpaqueConfigError:
+            raise OpaqueConfigError(
+                f"{where}: the opaque configs for {driver} are more than the "
+                f"{MAX_CONFIG_BYTES_PER_CLAIM} bytes (or {MAX_NESTING} levels) a claim may bring"
+            ) from None
 
 
 def effective_entry(

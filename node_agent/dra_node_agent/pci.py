@@ -12,7 +12,7 @@ _ADDRESS = re.compile(r"^([0-9a-f]{4}):([0-9a-f]{2}):([0-9a-f]{2})\.([0-7])$")
 
 def split_address(address: str) -> tuple[str, int]:
     """ "0000:c0:02.1" -> ("0000:c0:02", 1): the slot and the PCI function number."""
-    match = _ADDRESS.match(address)
+    match = _ADDRESS.fullmatch(address)
     if not match:
         raise ValueError(f"PCI address {address!r}: expected dddd:bb:dd.f")
     return f"{match[1]}:{match[2]}:{match[3]}", int(match[4])
@@ -30,7 +30,7 @@ def pcie_root(sysfs_root: Path, address: str) -> str | None:
     except OSError:
         return None
     for part in Path(target).parts:
-        if _PCIE_ROOT.match(part):
+        if _PCIE_ROOT.fullmatch(part):
             return part
     return None
 

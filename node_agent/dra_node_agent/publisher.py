@@ -180,6 +180,15 @@ def server_devices(obj: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [to_v1_device(d) for d in _spec(obj).get("devices") or []]
 
 
+def counters_dropped(*, sent: Mapping[str, Any], written: Mapping[str, Any]) -> bool:
+    """Whether the server stored the slice without the counters it was sent: its counter sets, or a
+    device's ``consumesCounters`` (the partitionable-devices gate is off on that API server)."""
+    if _spec(sent).get("sharedCounters") and not _spec(written).get("sharedCounters"):
+        return True
+    consuming = {d.get("name") for d in server_devices(sent) if d.get("consumesCounters")}
+    return any(d.get("name") in consuming and not d.get("consumesCounters") for d in server_devices(written))
+
+
 def slice_content(obj: Mapping[str, Any]) -> dict[str, Any]:
     """A slice's devices and counter sets as v1 JSON (``SliceChunk.content``'s form), any version."""
     return {
@@ -367,6 +376,10 @@ class SlicePublisher:
         self._last_generation = 0
         self._last_content: str | None = None
         self._accepted: dict[str, str] = {}
+        # The API server dropped counters once: devices that consume counters (dynamic MIG
+        # placements) are no longer published, since without them the scheduler would give out
+        # overlapping placements.
+        self.counters_refused = False
         self._dirty = asyncio.Event()
         self._lock = asyncio.Lock()
         self.syncs = 0  # passes that wrote something; for tests and metrics
@@ -427,7 +440,7 @@ class SlicePublisher:
                 node=self.node_name,
                 api_version=self.api_version,
                 owner=await self._node_owner(),
-                chunks=chunk_pool(self._devices, self._counter_sets),
+                chunks=chunk_pool(*self._publishable()),
                 accepted=self._accepted,
             )
             existing, _ = await self.list_slices()
@@ -475,6 +488,12 @@ class SlicePublisher:
             if exc.status != 404:
                 raise
 
+    def _publishable(self) -> tuple[list[Device], list[CounterSet]]:
+        devices = self._devices or []
+        if not self.counters_refused:
+            return devices, self._counter_sets
+        return [d for d in devices if not d.get("consumesCounters")], []
+
     async def _write(self, body: dict[str, Any], *, design: PoolDesign, create: bool) -> None:
         name = body["metadata"]["name"]
         written: Any
@@ -485,6 +504,17 @@ class SlicePublisher:
         else:
             written = await self._custom.replace_cluster_custom_object(
                 RESOURCE_GROUP, self.api_version, PLURAL, name, body, _request_timeout=self._timeout
+            )
+        if counters_dropped(sent=body, written=written) and not self.counters_refused:
+            self.counters_refused = True
+            self.mark_dirty()
+            logger.error(
+                "ResourceSlice %s: the API server dropped the shared counters of driver %s (the "
+                "DRAPartitionableDevices feature gate is off): the devices that consume them (dynamic MIG "
+                "placements) are withdrawn from the pool, since without counters overlapping ones would "
+                "be allocated; turn the gate on and restart the agent, or run without --dynamic-mig",
+                name,
+                self.driver,
             )
         if design.accept(sent=body, written=written):
             logger.warning(

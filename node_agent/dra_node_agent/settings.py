@@ -138,8 +138,27 @@ class Settings:
         default=Path("/"),
         metadata=_opt(
             "Root of the NVIDIA driver installation (e.g. /run/nvidia/driver for a containerised "
-            "driver); NVML is loaded from there.",
+            "driver); NVML is loaded from there, and GPU claims' CDI specs mount the driver's "
+            "libraries and tools found there.",
             metavar="DIR",
+        ),
+    )
+    host_driver_root: Path = field(
+        default=Path("/"),
+        metadata=_opt(
+            "The same driver root as the container runtime sees it on the host (the hostPath that "
+            "--driver-root is mounted from): the host side of the CDI specs' driver mounts.",
+            metavar="DIR",
+        ),
+    )
+    nvidia_cdi_hook_path: str = field(
+        default="",
+        metadata=_opt(
+            "Host path of NVIDIA's nvidia-cdi-hook (NVIDIA container toolkit): GPU claims' CDI specs "
+            "then run its create-symlinks and update-ldcache hooks, as NVIDIA's generated specs do. "
+            "Unset: no hook, each driver library is also mounted at the names that link to it "
+            "(docs/install.md).",
+            metavar="PATH",
         ),
     )
     metrics_address: str = field(
@@ -258,6 +277,14 @@ class Settings:
             "POD_UID. Empty uses the fixed names, which a restarted agent reuses.",
             env=("POD_UID",),
             metavar="ID",
+        ),
+    )
+    max_prepared_claims: int = field(
+        default=1024,
+        metadata=_opt(
+            "Most claims of one driver prepared on this node at once (its checkpoint's entries); a "
+            "claim beyond it fails at prepare with a message saying so, and the kubelet retries.",
+            metavar="N",
         ),
     )
     log_level: str = field(
@@ -384,6 +411,16 @@ def validate(settings: Settings) -> None:
         if port > 65535:
             raise SettingsError(f"setting metrics_address: port {port} is not a port number (0-65535)")
     _check_socket_paths(settings)
+    if settings.nvidia_cdi_hook_path and not settings.nvidia_cdi_hook_path.startswith("/"):
+        raise SettingsError(
+            f"setting nvidia_cdi_hook_path: {settings.nvidia_cdi_hook_path!r} is not an absolute path"
+        )
+    if not settings.host_driver_root.is_absolute():
+        raise SettingsError(
+            f"setting host_driver_root: {str(settings.host_driver_root)!r} is not an absolute path"
+        )
+    if settings.max_prepared_claims < 1:
+        raise SettingsError(f"setting max_prepared_claims: {settings.max_prepared_claims} is less than 1")
     if settings.claim_read_attempts < 1:
         raise SettingsError(f"setting claim_read_attempts: {settings.claim_read_attempts} is less than 1")
     if settings.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):

@@ -102,7 +102,13 @@ def test_the_device_nodes_named_for_containers_exist(inventory: DiscoveredInvent
         for e in d["containerEdits"].get("env", [])
     }
     print("env:", env)
-    assert whole[0].uuid in env.get("NVIDIA_VISIBLE_DEVICES", ""), env
+    # As NVIDIA's generated specs: the GPU is the device node, the driver's files are mounted, and
+    # the variable tells an NVIDIA runtime to add nothing.
+    assert env.get("NVIDIA_VISIBLE_DEVICES") == "void", env
+    mounted = {m["containerPath"] for m in spec.get("containerEdits", {}).get("mounts", [])}
+    print("driver files mounted:", sorted(mounted))
+    assert any(p.endswith("/nvidia-smi") for p in mounted), mounted
+    assert any("/libcuda.so." in p for p in mounted), mounted
 
 
 def test_the_health_probe_watches_events_and_polls_the_gpus_healthy(inventory: DiscoveredInventory) -> None:

@@ -40,7 +40,7 @@ def _problem_reason(problem: Problem) -> str:
         return known
     # Any other fault is named by its value ("row-remap-pending" -> "RowRemapPending").
     words = "".join(part[:1].upper() + part[1:] for part in re.split(r"[^A-Za-z0-9]+", problem.value))
-    return words if _REASON.match(words) else "Unhealthy"
+    return words if _REASON.fullmatch(words) else "Unhealthy"
 
 
 def readiness(state: DeviceHealthState | None, *, monitored: bool) -> Readiness:

@@ -33,6 +33,8 @@ class DiscoveryConfig:
         per driver: GPU, TPU, and the simulated NIC driver a `nic:` profile names).
     gpu_driver / tpu_driver: the driver names devices are published under.
     driver_root: where the NVIDIA driver's files live (/run/nvidia/driver for a containerised driver).
+    host_driver_root: the same as the container runtime sees it (the host side of CDI driver mounts).
+    cdi_hook_path: the host's nvidia-cdi-hook, for NVIDIA's hooks in GPU specs; None for none.
     dev_root / sysfs_root / proc_root: the host's /dev, /sys and /proc as the agent sees them.
     host_dev_dir: the host's /dev as the container runtime sees it (device paths in CDI specs).
     tpu_topology: the TPU slice topology when the host does not say (e.g. "4x4x4" for a multi-host slice).
@@ -47,6 +49,8 @@ class DiscoveryConfig:
     gpu_driver: str = GPU_DRIVER
     tpu_driver: str = TPU_DRIVER
     driver_root: str = "/"
+    host_driver_root: str = "/"
+    cdi_hook_path: str | None = None
     dev_root: str = "/dev"
     dynamic_mig: bool = False
     sysfs_root: str = "/sys"
@@ -83,6 +87,8 @@ def _nvml_backend(config: DiscoveryConfig) -> NvmlBackend:
     return NvmlBackend(
         driver=config.gpu_driver,
         driver_root=config.driver_root,
+        host_driver_root=config.host_driver_root,
+        cdi_hook_path=config.cdi_hook_path,
         sysfs_root=config.sysfs_root,
         proc_root=config.proc_root,
         host_dev_dir=config.host_dev_dir,
@@ -133,6 +139,7 @@ def _simulated_backends(config: DiscoveryConfig) -> list[DiscoveryBackend]:
                 driver=driver,
                 tpu_env_path=config.tpu_env_path if profile.tpu is not None else None,
                 dynamic_mig=config.dynamic_mig,
+                cdi_hook_path=config.cdi_hook_path,
             )
         )
     return backends

@@ -32,7 +32,7 @@ def rfc3339(timestamp: float) -> str:
 def label_value(raw: str) -> str:
     """``raw`` squeezed into a label value (at most 63 characters of ``[A-Za-z0-9_.-]``)."""
     cleaned = re.sub(r"[^A-Za-z0-9_.-]+", "-", raw)[:63].strip("-_.")
-    if not _LABEL_VALUE.match(cleaned):  # pragma: no cover - the substitutions above guarantee it
+    if not _LABEL_VALUE.fullmatch(cleaned):  # pragma: no cover - the substitutions above guarantee it
         raise ValueError(f"taint value {raw!r}: cannot be made a label value")
     return cleaned
 

@@ -1,12 +1,17 @@
-"""The environment of an NVIDIA claim's containers: NVIDIA_VISIBLE_DEVICES, which the NVIDIA
-container runtime reads to expose the claim's GPUs and MIG devices. Pure (no I/O)."""
+"""The environment of an NVIDIA claim's containers: ``NVIDIA_VISIBLE_DEVICES=void``, as NVIDIA's
+generated CDI specs set it. The spec itself gives the container its GPUs (device nodes) and the
+driver's files (``driver_files``); ``void`` tells an NVIDIA container runtime that still reads the
+variable to add nothing, and overrides whatever the pod set, ``all`` included. Pure (no I/O)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Final
 
 from dra_node_agent.devices import DiscoveredDevice, DiscoveredInventory, TpuWorkers
 from dra_node_agent.opaqueconfig import DriverConfig
+
+VISIBLE_DEVICES_VOID: Final = "NVIDIA_VISIBLE_DEVICES=void"
 
 
 class NvidiaEnv:
@@ -26,7 +31,6 @@ class NvidiaEnv:
         config: DriverConfig | None,
         workers: TpuWorkers | None,
     ) -> tuple[str, ...]:
-        """The UUIDs of the claim's GPUs and MIG devices; nothing when it has none, since an empty
-        NVIDIA_VISIBLE_DEVICES would hide GPUs that another driver's spec gives the container."""
-        uuids = ",".join(d.uuid for d in devices if d.kind in ("gpu", "mig"))
-        return (f"NVIDIA_VISIBLE_DEVICES={uuids}",) if uuids else ()
+        """``void`` for a claim with GPUs or MIG devices; nothing for one without, which leaves the
+        variable to whatever else gives the container its devices."""
+        return (VISIBLE_DEVICES_VOID,) if any(d.kind in ("gpu", "mig") for d in devices) else ()

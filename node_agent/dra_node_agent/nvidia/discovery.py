@@ -34,6 +34,7 @@ from dra_node_agent.devices import (
     string_attr,
     version_attr,
 )
+from dra_node_agent.nvidia.driver_files import DriverFiles, scan_driver_root
 from dra_node_agent.pci import pci_device_dir, pcie_root, read_int
 
 log = logging.getLogger(__name__)
@@ -178,7 +179,9 @@ class NvmlBackend:
     `driver_root` is where the driver's libraries live (a containerised driver: /run/nvidia/driver);
     `sysfs_root` and `proc_root` are read for PCIe roots and MIG capability minors. CDI specs name
     device nodes under `host_dev_dir`, the host's /dev as the container runtime sees it (the agent
-    may see it elsewhere, at `dev_root`).
+    may see it elsewhere, at `dev_root`), and mount the driver's files (``driver_files``) from
+    `host_driver_root`, the driver root as the runtime sees it; with `cdi_hook_path` (the host's
+    nvidia-cdi-hook) they carry NVIDIA's hooks rather than the libraries' links as mounts.
     """
 
     def __init__(
@@ -190,10 +193,15 @@ class NvmlBackend:
         sysfs_root: str | Path = "/sys",
         proc_root: str | Path = "/proc",
         host_dev_dir: str = "/dev",
+        host_driver_root: str = "/",
+        cdi_hook_path: str | None = None,
         simulated: bool = False,
         dynamic_mig: bool = False,
     ) -> None:
         self._driver = driver
+        self._host_driver_root = host_driver_root
+        self._cdi_hook_path = cdi_hook_path
+        self._driver_files: DriverFiles | None = None
         # MIG-enabled GPUs publish every placement of every profile, created at prepare (dynamic_mig).
         self.dynamic_mig = dynamic_mig
         self._nvml = nvml
@@ -318,7 +326,7 @@ class NvmlBackend:
                 device_nodes=tuple(
                     self._node(name) for name in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
                 )
-            )
+            ).merged(self._driver_edits(driver_version))
         return DiscoveredInventory(
             driver=self._driver,
             devices=sorted_devices(state.devices),
@@ -326,6 +334,14 @@ class NvmlBackend:
             errors=tuple(state.errors),
             simulated=self._simulated,
             counter_sets=tuple(state.counter_sets),
+        )
+
+    def _driver_edits(self, version: str) -> ContainerEdits:
+        """The driver's libraries and tools for every claim's spec, scanned once per driver version."""
+        if self._driver_files is None or self._driver_files.version != version:
+            self._driver_files = scan_driver_root(self._driver_root, version=version)
+        return self._driver_files.container_edits(
+            host_root=self._host_driver_root, hook_path=self._cdi_hook_path
         )
 
     def _node(self, relative: str) -> DeviceNode:

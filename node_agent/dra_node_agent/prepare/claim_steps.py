@@ -29,7 +29,7 @@ from datetime import datetime
 
 from dra_api.kubeletapi.model import ClaimRef, PreparedDevice
 from dra_node_agent import checkpoint as cp
-from dra_node_agent.cdi import CdiWriter
+from dra_node_agent.cdi import CdiWriter, SpecTooLarge
 from dra_node_agent.claim_reader import ClaimAllocation, ClaimError, ClaimGone, ClaimSource, describe
 from dra_node_agent.device_setup import DeviceSetupError
 from dra_node_agent.device_status import DeviceStatusWriter
@@ -121,14 +121,19 @@ class ClaimSteps:
                 raise
             await self._pauses.reached("devices-set-up")
 
-            ids = await asyncio.to_thread(
-                self._cdi.write_claim_spec,
-                claim_uid=claim.uid,
-                devices=devices,
-                inventory=self._node.inventory,
-                config=plan.tpu_config,
-                workers=workers,
-            )
+            try:
+                ids = await asyncio.to_thread(
+                    self._cdi.write_claim_spec,
+                    claim_uid=claim.uid,
+                    devices=devices,
+                    inventory=self._node.inventory,
+                    config=plan.tpu_config,
+                    workers=workers,
+                )
+            except SpecTooLarge as exc:
+                await self._devices.roll_back(entry)
+                await asyncio.to_thread(store.remove, claim.uid)
+                raise PrepareError(f"{describe(claim)}: {exc}") from exc
             await self._pauses.reached("cdi-written")
 
             by_device = {d.name: cdi_id for d, cdi_id in zip(devices, ids, strict=True)}
@@ -139,8 +144,8 @@ class ClaimSteps:
                 for p in plan.results
             ]
             done = await asyncio.to_thread(store.complete, claim.uid, prepared)
-        except cp.DeviceAlreadyPrepared:
-            # Another claim holds a device: leave no trace of this attempt.
+        except (cp.DeviceAlreadyPrepared, cp.CheckpointFull):
+            # Another claim holds a device, or the checkpoint is at a bound: leave no trace of this attempt.
             await self._devices.roll_back(entry)
             await asyncio.to_thread(store.remove, claim.uid)
             raise

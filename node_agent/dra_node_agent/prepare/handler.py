@@ -19,6 +19,7 @@ from typing import Any, Final
 from dra_api.kubeletapi.model import ClaimRef, PrepareResult
 from dra_node_agent import checkpoint as cp
 from dra_node_agent.cdi import CdiWriter, VendorEnv
+from dra_node_agent.claim_messages import ClaimMessageLimiter
 from dra_node_agent.claim_reader import ClaimError, ClaimSource, describe
 from dra_node_agent.device_setup import DeviceSetupError, MigInstances, MpsControl, TimeSlicing
 from dra_node_agent.device_status import DeviceStatusWriter
@@ -32,6 +33,7 @@ from dra_node_agent.prepare.pause_points import PausePoints
 from dra_node_agent.prepare.plan import Planner
 from dra_node_agent.prepare.set_up import DeviceSetUp
 from dra_node_agent.prepare.start_up import clean_up_files, reconcile_mig, reconcile_mps
+from dra_node_agent.tenant_text import one_line
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +60,7 @@ class PrepareHandler:
         dynamic_mig: MigInstances | None = None,
         vendor_env: VendorEnv | None = None,
         device_status: DeviceStatusWriter | None = None,
+        max_prepared_claims: int = cp.DEFAULT_MAX_CLAIMS,
     ) -> None:
         self.driver = driver
         self.device_status = device_status
@@ -76,6 +79,7 @@ class PrepareHandler:
             state_dir / CHECKPOINT_FILE,
             proc_root / "sys/kernel/random/boot_id",
             driver=driver,
+            max_claims=max_prepared_claims,
         )
         self.cdi = CdiWriter(driver=driver, cdi_dir=cdi_dir, node_name=node_name, vendor_env=vendor_env)
         self._devices = DeviceSetUp(self._node, self.store, self.cdi)
@@ -91,6 +95,8 @@ class PrepareHandler:
         )
         # The plugin serializes calls already; this keeps the handler safe when used directly.
         self._lock = asyncio.Lock()
+        # A claim that fails every retry logs its failure once, not once per retry.
+        self.failure_log = ClaimMessageLimiter(kind="log")
 
     # The tools are the shared DriverNode's, so one set here (as tests do) reaches every step.
     @property
@@ -168,6 +174,10 @@ class PrepareHandler:
                     results[claim.uid] = self._failed(
                         "prepare", claim, f"{describe(claim)}: refused: {exc}", reason="device-busy"
                     )
+                except cp.CheckpointFull as exc:
+                    results[claim.uid] = self._failed(
+                        "prepare", claim, f"{describe(claim)}: refused: {exc}", reason="checkpoint-full"
+                    )
                 except OSError as exc:
                     results[claim.uid] = self._failed(
                         "prepare", claim, f"{describe(claim)}: writing state failed: {exc}", reason="io"
@@ -188,6 +198,7 @@ class PrepareHandler:
                 try:
                     await self._steps.unprepare(claim)
                     errors[claim.uid] = ""
+                    self.failure_log.forget(claim.uid)
                 except cp.CheckpointCorrupt as exc:
                     errors[claim.uid] = self._failed(
                         "unprepare",
@@ -216,7 +227,11 @@ class PrepareHandler:
             CHECKPOINT_ERRORS.labels(self.driver, "read").inc()
         elif reason == "io":
             CHECKPOINT_ERRORS.labels(self.driver, "write").inc()
-        logger.warning("%s of %s failed: %s", operation, describe(claim), message)
+        # The message may carry a tenant's text: one line, bounded, for the log and the kubelet.
+        message = one_line(message)
+        verdict = self.failure_log.allow(claim.uid, f"{operation} {message}")
+        if verdict.allowed:
+            logger.warning("%s of %s failed: %s%s", operation, describe(claim), message, verdict.suffix())
         return PrepareResult(error=message)
 
     # --- stale entries ---------------------------------------------------------------------

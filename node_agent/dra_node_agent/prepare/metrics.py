@@ -13,7 +13,8 @@ PREPARE_SECONDS = Histogram(
 OPERATION_ERRORS = Counter(
     "dra_agent_claim_operation_errors_total",
     "Claims whose prepare or unprepare failed, by driver, operation and reason (claim: the claim or "
-    "its config is wrong; device-busy; checkpoint-corrupt; io: state could not be written; internal).",
+    "its config is wrong; device-busy; checkpoint-corrupt; checkpoint-full: a bound of the checkpoint; "
+    "io: state could not be written; internal).",
     ["driver", "operation", "reason"],
 )
 CHECKPOINT_ERRORS = Counter(

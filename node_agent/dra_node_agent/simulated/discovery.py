@@ -29,7 +29,6 @@ from dra_node_agent.nvidia.discovery import (
     ARCHITECTURE_NAMES,
     BRAND_NAMES,
     MPS_CONTROL_PATHS,
-    NVIDIA_SMI_PATHS,
     NvmlBackend,
 )
 from dra_node_agent.simulated import container_tools
@@ -42,7 +41,7 @@ from dra_node_agent.simulated.fakehw import (
     write_nvidia_nodes,
     write_pci_tree,
 )
-from dra_node_agent.simulated.host_tools import install_simulated_mps_control, install_simulated_nvidia_smi
+from dra_node_agent.simulated.host_tools import install_simulated_mps_control
 from dra_node_agent.simulated.migtables import MIG_TABLES
 from dra_node_agent.simulated.nic import (
     NIC_DRIVER,
@@ -57,7 +56,7 @@ from dra_node_agent.tpu.discovery import GENERATIONS, GOOGLE_VENDOR, TpuBackend,
 PROFILE_PACKAGE = "dra_node_agent.profiles"
 NVIDIA_VENDOR = 0x10DE
 # Under a simulated node's hardware root: each GPU's persisted settings (fakehw), and the driver root
-# whose usr/bin/nvidia-smi is the host stand-in that sets time slices.
+# (``container_tools``) whose usr/bin/nvidia-smi sets time slices on the host and lists GPUs in a container.
 GPU_STATE_DIR = "gpu-state"
 SIMULATED_DRIVER_ROOT = "driver"
 _TPU_DEVICE_IDS = {"v4": 0x005E, "v5p": 0x0062, "v5litepod": 0x0063, "v6e": 0x006F, "tpu7x": 0x0076}
@@ -448,7 +447,9 @@ class SimulatedBackend:
         driver: str | None = None,
         tpu_env_path: str | Path | None = None,
         dynamic_mig: bool = False,
+        cdi_hook_path: str | None = None,
     ) -> None:
+        self._cdi_hook_path = cdi_hook_path
         self._tpu_env_path = tpu_env_path
         self._dynamic_mig = dynamic_mig
         self._profile_ref = profile
@@ -478,10 +479,13 @@ class SimulatedBackend:
         assert hardware.backend is not None
         inventory = hardware.backend.discover_sync()
         inventory = dataclasses.replace(inventory, simulated_nodes_on_host=hardware.char_devices)
-        if hardware.char_devices and hardware.nvml is not None:
-            # A container on a real node gets an nvidia-smi that lists its simulated GPUs.
-            tools = container_tools.install(hardware.root, inventory.devices)
-            inventory = dataclasses.replace(inventory, common_edits=inventory.common_edits.merged(tools))
+        if hardware.nvml is not None:
+            # The driver root's nvidia-smi, which a claim's spec mounts, lists the node's GPUs.
+            container_tools.write_nvidia_smi(
+                hardware.root / SIMULATED_DRIVER_ROOT,
+                state_dir=hardware.root / GPU_STATE_DIR,
+                devices=inventory.devices,
+            )
         return inventory
 
     def nvml_backend(self) -> NvmlBackend | None:
@@ -523,14 +527,19 @@ class SimulatedBackend:
                 node_root=root,
                 char_devices=char_devices,
             )
-            install_simulated_nvidia_smi(
-                root / SIMULATED_DRIVER_ROOT / NVIDIA_SMI_PATHS[0], root / GPU_STATE_DIR
-            )
-            install_simulated_mps_control(root / SIMULATED_DRIVER_ROOT / MPS_CONTROL_PATHS[0])
+            # A driver root as a real driver lays it out, with stand-ins for its tools: the spec
+            # mounts its files into GPU containers, and time-slicing and MPS run its tools.
+            driver_root = root / SIMULATED_DRIVER_ROOT
+            container_tools.install_driver_files(driver_root, version=profile.nvidia.driver_version)
+            container_tools.write_nvidia_smi(driver_root, state_dir=root / GPU_STATE_DIR)
+            install_simulated_mps_control(driver_root / MPS_CONTROL_PATHS[0])
             backend: NvmlBackend | TpuBackend = NvmlBackend(
                 driver=driver,
                 nvml=nvml,
-                driver_root=root / SIMULATED_DRIVER_ROOT,
+                driver_root=driver_root,
+                # The agent and the runtime see the simulated tree at the same path.
+                host_driver_root=str(driver_root),
+                cdi_hook_path=self._cdi_hook_path,
                 sysfs_root=root / "sys",
                 proc_root=root / "proc",
                 host_dev_dir=str(root / "dev") if char_devices else "/dev",

@@ -3,7 +3,8 @@
 A simulated node has no NVIDIA driver, yet time-slicing and MPS run the same code as on hardware:
 they call the driver root's ``nvidia-smi`` and ``nvidia-cuda-mps-control``. These POSIX shell
 stand-ins take their place and keep what they were told in the simulated hardware's state folder,
-where a test can read it. (The container-side ``nvidia-smi -L`` stand-in is ``container_tools``.)
+where a test can read it. This is the MPS one; ``nvidia-smi``, which containers run too, is in
+``container_tools`` with the rest of the simulated driver root.
 """
 
 from __future__ import annotations
@@ -60,51 +61,3 @@ def install_simulated_mps_control(path: Path) -> None:
     if not path.exists() or path.read_text() != SIMULATED_MPS_CONTROL:
         path.write_text(SIMULATED_MPS_CONTROL)
     path.chmod(0o755)
-
-
-# The simulated host's nvidia-smi: the two compute settings the agent changes, kept per GPU in the
-# fake NVML's state folder (STATE is substituted). Anything else exits 2, as for the container's
-# stand-in (``container_tools``).
-SIMULATED_NVIDIA_SMI: Final = """#!/bin/sh
-# nvidia-smi on a simulated node's host (accel-dra): compute-policy --set-timeslice only.
-state=@STATE@
-if [ "$1" != compute-policy ]; then
-  echo "nvidia-smi (simulated by accel-dra): only compute-policy -i IDS --set-timeslice N" >&2
-  exit 2
-fi
-shift
-ids=""; value=""
-while [ $# -gt 0 ]; do
-  case "$1" in
-    -i|--id) ids="$2"; shift 2 ;;
-    --set-timeslice) value="$2"; shift 2 ;;
-    --set-timeslice=*) value="${1#--set-timeslice=}"; shift ;;
-    *) echo "Invalid combination of input arguments: $1" >&2; exit 2 ;;
-  esac
-done
-case "$value" in
-  0|1|2|3) ;;
-  *) echo "Invalid timeslice value: '$value' (0 Default, 1 Short, 2 Medium, 3 Long)" >&2; exit 2 ;;
-esac
-[ -n "$ids" ] || { echo "compute-policy needs -i" >&2; exit 2; }
-for id in $(echo "$ids" | tr ',' ' '); do
-  [ -d "$state/$id" ] || { echo "No GPU with UUID $id was found" >&2; exit 6; }
-done
-for id in $(echo "$ids" | tr ',' ' '); do
-  echo "$value" > "$state/$id/timeslice"
-  echo "Set timeslice to $value for GPU $id"
-done
-"""
-
-
-def install_simulated_nvidia_smi(path: Path, state_dir: Path) -> None:
-    """Write the simulated host's nvidia-smi at ``path`` (blocking)."""
-    content = SIMULATED_NVIDIA_SMI.replace("@STATE@", _shell_quote(str(state_dir)))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if not path.exists() or path.read_text() != content:
-        path.write_text(content)
-    path.chmod(0o755)
-
-
-def _shell_quote(text: str) -> str:
-    return "'" + text.replace("'", "'\\''") + "'"

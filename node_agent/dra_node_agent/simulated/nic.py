@@ -62,7 +62,7 @@ class NicProfile:
 
 
 def valid_if_name(name: str) -> bool:
-    return bool(_IF_NAME.match(name))
+    return bool(_IF_NAME.fullmatch(name))
 
 
 def nic_pci_functions(profile: NicProfile) -> list[FakePciFunction]:

@@ -73,6 +73,27 @@ MAX_SLICE_ID = 64  # a string attribute's limit
 _SLICE_ID = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_.]{0,63}$")
 
 
+def _without_shared_groups(chips: list[_Chip], errors: list[str]) -> list[_Chip]:
+    """The chips whose VFIO groups are theirs alone. A group is what VFIO hands a container whole: two
+    chips in one (no ACS isolation between them) would give the claim of one the other as well, so
+    neither is published, and the log and the inventory's errors say why."""
+    holders: dict[str, list[str]] = {}
+    for chip in chips:
+        for node in chip.nodes:
+            if node.path.startswith("/dev/vfio/"):
+                holders.setdefault(node.path, []).append(chip.address)
+    shared = {path: addresses for path, addresses in holders.items() if len(addresses) > 1}
+    for path, addresses in sorted(shared.items()):
+        message = (
+            f"TPU chips at {', '.join(addresses)} share the VFIO group {path}: a container given one "
+            "would reach the others, so none of them is published (each chip needs an IOMMU group "
+            "of its own)"
+        )
+        log.error("%s", message)
+        errors.append(message)
+    return [c for c in chips if not any(n.path in shared for n in c.nodes)]
+
+
 def generation_for(device_id: int, subsystem_device: int | None) -> str | None:
     if device_id == V2_V3_DEVICE_ID:
         return V2_V3_SUBSYSTEMS.get(subsystem_device or -1)
@@ -90,7 +111,7 @@ def host_topology(chips: int, *, dims: int) -> str:
 
 
 def validate_topology(topology: str) -> str:
-    if not _TOPOLOGY.match(topology):
+    if not _TOPOLOGY.fullmatch(topology):
         raise ValueError(f"TPU topology {topology!r}: expected AxB or AxBxC with positive integers")
     return topology
 
@@ -268,7 +289,7 @@ class TpuBackend:
                     numa_node=numa if numa is not None and numa >= 0 else None,
                 )
             )
-        return chips
+        return _without_shared_groups(chips, errors)
 
     def _function_node(self, entry: Path) -> tuple[str, DeviceNode] | None:
         """The device node of one PCI function: its accel class device, else its VFIO group."""
@@ -298,7 +319,7 @@ class TpuBackend:
         if worker_id is None and env.get("WORKER_ID", "").isdigit():
             worker_id = int(env["WORKER_ID"])
         slice_id = slice_identity(env)
-        if slice_id is not None and not _SLICE_ID.match(slice_id):
+        if slice_id is not None and not _SLICE_ID.fullmatch(slice_id):
             errors.append(
                 f"{self._tpu_env_path}: slice identity {slice_id!r} is not 1-{MAX_SLICE_ID} letters, "
                 "digits, '-', '_' or '.'; sliceId is not published"

@@ -16,7 +16,11 @@ What prepare does with the outcome:
 - a Job whose pods do not fit the slice (``slice_problems``): the prepare succeeds with the Job's
   identity, as GKE's webhook would give it, and a Warning Event on the pod says what is wrong.
   The check (it lists the driver's ResourceSlices) and the Event run in the background: they
-  never delay or fail a prepare, and a failure is only logged. Each pod gets each reason once.
+  never delay or fail a prepare, and a failure is only logged. Each pod gets each reason once
+  (``claim_messages``: at most a few Events a pod, the rest counted).
+- a Job sized beyond the slice: its worker names stop at the slice's hosts; a pod whose index has
+  no host, a Job with more completions than the largest slice has hosts, or names too long for one
+  environment entry fail the prepare, naming the Job (``tpu.workers``).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from dra_api.aiotasks import BackgroundTasks
 from dra_api.names import RESOURCE_GROUP
+from dra_node_agent.claim_messages import ClaimMessageLimiter
 from dra_node_agent.claim_reader import ClaimAllocation, describe
 from dra_node_agent.devices import TpuHostInfo, TpuWorkers
 from dra_node_agent.health.events import event_body
@@ -47,7 +52,6 @@ from dra_node_agent.tpu.workers import (
 
 logger = logging.getLogger(__name__)
 
-MAX_REMEMBERED: Final = 4096  # (pod uid, reason) pairs already reported; forgotten all at once
 CLOSE_GRACE: Final = 5.0
 
 
@@ -145,7 +149,8 @@ class TpuWorkerResolver:
         self._events = events
         self.driver = driver
         self.node_name = node_name
-        self._reported: set[tuple[str, str]] = set()
+        # Each pod's Events (one per reason), bounded per pod and in the pods remembered.
+        self._reported = ClaimMessageLimiter(kind="event")
         self._checks = BackgroundTasks()
 
     async def resolve(
@@ -173,7 +178,7 @@ class TpuWorkerResolver:
                 )
                 return None
             job = await self._source.job(ref.namespace, ref.name)
-            workload = slice_workload(pod=pod, job=job)
+            workload = slice_workload(pod=pod, job=job, slice_hosts=host.slice_hosts)
         except WorkloadError as exc:
             raise WorkloadError(f"{where}: multi-host TPU worker identity: {exc}") from exc
         if workload.pod_uid and pod_uid and workload.pod_uid != pod_uid:
@@ -214,12 +219,8 @@ class TpuWorkerResolver:
             driver=self.driver,
         )
         for problem in problems:
-            key = (workload.pod_uid, problem.reason)
-            if key in self._reported:
+            if not self._reported.allow(workload.pod_uid or workload.pod, problem.reason).allowed:
                 continue
-            if len(self._reported) >= MAX_REMEMBERED:
-                self._reported.clear()
-            self._reported.add(key)
             logger.warning("%s: %s", problem.reason, problem.message)
             if self._events is not None:
                 try:

@@ -35,6 +35,13 @@ SLICE_ID_ATTRIBUTE: Final = "sliceId"
 WORKER_ID_ATTRIBUTE: Final = "workerId"
 
 _DIGITS = re.compile(r"^\d+$")
+# The most hosts a real slice has: TPU7x (Ironwood), 9216 chips at 4 a host. A Job with more
+# completions can be no slice's workload, and each completion would be one more hostname to hold.
+MAX_SLICE_HOSTS: Final = 2304
+# Linux refuses an environment entry of more than MAX_ARG_STRLEN (32 pages: 131072 bytes with its
+# NUL): a longer TPU_WORKER_HOSTNAMES would fail the container's start rather than the prepare.
+MAX_ENV_ENTRY_BYTES: Final = 131071
+WORKER_HOSTNAMES_VAR: Final = "TPU_WORKER_HOSTNAMES"
 
 
 class WorkloadError(ClaimError):
@@ -112,7 +119,7 @@ def job_of_pod(pod: Mapping[str, Any]) -> JobRef | None:
     annotations = meta.get("annotations") or {}
     labels = meta.get("labels") or {}
     raw_index = annotations.get(COMPLETION_INDEX, labels.get(COMPLETION_INDEX))
-    if raw_index is None or not _DIGITS.match(str(raw_index)):
+    if raw_index is None or not _DIGITS.fullmatch(str(raw_index)):
         return None
     name = next(
         (
@@ -128,14 +135,17 @@ def job_of_pod(pod: Mapping[str, Any]) -> JobRef | None:
     return JobRef(namespace=str(meta.get("namespace", "")), name=name, index=int(raw_index))
 
 
-def slice_workload(*, pod: Mapping[str, Any], job: Mapping[str, Any]) -> SliceWorkload:
-    """The pod's place in its Indexed Job and the hostnames of all the Job's pods.
+def slice_workload(*, pod: Mapping[str, Any], job: Mapping[str, Any], slice_hosts: int) -> SliceWorkload:
+    """The pod's place in its Indexed Job and the hostnames of the Job's pods on the slice.
 
     The number of workers is the Job's ``spec.completions``. Each hostname is the pod's own
     ``spec.hostname`` with its index replaced (``<job>-<i>``, as the Job controller sets it; the
     Job's name when the pod's hostname does not end in its index), then ``.<spec.subdomain>``
-    when the pod has one (without it the names do not resolve; GKE requires it).
-    Raises ``WorkloadError`` when the Job cannot name every worker.
+    when the pod has one (without it the names do not resolve; GKE requires it). A tenant sizes
+    the Job, so the names are bounded by the slice, not by the Job: at most ``slice_hosts`` of them
+    (the hosts of the physical slice), and refused above ``MAX_SLICE_HOSTS`` completions or
+    ``MAX_ENV_ENTRY_BYTES`` of names. Raises ``WorkloadError``, naming the Job, when the Job cannot
+    name every worker or its pod has no host on the slice.
     """
     ref = job_of_pod(pod)
     meta = _meta(pod)
@@ -144,16 +154,15 @@ def slice_workload(*, pod: Mapping[str, Any], job: Mapping[str, Any]) -> SliceWo
         raise WorkloadError(f"{where}: not a pod of an Indexed Job")
     job_spec = job.get("spec") or {}
     completions = job_spec.get("completions")
+    job_name = f"Job {ref.namespace}/{ref.name}"
     if job_spec.get("completionMode") not in (None, "Indexed") or not isinstance(completions, int):
         raise WorkloadError(
-            f"{where}: Job {ref.namespace}/{ref.name} is not an Indexed Job with spec.completions; "
+            f"{where}: {job_name} is not an Indexed Job with spec.completions; "
             "its pods cannot be numbered as workers of a TPU slice"
         )
-    if not 0 <= ref.index < completions:
-        raise WorkloadError(
-            f"{where}: completion index {ref.index} is outside Job {ref.namespace}/{ref.name}'s "
-            f"{completions} completions"
-        )
+    _check_size(
+        where=where, job_name=job_name, completions=completions, index=ref.index, slice_hosts=slice_hosts
+    )
     spec = pod.get("spec") or {}
     hostname = str(spec.get("hostname") or "")
     suffix = f"-{ref.index}"
@@ -164,6 +173,14 @@ def slice_workload(*, pod: Mapping[str, Any], job: Mapping[str, Any]) -> SliceWo
     domain = f".{subdomain}" if subdomain else ""
     labels = meta.get("labels") or {}
     jobset = labels.get(JOBSET_NAME)
+    hostnames = tuple(f"{prefix}-{i}{domain}" for i in range(min(completions, slice_hosts)))
+    size = len(WORKER_HOSTNAMES_VAR) + 1 + len(",".join(hostnames).encode())
+    if size > MAX_ENV_ENTRY_BYTES:
+        raise WorkloadError(
+            f"{where}: {job_name}'s {len(hostnames)} worker hostnames make a {WORKER_HOSTNAMES_VAR} of "
+            f"{size} bytes, more than the {MAX_ENV_ENTRY_BYTES} a process's environment entry may hold; "
+            "shorten the pods' hostname or subdomain"
+        )
     return SliceWorkload(
         namespace=ref.namespace,
         pod=str(meta.get("name", "")),
@@ -171,11 +188,30 @@ def slice_workload(*, pod: Mapping[str, Any], job: Mapping[str, Any]) -> SliceWo
         job=ref.name,
         index=ref.index,
         completions=completions,
-        hostnames=tuple(f"{prefix}-{i}{domain}" for i in range(completions)),
+        hostnames=hostnames,
         jobset=str(jobset) if jobset else None,
         replicated_job=str(labels.get(REPLICATED_JOB, "")) or None,
         jobset_job_index=str(labels.get(JOBSET_JOB_INDEX, "")) or None,
     )
+
+
+def _check_size(*, where: str, job_name: str, completions: int, index: int, slice_hosts: int) -> None:
+    """Refuse a Job no slice can hold, an index outside the Job, and a pod with no host on the slice."""
+    if completions > MAX_SLICE_HOSTS:
+        raise WorkloadError(
+            f"{where}: {job_name} has {completions} completions, more than the {MAX_SLICE_HOSTS} hosts "
+            f"of the largest TPU slice: no slice holds its workers; set completions to the slice's "
+            f"{slice_hosts} hosts"
+        )
+    if not 0 <= index < completions:
+        raise WorkloadError(
+            f"{where}: completion index {index} is outside {job_name}'s {completions} completions"
+        )
+    if index >= slice_hosts:
+        raise WorkloadError(
+            f"{where}: completion index {index} of {job_name} has no host on the TPU slice, which has "
+            f"{slice_hosts} hosts; set the Job's completions and parallelism to {slice_hosts}"
+        )
 
 
 def published_hosts(slices: Iterable[Mapping[str, Any]], *, driver: str) -> list[PublishedHost]:

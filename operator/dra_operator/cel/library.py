@@ -240,12 +240,12 @@ def isLessThan(receiver: Any, other: Any) -> celtypes.BoolType:
 
 # ---- semver library ----------------------------------------------------------------------------
 
-_NORMALIZE_CORE: Final = re.compile(r"^v?([0-9]+)(?:\.([0-9]+))?(?:\.([0-9]+))?(.*)$", re.ASCII)
+_NORMALIZE_CORE: Final = re.compile(r"v?([0-9]+)(?:\.([0-9]+))?(?:\.([0-9]+))?(.*)", re.ASCII | re.DOTALL)
 
 
 def _normalize_semver(text: str) -> str:
     """Lenient form accepted with normalize=true: a leading "v", missing minor/patch, leading zeros."""
-    match = _NORMALIZE_CORE.match(text)
+    match = _NORMALIZE_CORE.fullmatch(text)
     if match is None:
         return text
     major, minor, patch, rest = match.groups()

@@ -64,7 +64,11 @@ async def test_scheduler_allocates_and_kubelet_prepares(
         assert spec["kind"] == f"k8s.{GPU}/claim"
         assert [d["name"] for d in spec["devices"]] == [f"{ref.uid}-{name}" for name in allocated]
         env = env_of(spec)
-        assert env["NVIDIA_VISIBLE_DEVICES"].split(",") == [uuids[name] for name in allocated]
+        # The devices are the spec's, by UUID; the variable only tells an NVIDIA runtime to add none.
+        assert env["NVIDIA_VISIBLE_DEVICES"] == "void"
+        per_device = [e.split("=", 1) for d in spec["devices"] for e in d["containerEdits"].get("env", [])]
+        simulated = [v for k, v in per_device if k.startswith("DRA_SIMULATED_DEVICE_")]
+        assert sorted(simulated) == sorted(uuids[name] for name in allocated)
         claims = agent.dirs.checkpoint_claims()
         assert list(claims) == [ref.uid]
         assert claims[ref.uid]["state"] == "PrepareCompleted"

@@ -23,7 +23,12 @@ from tests.integration.node.test_real_node import _registrations, _wait_register
 
 AGENT_PROFILES = ("mig-dynamic",)
 AGENT_ENV = {"DRA_AGENT_DYNAMIC_MIG": "true"}
-SHOW = "echo visible=$NVIDIA_VISIBLE_DEVICES; ls /dev/nvidia-caps; echo shown; sleep 3600"
+# The MIG device's UUID as the spec names it (the simulated device's variable; NVIDIA_VISIBLE_DEVICES
+# is void, as in NVIDIA's specs), and its capability nodes.
+SHOW = (
+    "echo visible=$(env | grep ^DRA_SIMULATED_DEVICE_ | cut -d= -f2); "
+    "ls /dev/nvidia-caps; echo shown; sleep 3600"
+)
 _VISIBLE = re.compile(r"^visible=(\S*)$", re.MULTILINE)
 
 

@@ -32,7 +32,8 @@ CONSTRAINT = f"constraint (matchAttribute {ROOT} on gpu, nic)"
 # GPU 1's root has no NIC (the profile's comment says so); the first root kube-scheduler would try
 # after GPU 0's, so a pair that skipped it shows the constraint at work.
 NO_NIC_ROOT = "pci0000:3a"
-COMMAND = "env | grep -E '^(NVIDIA_VISIBLE_DEVICES|DRA_SIM_NIC_)' | sort; echo done; sleep 3600"
+# The GPUs as the container lists them (the driver root's nvidia-smi, which the spec mounts).
+COMMAND = "env | grep -E '^DRA_SIM_NIC_' | sort; nvidia-smi -L; echo done; sleep 3600"
 
 
 @pytest.fixture(scope="module")
@@ -114,8 +115,7 @@ def _allocated_roots(cluster: LocalCluster, claim: dict[str, Any]) -> dict[str, 
 
 def _assert_container_got(log: str, *, nic: str, root: str, gpus: int = 1) -> None:
     lines = log.splitlines()
-    (visible,) = [line for line in lines if line.startswith("NVIDIA_VISIBLE_DEVICES=")]
-    assert len(visible.split("=", 1)[1].split(",")) == gpus, log
+    assert len([line for line in lines if line.startswith("GPU ")]) == gpus, log
     index = nic.removeprefix("nic-")
     assert f"DRA_SIM_NIC_{index}_PCIE_ROOT={root}" in lines, log
     assert any(line.startswith(f"DRA_SIM_NIC_{index}_IFNAME=") for line in lines), log
@@ -224,8 +224,7 @@ def test_kube_scheduler_puts_four_gpus_and_a_nic_on_one_numa_node(
         assert set(numa.values()) == {1}, numa
         (nic,) = [d for d in numa if d.startswith("nic-")]
         lines = log.splitlines()
-        (visible,) = [line for line in lines if line.startswith("NVIDIA_VISIBLE_DEVICES=")]
-        assert len(visible.split("=", 1)[1].split(",")) == 4, log
+        assert len([line for line in lines if line.startswith("GPU ")]) == 4, log
         assert f"DRA_SIM_NIC_{nic.removeprefix('nic-')}_NUMA_NODE=1" in lines, log
     finally:
         _delete(cluster, "pod", name)

@@ -82,7 +82,7 @@ def test_gpu_claim_spec() -> None:
         "/dev/nvidia-uvm",
         "/dev/nvidia-uvm-tools",
     ]
-    assert env_of(common) == {"NVIDIA_VISIBLE_DEVICES": "GPU-2,GPU-0"}
+    assert env_of(common) == {"NVIDIA_VISIBLE_DEVICES": "void"}
 
 
 def test_host_dev_dir_becomes_host_path() -> None:

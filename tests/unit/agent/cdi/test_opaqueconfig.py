@@ -121,7 +121,7 @@ def test_tpu_config() -> None:
         (
             GPU,
             gpu_config(sharing={"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "lots"}}),
-            "defaultPinnedDeviceMemoryLimit: 'lots' is not a non-negative quantity",
+            'defaultPinnedDeviceMemoryLimit: "lots" is not a non-negative quantity',
         ),
         (
             GPU,
@@ -140,7 +140,7 @@ def test_tpu_config() -> None:
         (
             GPU,
             {"apiVersion": "resource.nvidia.com/v1", "kind": "GpuConfig"},
-            "parameters.apiVersion: 'resource.nvidia.com/v1' is not one of",
+            'parameters.apiVersion: "resource.nvidia.com/v1" is not one of',
         ),
         (GPU, [], "parameters: must be an object, not a list"),
         (GPU, b"{not json", "parameters: not valid JSON"),
@@ -176,9 +176,9 @@ def test_tpu_config() -> None:
         (
             TPU,
             {"apiVersion": "tpu.google.com/v1alpha1", "kind": "TpuConfig", "workerHostnames": ["bad host"]},
-            "parameters.workerHostnames[0]: 'bad host' is not a hostname",
+            'parameters.workerHostnames[0]: "bad host" is not a hostname',
         ),
-        ("fpga.example.com", {}, "driver 'fpga.example.com' is not handled"),
+        ("fpga.example.com", {}, 'driver "fpga.example.com" is not handled'),
     ],
 )
 def test_invalid_parameters_name_the_field(driver: str, parameters: Any, message: str) -> None:
@@ -404,7 +404,7 @@ def test_google_tpu_logging_config_and_its_defaults() -> None:
         (
             TPU,
             {"apiVersion": "tpu.google.com/v1beta1", "kind": "TpuConfig"},
-            "parameters.apiVersion: 'tpu.google.com/v1beta1' is not one of "
+            'parameters.apiVersion: "tpu.google.com/v1beta1" is not one of '
             "tpu.resource.google.com/v1alpha1, tpu.google.com/v1alpha1",
         ),
     ],

@@ -76,7 +76,10 @@ async def test_the_instance_is_made_at_prepare_named_in_the_cdi_spec_and_destroy
     assert recorded.state == cp.ClaimState.PREPARE_COMPLETED
     assert [(d.dynamic_mig, d.mig_uuid) for d in recorded.devices] == [(True, live["uuid"])]
     spec = next((tmp_path / "cdi").glob("*.json")).read_text()
-    assert f"NVIDIA_VISIBLE_DEVICES={live['uuid']}" in spec
+    # The instance's UUID names it in the spec (the simulated device's variable), and the
+    # container gets its capability nodes; NVIDIA_VISIBLE_DEVICES stays void, as in NVIDIA's specs.
+    assert f"={live['uuid']}" in spec
+    assert "NVIDIA_VISIBLE_DEVICES=void" in spec
     assert "nvidia-caps/nvidia-cap" in spec
 
     assert (await handler.unprepare([ref]))[ref.uid] == ""

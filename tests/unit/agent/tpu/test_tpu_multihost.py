@@ -1,7 +1,8 @@
 """Multi-host TPU slices at prepare: each pod's TPU_WORKER_ID and TPU_WORKER_HOSTNAMES come from its
 Indexed Job or JobSet as GKE gives them, the slice-wide TPU_* variables from the host's profile, an
 explicit TpuConfig wins, a single-host node keeps worker 0 of localhost, and a Job that does not fit
-its slice gets a Warning Event on the pod without failing the prepare.
+its slice gets a Warning Event on the pod without failing the prepare, unless the Job is sized beyond
+the slice (a pod with no host on it, more completions than any slice has hosts, names too long).
 
 The API reads (pod, Job, ResourceSlices) and the Events go through fakes of the resolver's two
 protocols; the handler, the simulated hosts (fake sysfs + a tpu-env file each) and the CDI spec on
@@ -29,6 +30,7 @@ from dra_node_agent.tpu.workers import (
     SIZE_MISMATCH,
     SliceWorkload,
     WorkloadError,
+    slice_workload,
 )
 
 TPU = "tpu.google.com"
@@ -334,6 +336,51 @@ async def test_an_index_outside_the_jobs_completions_fails_the_prepare(v5p: Host
     v5p.api.pods[pod["metadata"]["name"]] = pod
     error = await v5p.prepare(pod=pod["metadata"]["name"])
     assert "completion index 3 is outside Job ml/train's 2 completions" in error, error
+
+
+async def test_a_job_with_more_workers_than_hosts_names_only_the_slices_hosts(v5p: Host) -> None:
+    # M3: the tenant sizes the Job; the names stop at the slice's 4 hosts, however many it asks for.
+    v5p.api.jobs["train"] = indexed_job("train", completions=6)
+    pod = job_pod("train", 1)
+    name = pod["metadata"]["name"]
+    v5p.api.pods[name] = pod
+    assert await v5p.prepare(pod=name) == ""
+    assert v5p.env()["TPU_WORKER_HOSTNAMES"] == ",".join(f"train-{i}.headless" for i in range(4))
+    await v5p.resolver.settle()
+    [(_, _, reason, message)] = v5p.events.recorded
+    assert reason == SIZE_MISMATCH
+    assert "runs 6 workers but TPU slice slice-a" in message
+    # A pod whose index has no host on the slice is refused, naming the Job.
+    beyond = job_pod("train", 5)
+    v5p.api.pods[beyond["metadata"]["name"]] = beyond
+    v5p.handler.store.remove("uid-1")
+    error = await v5p.prepare(pod=beyond["metadata"]["name"])
+    assert "completion index 5 of Job ml/train has no host on the TPU slice, which has 4 hosts" in error
+
+
+async def test_a_job_larger_than_any_slice_fails_the_prepare_naming_it(v5p: Host) -> None:
+    v5p.api.jobs["huge"] = indexed_job("huge", completions=2_000_000_000)
+    pod = job_pod("huge", 0)
+    v5p.api.pods[pod["metadata"]["name"]] = pod
+    error = await v5p.prepare(pod=pod["metadata"]["name"])
+    assert (
+        "Job ml/huge has 2000000000 completions, more than the 2304 hosts of the largest TPU slice" in error
+    )
+    assert v5p.handler.store.load() == []
+    assert not v5p.handler.cdi.spec_path("uid-1").exists()
+
+
+def test_worker_names_too_long_for_one_environment_entry_are_refused() -> None:
+    pod = job_pod("train", 0, subdomain="s" * 63)
+    pod["spec"]["hostname"] = "h" * 60 + "-0"
+    with pytest.raises(
+        WorkloadError, match=r"make a TPU_WORKER_HOSTNAMES of 29[0-9]{4} bytes, more than the 131071"
+    ):
+        slice_workload(pod=pod, job=indexed_job("train", completions=2304), slice_hosts=2304)
+    assert (
+        len(slice_workload(pod=pod, job=indexed_job("train", completions=2304), slice_hosts=16).hostnames)
+        == 16
+    )
 
 
 async def test_a_single_host_node_keeps_worker_zero_of_localhost(tmp_path: Path) -> None:
