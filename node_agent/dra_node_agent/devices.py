@@ -105,18 +105,22 @@ class DeviceNode:
 @dataclass(frozen=True)
 class Mount:
     """A bind mount for a CDI spec: `host_path` on the node at `container_path`, read-only unless
-    the container must write there (an MPS daemon's pipe and shm folders)."""
+    the container must write there (an MPS claim's shm), and `noexec` where nothing is run from it."""
 
     host_path: str
     container_path: str
     read_only: bool = True
+    noexec: bool = False
 
     def to_cdi(self) -> dict[str, Any]:
-        return {
-            "hostPath": self.host_path,
-            "containerPath": self.container_path,
-            "options": ["ro" if self.read_only else "rw", "nosuid", "nodev", "bind"],
-        }
+        options = [
+            "ro" if self.read_only else "rw",
+            "nosuid",
+            "nodev",
+            *(["noexec"] if self.noexec else []),
+            "bind",
+        ]
+        return {"hostPath": self.host_path, "containerPath": self.container_path, "options": options}
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,7 @@ def test_no_devices_and_other_options_fail_as_the_real_tool_would(tmp_path: Path
     assert "only -L is implemented" in other.stderr
 
 
-def test_the_cdi_spec_of_a_simulated_gpu_claim_mounts_the_tool_and_its_table(tmp_path: Path) -> None:
+def test_the_cdi_spec_of_a_simulated_gpu_claim_mounts_the_tools_and_the_table(tmp_path: Path) -> None:
     backend = SimulatedBackend(profile="h100-80gb-x8", node_name="n1", state_dir=tmp_path / "sim")
     inventory = backend.discover_sync()
     if not backend.hardware().char_devices:
@@ -65,6 +65,11 @@ def test_the_cdi_spec_of_a_simulated_gpu_claim_mounts_the_tool_and_its_table(tmp
         assert not inventory.common_edits.mounts
         return
     mounts = {m.container_path: Path(m.host_path) for m in inventory.common_edits.mounts}
-    assert set(mounts) == {container_tools.CONTAINER_TOOL, container_tools.CONTAINER_TABLE}
+    assert set(mounts) == {
+        container_tools.CONTAINER_TOOL,
+        container_tools.CONTAINER_TABLE,
+        container_tools.CONTAINER_MPS_CLIENT,
+    }
     assert mounts[container_tools.CONTAINER_TOOL].read_text() == container_tools.SCRIPT
+    assert mounts[container_tools.CONTAINER_MPS_CLIENT].read_text() == container_tools.MPS_CLIENT
     assert mounts[container_tools.CONTAINER_TABLE].read_text() == container_tools.table(inventory.devices)
