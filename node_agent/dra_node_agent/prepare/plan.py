@@ -55,6 +55,10 @@ class PreparePlan:
         crash in between leaves an entry that says what to undo)."""
         return any(p.time_slice is not None or p.mps or p.dynamic_mig for p in self.results)
 
+    def observes_only(self, device: str) -> bool:
+        """Whether every result on ``device`` has admin access: set-up looks at it, never changes it."""
+        return all(p.admin_access for p in self.results if p.device == device)
+
 
 class Planner:
     """Plans one driver's claims on this node."""
@@ -107,6 +111,12 @@ class Planner:
                 claim_env=claim_env,
                 tpu_configs=tpu_configs,
             )
+            if result.admin_access and sharing is not None:
+                raise PrepareError(
+                    f"{where}: request {result.request}: admin access observes device {device.name} and "
+                    f"never reconfigures it (other claims may hold it), so GpuConfig sharing.strategy "
+                    f"{sharing.strategy} cannot apply; leave sharing out of admin-access requests"
+                )
             time_slice = sharing.time_slice_interval if sharing is not None else None
             if sharing is not None and sharing.mps is not None:
                 same = next((pair for pair in mps_configs if pair[0] == sharing.mps), None)
@@ -125,7 +135,8 @@ class Planner:
                     share_id=result.share_id,
                     time_slice=time_slice,
                     mps=sharing is not None and sharing.mps is not None,
-                    dynamic_mig=device.mig_placement is not None,
+                    # Admin access observes a placement's instance; the claims that hold it make it.
+                    dynamic_mig=device.mig_placement is not None and not result.admin_access,
                 )
             )
             devices.setdefault(device.name, device)

@@ -51,20 +51,26 @@ class Node(SimulatedNode):
         )
         return [(devices[i].name, devices[i].uuid) for i in indices]
 
-    def add_claim(self, name: str, devices: list[str], mps_config: dict[str, Any] | None) -> ClaimRef:
+    def add_claim(
+        self, name: str, devices: list[str], mps_config: dict[str, Any] | None, *, admin: bool = False
+    ) -> ClaimRef:
         sharing: dict[str, Any] = {"strategy": "MPS"}
         if mps_config is not None:
             sharing["mpsConfig"] = mps_config
         uid = f"uid-{name}"
+        results: list[dict[str, Any]] = [
+            {"request": "gpus", "driver": GPU, "pool": NODE, "device": d} for d in devices
+        ]
+        for result in results:
+            if admin:
+                result["adminAccess"] = True
         self.claims.objects[name] = {
             "metadata": {"name": name, "namespace": "ns", "uid": uid},
             "spec": {"devices": {"requests": []}},
             "status": {
                 "allocation": {
                     "devices": {
-                        "results": [
-                            {"request": "gpus", "driver": GPU, "pool": NODE, "device": d} for d in devices
-                        ],
+                        "results": results,
                         "config": [
                             entry(GPU, {"apiVersion": NVIDIA, "kind": "GpuConfig", "sharing": sharing})
                         ],
@@ -285,3 +291,25 @@ async def test_a_crash_between_the_daemon_and_prepare_completed_is_redone_or_und
     assert alive(node.pid(live))
     (entry_,) = restarted.store.load()
     assert entry_.state == cp.ClaimState.PREPARE_COMPLETED
+
+
+async def test_admin_access_never_starts_a_daemon_on_a_gpu_others_may_hold(node: Node) -> None:
+    handler = await node.handler()
+    ((name, _),) = node.gpus(3)
+    ref = node.add_claim("admin", [name], {"multiUser": True}, admin=True)
+    error = (await handler.prepare([ref]))[ref.uid].error
+    assert f"request gpus: admin access observes device {name} and never reconfigures it" in error
+    assert "GpuConfig sharing.strategy MPS cannot apply" in error
+    assert not node.folder(ref).exists()
+    assert handler.store.load() == []
+
+
+async def test_multi_user_reaches_the_daemon_and_the_record_a_restart_reads(node: Node) -> None:
+    handler = await node.handler()
+    ((name, _),) = node.gpus(1)
+    ref = node.add_claim("multi", [name], {"multiUser": True})
+    assert (await handler.prepare([ref]))[ref.uid].error == ""
+    assert (node.folder(ref) / "pipe" / "mode").read_text().strip() == "multi-user yes"
+    assert json.loads((node.folder(ref) / "daemon.json").read_text())["multiUser"] is True
+    assert (await handler.unprepare([ref]))[ref.uid] == ""
+    assert not node.folder(ref).exists()
