@@ -318,6 +318,8 @@ class MpsDaemons:
         if self.cgroups is None:
             return None
         try:
+            # Whatever the dead daemon left in its cgroup (servers that outlived it) goes first.
+            self.cgroups.remove(uid)
             return self.cgroups.create(uid)
         except CgroupError as exc:
             raise MpsError(f"the daemon's cgroup (--mps-cgroup-parent): {exc}") from None

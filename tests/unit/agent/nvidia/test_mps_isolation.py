@@ -308,3 +308,21 @@ async def test_a_stale_shm_folder_of_an_older_agent_becomes_a_tmpfs_and_its_file
     await mps.stop("c1")
     assert not folder.exists()
     shutil.rmtree(root, ignore_errors=True)
+
+
+async def test_a_daemon_started_again_ends_what_the_dead_one_left_in_its_cgroup(root: Path) -> None:
+    mps = daemons(root)
+    assert mps.cgroups is not None
+    await mps.start("c1", MpsLimits(uuids=("GPU-a",)))
+    # A server that outlived its daemon (its own session, still in the claim's cgroup).
+    stray = await asyncio.create_subprocess_exec("sleep", "600", start_new_session=True)
+    procs = mps.cgroups.path("c1") / "cgroup.procs"
+    await asyncio.to_thread(procs.write_text, str(stray.pid))
+    old = pid_of(mps, "c1")
+    os.killpg(old, signal.SIGKILL)
+    assert await asyncio.to_thread(wait_dead, old, 10)
+
+    await mps.start("c1", MpsLimits(uuids=("GPU-a",)))
+    assert await asyncio.wait_for(stray.wait(), 10) == -signal.SIGKILL
+    assert mps.cgroups.members("c1") == [pid_of(mps, "c1")]
+    await mps.stop("c1")
