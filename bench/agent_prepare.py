@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -61,7 +62,9 @@ def rss_mib(pid: int) -> float:
     raise RuntimeError(f"no VmRSS for pid {pid}")
 
 
-def start_agent(cluster: LocalCluster, root: Path, cdi_dir: Path) -> subprocess.Popen[bytes]:
+def start_agent(
+    cluster: LocalCluster, root: Path, cdi_dir: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     for sub in ("reg", "plg", "state"):
         (root / sub).mkdir(parents=True, exist_ok=True)
     argv = [
@@ -79,9 +82,9 @@ def start_agent(cluster: LocalCluster, root: Path, cdi_dir: Path) -> subprocess.
         "--metrics-address=",
         "--log-level=WARNING",
     ]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DRA_AGENT_")}
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("DRA_AGENT_")} | (env or {})
     log = (root / "agent.log").open("wb")
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=full_env)
     deadline = time.monotonic() + 120
     sockets = [root / "reg" / f"{d}-reg.sock" for d in (GPU, "tpu.google.com")]
     while not all(s.exists() for s in sockets):
@@ -199,8 +202,10 @@ async def measure_baseline(api: client.ApiClient, ref: ClaimRef, folder: Path, r
 
 
 async def bench_mps(cluster: LocalCluster, root: Path, cdi_dir: Path, rounds: int) -> None:
-    """Prepare and unprepare of a one-GPU MPS claim: the daemon's start and stop included."""
-    agent = start_agent(cluster, root, cdi_dir)
+    """Prepare and unprepare of a one-GPU MPS claim: the daemon's start and stop included (in a
+    cgroup of its own under a parent of the bench's, removed afterwards)."""
+    parent = f"accel-dra-bench-{os.getpid()}"
+    agent = start_agent(cluster, root, cdi_dir, env={"DRA_AGENT_MPS_CGROUP_PARENT": parent})
     try:
         mps = allocate(cluster, name="mps", devices=["gpu-5"], config=[MPS_CONFIG])
         async with await KubeletPluginClient.register_driver(root / "reg", driver=GPU) as kubelet:
@@ -209,6 +214,9 @@ async def bench_mps(cluster: LocalCluster, root: Path, cdi_dir: Path, rounds: in
     finally:
         agent.terminate()
         agent.wait(timeout=30)
+        for hierarchy in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/memory")):
+            with contextlib.suppress(OSError):
+                (hierarchy / parent).rmdir()
     print(f"node agent MPS claim prepare/unprepare, {rounds} rounds (kubelet client -> agent -> API server)")
     print(describe("prepare, 1 GPU with MPS", prepare))
     print(describe("unprepare, 1 GPU with MPS", unprepare))
