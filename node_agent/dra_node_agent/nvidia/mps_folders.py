@@ -35,19 +35,29 @@ SHM_MODE: Final = 0o1777
 
 def make(folder: Path, *, shm_size: int) -> None:
     """Create the claim's folders (modes set again on folders an older agent made) and mount its
-    shm tmpfs unless it is mounted. Raises OSError (EPERM from the mount: no CAP_SYS_ADMIN)."""
+    shm tmpfs unless it is mounted. Raises OSError (EPERM from the mount: no CAP_SYS_ADMIN).
+
+    A shm that is a plain folder was made by an agent before the tmpfs: that claim's containers
+    have it bound as their /dev/shm, so a daemon started again for it (as after the agent's upgrade)
+    must get the same folder, not a tmpfs over it that they would not see. It keeps its folder
+    until it is unprepared."""
+    shm = folder / "shm"
+    legacy = shm.is_dir() and not tmpfs.is_mount_point(shm)
     for parent in (folder.parent, folder):
         parent.mkdir(mode=PARENT_MODE, parents=True, exist_ok=True)
         parent.chmod(PARENT_MODE)
-    for name, mode in (("pipe", PIPE_MODE), ("log", LOG_MODE), ("shm", 0o755)):
-        path = folder / name
-        path.mkdir(mode=mode, exist_ok=True)
-        if not tmpfs.is_mount_point(path):
-            path.chmod(mode)
-    shm = folder / "shm"
+    for name, mode in (("pipe", PIPE_MODE), ("log", LOG_MODE)):
+        (folder / name).mkdir(mode=mode, exist_ok=True)
+        (folder / name).chmod(mode)
+    if legacy:
+        logger.warning(
+            "MPS claim %s keeps the shm folder an older agent made (not size-limited) until it is "
+            "unprepared: its containers have it as their /dev/shm",
+            folder.name,
+        )
+        return
+    shm.mkdir(mode=0o755, exist_ok=True)
     if not tmpfs.is_mount_point(shm):
-        for stale in shm.iterdir():  # a folder an older agent used: its files go with it
-            _remove(stale)
         tmpfs.mount_tmpfs(shm, size=shm_size, mode=SHM_MODE)
 
 
@@ -58,10 +68,3 @@ def remove(folder: Path) -> None:
         if not tmpfs.is_mount_point(shm) or not tmpfs.unmount(shm):
             break
     shutil.rmtree(folder, ignore_errors=True)
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)

@@ -13,7 +13,6 @@ import asyncio
 import errno
 import json
 import os
-import shutil
 import signal
 import stat
 import time
@@ -296,33 +295,27 @@ def test_multi_user_on_a_gpu_older_than_volta_is_refused_as_nvidias_driver_does(
     assert not resolve_limits(MpsConfig(), [gpu(1, "6.1.0")], where="w").multi_user
 
 
-async def test_a_stale_shm_folder_of_an_older_agent_becomes_a_tmpfs_and_its_files_go(root: Path) -> None:
-    # An agent before this change made shm/ a plain folder (mode 1777) on the node's disk.
+async def test_a_claim_an_older_agent_prepared_keeps_its_shm_folder_when_its_daemon_starts_again(
+    root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # An agent before the tmpfs made shm/ a plain folder (mode 1777), which the claim's running
+    # containers have as their /dev/shm: a tmpfs over it would part them from the daemon.
     folder = root / "c1"
     (folder / "shm").mkdir(parents=True)
     (folder / "shm").chmod(0o1777)
-    (folder / "shm" / "left").write_text("x")
+    (folder / "shm" / "in-use").write_text("x")
+    (folder / "pipe").mkdir()
+    (folder / "pipe").chmod(0o1777)
     mps = daemons(root)
-    await mps.start("c1", MpsLimits(uuids=("GPU-a",)))
-    assert os.statvfs(folder / "shm").f_blocks * os.statvfs(folder / "shm").f_frsize == 64 * MIB
+    with caplog.at_level("WARNING"):
+        await mps.start("c1", MpsLimits(uuids=("GPU-a",)))
+    assert "MPS claim c1 keeps the shm folder an older agent made" in caplog.text
+    assert not await asyncio.to_thread(mounted, folder / "shm")
+    assert (folder / "shm" / "in-use").read_text() == "x"
+    pid = pid_of(mps, "c1")
+    assert os.stat(f"/proc/{pid}/root/dev/shm").st_ino == os.stat(folder / "shm").st_ino
+    assert stat.S_IMODE((folder / "pipe").stat().st_mode) == 0o755  # tightened all the same
+    assert mps.cgroups is not None
+    assert mps.cgroups.members("c1") == [pid]
     await mps.stop("c1")
     assert not folder.exists()
-    shutil.rmtree(root, ignore_errors=True)
-
-
-async def test_a_daemon_started_again_ends_what_the_dead_one_left_in_its_cgroup(root: Path) -> None:
-    mps = daemons(root)
-    assert mps.cgroups is not None
-    await mps.start("c1", MpsLimits(uuids=("GPU-a",)))
-    # A server that outlived its daemon (its own session, still in the claim's cgroup).
-    stray = await asyncio.create_subprocess_exec("sleep", "600", start_new_session=True)
-    procs = mps.cgroups.path("c1") / "cgroup.procs"
-    await asyncio.to_thread(procs.write_text, str(stray.pid))
-    old = pid_of(mps, "c1")
-    os.killpg(old, signal.SIGKILL)
-    assert await asyncio.to_thread(wait_dead, old, 10)
-
-    await mps.start("c1", MpsLimits(uuids=("GPU-a",)))
-    assert await asyncio.wait_for(stray.wait(), 10) == -signal.SIGKILL
-    assert mps.cgroups.members("c1") == [pid_of(mps, "c1")]
-    await mps.stop("c1")
