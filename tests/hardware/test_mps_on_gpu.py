@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import os
+import selectors
 import shutil
 import subprocess
 import sys
@@ -191,18 +192,23 @@ def holder(folder: Path, uuid: str, user: int, seconds: float) -> subprocess.Pop
 
 
 def wait_line(process: subprocess.Popen[str], word: str, *, within: float) -> tuple[str, list[str]]:
-    """The first line of ``process`` starting with ``word``, and every line read so far."""
+    """The first line of ``process`` starting with ``word``, and every line read so far; a client
+    that says nothing for ``within`` seconds fails the test instead of hanging it."""
     assert process.stdout is not None
     deadline = time.monotonic() + within
     lines: list[str] = []
-    while time.monotonic() < deadline:
-        line = process.stdout.readline()
-        if not line:
-            break
-        lines.append(line.rstrip())
-        if line.startswith(word):
-            return line.rstrip(), lines
-    raise AssertionError(f"no {word!r} line from the client: {lines}")
+    with selectors.DefaultSelector() as selector:
+        selector.register(process.stdout, selectors.EVENT_READ)
+        while (left := deadline - time.monotonic()) > 0:
+            if not selector.select(timeout=left):
+                break
+            line = process.stdout.readline()
+            if not line:
+                break
+            lines.append(line.rstrip())
+            if line.startswith(word):
+                return line.rstrip(), lines
+    raise AssertionError(f"no {word!r} line from the client within {within:.0f} s: {lines}")
 
 
 def test_a_multi_user_daemon_serves_clients_of_two_users_at_once() -> None:
