@@ -6,15 +6,18 @@ eight), and the kubelet test client prepares and unprepares it ``--rounds`` time
 sockets: every prepare is a fresh one (GET the claim, checkpoint PrepareStarted, CDI spec,
 PrepareCompleted). Beside it, in the same run, the cost of what a prepare cannot avoid: one GET of
 the claim with kubernetes_asyncio plus one fsync'd small-file write. Prints p50/p99 of each and the
-agent's resident memory (VmRSS) after the rounds.
+agent's resident memory (VmRSS) after the rounds. With ``--mps`` it measures instead a one-GPU
+claim whose GpuConfig asks for MPS: each prepare starts the claim's control daemon (the simulated
+node's stand-in) and each unprepare stops it.
 
-    .venv/bin/python bench/agent_prepare.py [--rounds 200]
+    .venv/bin/python bench/agent_prepare.py [--rounds 200] [--mps]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -59,7 +62,9 @@ def rss_mib(pid: int) -> float:
     raise RuntimeError(f"no VmRSS for pid {pid}")
 
 
-def start_agent(cluster: LocalCluster, root: Path, cdi_dir: Path) -> subprocess.Popen[bytes]:
+def start_agent(
+    cluster: LocalCluster, root: Path, cdi_dir: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     for sub in ("reg", "plg", "state"):
         (root / sub).mkdir(parents=True, exist_ok=True)
     argv = [
@@ -77,9 +82,9 @@ def start_agent(cluster: LocalCluster, root: Path, cdi_dir: Path) -> subprocess.
         "--metrics-address=",
         "--log-level=WARNING",
     ]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DRA_AGENT_")}
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("DRA_AGENT_")} | (env or {})
     log = (root / "agent.log").open("wb")
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=full_env)
     deadline = time.monotonic() + 120
     sockets = [root / "reg" / f"{d}-reg.sock" for d in (GPU, "tpu.google.com")]
     while not all(s.exists() for s in sockets):
@@ -89,8 +94,25 @@ def start_agent(cluster: LocalCluster, root: Path, cdi_dir: Path) -> subprocess.
     return proc
 
 
-def allocate(cluster: LocalCluster, *, name: str, devices: list[str]) -> ClaimRef:
-    """A standalone claim whose status.allocation names ``devices`` of this node's GPU pool."""
+MPS_CONFIG: dict[str, Any] = {
+    "opaque": {
+        "driver": GPU,
+        "parameters": {
+            "apiVersion": "resource.nvidia.com/v1beta1",
+            "kind": "GpuConfig",
+            "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}},
+        },
+    },
+    "source": "FromClaim",
+    "requests": ["gpu"],
+}
+
+
+def allocate(
+    cluster: LocalCluster, *, name: str, devices: list[str], config: list[dict[str, Any]] | None = None
+) -> ClaimRef:
+    """A standalone claim whose status.allocation names ``devices`` of this node's GPU pool (with
+    ``config`` as its allocation's device config)."""
     cluster.kubectl(
         "apply",
         "-n",
@@ -122,7 +144,8 @@ def allocate(cluster: LocalCluster, *, name: str, devices: list[str]) -> ClaimRe
                     "results": [
                         {"request": "gpu", "driver": GPU, "pool": NODE, "device": device}
                         for device in devices
-                    ]
+                    ],
+                    "config": config or [],
                 }
             }
         }
@@ -178,7 +201,28 @@ async def measure_baseline(api: client.ApiClient, ref: ClaimRef, folder: Path, r
     return samples
 
 
-async def bench(cluster: LocalCluster, root: Path, cdi_dir: Path, rounds: int) -> None:
+async def bench_mps(cluster: LocalCluster, root: Path, cdi_dir: Path, rounds: int) -> None:
+    """Prepare and unprepare of a one-GPU MPS claim: the daemon's start and stop included (in a
+    cgroup of its own under a parent of the bench's, removed afterwards)."""
+    parent = f"accel-dra-bench-{os.getpid()}"
+    agent = start_agent(cluster, root, cdi_dir, env={"DRA_AGENT_MPS_CGROUP_PARENT": parent})
+    try:
+        mps = allocate(cluster, name="mps", devices=["gpu-5"], config=[MPS_CONFIG])
+        async with await KubeletPluginClient.register_driver(root / "reg", driver=GPU) as kubelet:
+            await measure_prepare(kubelet, mps, 3)  # warm-up
+            prepare, unprepare = await measure_prepare(kubelet, mps, rounds)
+    finally:
+        agent.terminate()
+        agent.wait(timeout=30)
+        for hierarchy in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/memory")):
+            with contextlib.suppress(OSError):
+                (hierarchy / parent).rmdir()
+    print(f"node agent MPS claim prepare/unprepare, {rounds} rounds (kubelet client -> agent -> API server)")
+    print(describe("prepare, 1 GPU with MPS", prepare))
+    print(describe("unprepare, 1 GPU with MPS", unprepare))
+
+
+def set_up_cluster(cluster: LocalCluster) -> None:
     cluster.add_node(NODE)
     cluster.create_namespace(NAMESPACE)
     cluster.apply(
@@ -191,6 +235,9 @@ async def bench(cluster: LocalCluster, root: Path, cdi_dir: Path, rounds: int) -
             }
         ]
     )
+
+
+async def bench(cluster: LocalCluster, root: Path, cdi_dir: Path, rounds: int) -> None:
     agent = start_agent(cluster, root, cdi_dir)
     try:
         one = allocate(cluster, name="one", devices=["gpu-3"])
@@ -228,6 +275,7 @@ def main() -> None:
         action="store_true",
         help="put the checkpoint on tmpfs too, to see the cost of everything but the fsyncs",
     )
+    parser.add_argument("--mps", action="store_true", help="measure a one-GPU MPS claim instead")
     args = parser.parse_args()
     # The checkpoint lives on disk (the DaemonSet's hostPath state folder); CDI specs go to a tmpfs,
     # as /var/run/cdi is on a node.
@@ -237,7 +285,9 @@ def main() -> None:
     print(f"state (checkpoint) in {root}, CDI specs in {cdi_dir}")
     try:
         with temporary_cluster() as cluster:
-            asyncio.run(bench(cluster, root, cdi_dir, args.rounds))
+            set_up_cluster(cluster)
+            run = bench_mps if args.mps else bench
+            asyncio.run(run(cluster, root, cdi_dir, args.rounds))
     finally:
         shutil.rmtree(root, ignore_errors=True)
         shutil.rmtree(cdi_dir, ignore_errors=True)

@@ -16,6 +16,7 @@ import pytest
 
 from dra_devcluster import LocalCluster, UnsupportedVersion, resolve_kubernetes_version
 from dra_devcluster.versions import VERSION_ENV
+from tests import mps_cgroup
 
 _CLUSTER_KEY = pytest.StashKey[LocalCluster]()
 
@@ -26,6 +27,13 @@ def pytest_report_header(config: pytest.Config) -> str:
     except UnsupportedVersion as err:  # the tests that need a cluster fail with it
         return f"kubernetes: {err}"
     return f"kubernetes: {kubernetes.version}, etcd {kubernetes.etcd} (${VERSION_ENV} chooses)"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _mps_cgroup_parent() -> Iterator[None]:
+    """The cgroup the tests' MPS daemons go under is removed when the session ends."""
+    yield
+    mps_cgroup.remove_parent()
 
 
 @pytest.fixture(scope="session")

@@ -178,7 +178,10 @@ async def _start_driver(
         else None,
         gpu_sharing=await asyncio.to_thread(prepare_tools.gpu_sharing, backend),
         mps=await asyncio.to_thread(
-            prepare_tools.mps_daemons, backend, settings.checkpoint_dir(driver=driver) / "mps"
+            prepare_tools.mps_daemons,
+            backend,
+            settings.checkpoint_dir(driver=driver) / "mps",
+            prepare_tools.mps_options(settings),
         )
         if settings.mps_support
         else None,

@@ -105,8 +105,8 @@ class DeviceNode:
 @dataclass(frozen=True)
 class Mount:
     """A bind mount for a CDI spec: `host_path` on the node at `container_path`, read-only unless
-    the container must write there (an MPS daemon's pipe and shm folders); `noexec` for what is
-    never run (a daemon's socket)."""
+    the container must write there (an MPS claim's shm), and `noexec` where nothing is run from it
+    (a daemon's socket, a claim's shm)."""
 
     host_path: str
     container_path: str

@@ -100,10 +100,6 @@ class Sharing:
     time_slice_interval: str | None = None  # "Default" once normalized, for TimeSlicing on a GPU
     mps: MpsConfig | None = None  # MpsConfig() once normalized, for MPS
 
-    @property
-    def mps_multi_user(self) -> bool:
-        return self.mps is not None and self.mps.multi_user
-
 
 @dataclass(frozen=True)
 class GpuConfig:
@@ -594,13 +590,13 @@ def not_implemented(config: DriverConfig) -> str | None:
             "(the GPU's time slice is shared by all its MIG devices, so one claim cannot set it); leave "
             "sharing out for a MIG device"
         )
-    if isinstance(config, GpuConfig) and config.sharing is not None and not config.sharing.mps_multi_user:
-        return None  # applied at prepare (gpu_sharing, mps)
-    if isinstance(config, GpuConfig | MigDeviceConfig) and config.sharing is not None:
+    if isinstance(config, GpuConfig) and config.sharing is not None:
+        return None  # applied at prepare (gpu_sharing, mps; multiUser too)
+    if isinstance(config, MigDeviceConfig) and config.sharing is not None:
         detail = f"sharing.strategy {config.sharing.strategy}"
         if config.sharing.mps is not None and config.sharing.mps.multi_user:
             detail += " with mpsConfig.multiUser"
-        what = "MPS for several users" if isinstance(config, GpuConfig) else "MPS on MIG devices"
+        what = "MPS on MIG devices"
         return (
             f"{config.KIND} {detail}: {what} is not implemented by this driver yet, so the device "
             "would not be shared as configured"

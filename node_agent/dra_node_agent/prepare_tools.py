@@ -20,6 +20,7 @@ from dra_node_agent.nvidia.container_env import NvidiaEnv
 from dra_node_agent.nvidia.discovery import NvmlBackend
 from dra_node_agent.nvidia.dynamic_mig import DynamicMig
 from dra_node_agent.nvidia.gpu_sharing import GpuSharing, NvmlComputeModes
+from dra_node_agent.settings import MPS_DAEMON_MEMORY_MIN, MPS_SHM_SIZE_MIN, Settings, quantity_bytes
 from dra_node_agent.simulated.discovery import SimulatedBackend
 from dra_node_agent.tpu.container_env import TpuEnv
 from dra_node_agent.tpu.discovery import TpuBackend
@@ -75,8 +76,11 @@ def gpu_sharing(backend: DiscoveryBackend) -> GpuSharing | None:
     )
 
 
-def mps_daemons(backend: DiscoveryBackend, root: Path) -> mps.MpsDaemons | None:
-    """Per-claim MPS daemons from the driver root's tools, kept under ``root``."""
+def mps_daemons(
+    backend: DiscoveryBackend, root: Path, options: mps.MpsOptions | None = None
+) -> mps.MpsDaemons | None:
+    """Per-claim MPS daemons from the driver root's tools, kept under ``root``, run as ``options``
+    say (their shm size and cgroup; the defaults without)."""
     nvml = nvml_backend(backend)
     if nvml is None:
         return None
@@ -87,6 +91,19 @@ def mps_daemons(backend: DiscoveryBackend, root: Path) -> mps.MpsDaemons | None:
         env=nvml.tool_env(),
         # The simulated stand-in makes a FIFO, not unix sockets: its paths may be long.
         socket_path_max=None if nvml.simulated else MAX_SOCKET_PATH_BYTES,
+        options=options,
+    )
+
+
+def mps_options(settings: Settings) -> mps.MpsOptions:
+    """The MPS daemons' shm size, memory limit and cgroup from the agent's settings."""
+    return mps.MpsOptions(
+        shm_size=quantity_bytes("mps_shm_size", settings.mps_shm_size, least=MPS_SHM_SIZE_MIN),
+        memory_limit=quantity_bytes(
+            "mps_daemon_memory_limit", settings.mps_daemon_memory_limit, least=MPS_DAEMON_MEMORY_MIN
+        ),
+        cgroup_parent=settings.mps_cgroup_parent,
+        cgroup_root=settings.cgroup_root,
     )
 
 

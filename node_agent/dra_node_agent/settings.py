@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any, Final
 
 from dra_api.kubeletapi.socketpaths import MAX_SOCKET_PATH_BYTES, longest_socket_path, path_bytes
 from dra_api.names import GPU_DRIVER, TPU_DRIVER
+from dra_api.quantity import Quantity
 
 ENV_PREFIX: Final = "DRA_AGENT_"
 BACKENDS: Final = ("nvidia", "tpu")
@@ -222,6 +224,42 @@ class Settings:
             metavar="BOOL",
         ),
     )
+    mps_shm_size: str = field(
+        default="1Gi",
+        metadata=_opt(
+            "Size of each MPS claim's /dev/shm, a tmpfs its containers and its daemon share (NVIDIA's "
+            "MpsConfig has no field for it); a write past it fails with ENOSPC, and the node's disk is "
+            "never used. A Kubernetes quantity of at least 1Mi.",
+            metavar="QUANTITY",
+        ),
+    )
+    mps_daemon_memory_limit: str = field(
+        default="1Gi",
+        metadata=_opt(
+            "Memory limit of each MPS claim's cgroup, which holds its control daemon and the servers "
+            "that daemon starts; past it the kernel OOM-kills in that cgroup only, never the agent or "
+            "another claim's daemon. A Kubernetes quantity of at least 16Mi.",
+            metavar="QUANTITY",
+        ),
+    )
+    mps_cgroup_parent: str = field(
+        default="accel-dra-mps",
+        metadata=_opt(
+            "The cgroup, relative to the root of the node's hierarchy (see --cgroup-root), under which "
+            "each MPS claim's daemon gets a cgroup of its own, outside the agent's. Empty keeps the "
+            "daemons in the agent's cgroup, sharing its memory limit (not for shared nodes).",
+            metavar="PATH",
+        ),
+    )
+    cgroup_root: Path = field(
+        default=Path("/sys/fs/cgroup"),
+        metadata=_opt(
+            "Where the node's cgroup file system is mounted: a cgroup v2 root, or the folder holding "
+            "the v1 hierarchies (its memory/ is used). A privileged container on cgroup v2 sees the "
+            "node's whole hierarchy there.",
+            metavar="DIR",
+        ),
+    )
     dynamic_mig: bool = field(
         default=False,
         metadata=_opt(
@@ -421,10 +459,39 @@ def validate(settings: Settings) -> None:
         )
     if settings.max_prepared_claims < 1:
         raise SettingsError(f"setting max_prepared_claims: {settings.max_prepared_claims} is less than 1")
+    _check_mps(settings)
     if settings.claim_read_attempts < 1:
         raise SettingsError(f"setting claim_read_attempts: {settings.claim_read_attempts} is less than 1")
     if settings.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise SettingsError(f"setting log_level: {settings.log_level!r} is not DEBUG, INFO, WARNING or ERROR")
+
+
+MPS_SHM_SIZE_MIN: Final = 1 << 20
+# Names that do not start with a dot (so never '..'), joined by '/'.
+_CGROUP_PATH: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*(/[A-Za-z0-9_][A-Za-z0-9._-]*)*")
+MPS_DAEMON_MEMORY_MIN: Final = 16 << 20
+
+
+def quantity_bytes(name: str, raw: str, *, least: int) -> int:
+    """A setting's Kubernetes quantity in bytes, at least ``least``; SettingsError naming it."""
+    try:
+        value = Quantity.parse(raw).as_int()
+    except ValueError:
+        value = None
+    if value is None or value < least:
+        raise SettingsError(f"setting {name}: {raw!r} is not a quantity of at least {least} bytes")
+    return value
+
+
+def _check_mps(settings: Settings) -> None:
+    quantity_bytes("mps_shm_size", settings.mps_shm_size, least=MPS_SHM_SIZE_MIN)
+    quantity_bytes("mps_daemon_memory_limit", settings.mps_daemon_memory_limit, least=MPS_DAEMON_MEMORY_MIN)
+    parent = settings.mps_cgroup_parent
+    if parent and not _CGROUP_PATH.fullmatch(parent):
+        raise SettingsError(
+            f"setting mps_cgroup_parent: {parent!r} is not a relative cgroup path (names of letters, "
+            "digits, '.', '_' and '-', joined by '/')"
+        )
 
 
 def _check_socket_paths(settings: Settings) -> None:

@@ -103,6 +103,20 @@ class DynamicMig:
         logger.info("%s: created MIG device %s (GPU instance %d)", where, instance.uuid, instance.gi_id)
         return instance
 
+    def existing(self, placement: MigPlacement) -> MigInstance | None:
+        """The MIG device at ``placement`` if there is one, changing nothing (what an admin-access
+        claim observes). Raises ``MigError``."""
+        where = _describe(placement)
+        try:
+            with self._session() as nvml:
+                parent = nvml.nvmlDeviceGetHandleByUUID(placement.parent_uuid)
+                found = self._find(nvml, parent, placement)
+                return None if found is None else self._device_of(nvml, parent, found)
+        except pynvml.NVMLError as err:
+            raise MigError(f"{where}: looking up the MIG device failed: {err}") from err
+        except OSError as err:
+            raise MigError(f"{where}: NVML is not usable: {err}") from err
+
     def edits(self, device: DiscoveredDevice, instance: MigInstance) -> DiscoveredDevice:
         """The published device as the live instance: its UUID and the capability nodes that grant
         access to it (read from /proc, as for static MIG devices)."""

@@ -1,31 +1,40 @@
 """MPS: one control daemon per claim, started before prepare returns and stopped at unprepare.
 
 How the daemon runs, and why. NVIDIA's driver renders a Deployment per claim and waits for its pod.
-This driver starts ``nvidia-cuda-mps-control -f`` from the driver root as a process of its own
-session, in a mount namespace of its own whose ``/dev/shm`` is the claim's shm folder: no pod to
-schedule, no image to pull and no extra RBAC in the prepare path (the kubelet allows it 45 s), and the
-claim's containers get the same pipe and shm folders through the CDI spec. The cost: the daemons run
-in the agent's container, so a restart of that container ends them; the agent then starts them again
-from what it recorded, and the CUDA processes that were connected must reconnect (restart). A
-restart of the agent process alone (and its upgrade, where the old and the new pod overlap) keeps
-them: the new agent finds each daemon by its recorded PID and command line.
+This driver starts ``nvidia-cuda-mps-control -f`` (``-f -M`` for ``multiUser``) from the driver
+root as a process of its own session, in a mount namespace of its own whose ``/dev/shm`` is the
+claim's shm tmpfs, and in a memory cgroup of its own (``cgroups``): no pod to schedule, no image to
+pull and no extra RBAC in the prepare path (the kubelet allows it 45 s), and the claim's containers
+get the same pipe and shm folders through the CDI spec. The cgroup, outside the agent's, holds the
+daemon and the servers it starts to a memory limit of their own (``--mps-daemon-memory-limit``): a
+daemon that outgrows it is OOM-killed alone, never the agent or another claim's daemon. A restart
+of the agent's container still ends the daemons it started (they are its processes); the agent then
+starts them again from what it recorded, and the CUDA processes that were connected must reconnect
+(restart). A restart of the agent process alone (and its upgrade, where the old and the new pod
+overlap) keeps them: the new agent finds each daemon by its recorded PID and command line.
 
-Per claim, under ``<state dir>/mps/<claim UID>/``: ``pipe/`` (CUDA_MPS_PIPE_DIRECTORY; its
-``control`` FIFO means the daemon is up), ``log/``, ``shm/`` and ``daemon.json`` (PID, GPUs,
+Per claim, under ``<state dir>/mps/<claim UID>/`` (``mps_folders`` has the owners and modes):
+``pipe/`` (CUDA_MPS_PIPE_DIRECTORY; its ``control`` socket means the daemon is up; read-only in the
+containers), ``log/``, ``shm/`` (a tmpfs of ``--mps-shm-size``) and ``daemon.json`` (PID, GPUs,
 limits). The limits reach the daemon as NVIDIA's template sends them, as control commands
 (``set_default_active_thread_percentage``, ``set_default_device_pinned_mem_limit <uuid> <MiB>M``),
 and the containers as environment (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT
 with the claim's GPUs numbered in PCI bus order, as CUDA numbers a container's GPUs).
+
+Multi-user (``multiUser: true``, NVIDIA's v0.5.0): without it the daemon serves one user at a time,
+and a client of another user waits until the first user's server has exited; with it (``-M``)
+processes of every user share the daemon. The folders are the same either way: any user may reach
+the pipe's socket and write the shm. As NVIDIA's driver, it asks for a Volta or newer GPU.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import logging
 import os
-import shutil
 import signal
 import time
 from collections.abc import Mapping, Sequence
@@ -36,6 +45,8 @@ from typing import Any, Final
 from dra_api.kubeletapi.socketpaths import MAX_SOCKET_PATH_BYTES
 from dra_api.quantity import Quantity
 from dra_node_agent.devices import ContainerEdits, DiscoveredDevice, Mount
+from dra_node_agent.nvidia import mps_folders
+from dra_node_agent.nvidia.cgroups import CgroupError, MemoryCgroups
 from dra_node_agent.nvidia.discovery import MPS_CONTROL_PATHS
 from dra_node_agent.nvidia.gpu_sharing import SharingError, run_tool
 from dra_node_agent.opaqueconfig import MpsConfig
@@ -47,6 +58,14 @@ START_TIMEOUT_SECONDS: Final = 15.0
 STOP_TIMEOUT_SECONDS: Final = 10.0
 COMMAND_TIMEOUT_SECONDS: Final = 10.0
 MIB: Final = 1 << 20
+GIB: Final = 1 << 30
+MULTI_USER_MIN_COMPUTE_CAPABILITY: Final = 7  # Volta, as NVIDIA's driver asks
+# The daemon's launcher: into its cgroup (when it has one), the claim's shm as its /dev/shm, then
+# the tool. Paths go as arguments, never into the script.
+_LAUNCH: Final = (
+    'procs=$1 shm=$2; shift 2; if [ -n "$procs" ]; then echo $$ > "$procs" || exit 125; fi; '
+    'mount --bind "$shm" /dev/shm && exec "$@"'
+)
 
 
 class MpsError(SharingError):
@@ -54,12 +73,27 @@ class MpsError(SharingError):
 
 
 @dataclass(frozen=True)
+class MpsOptions:
+    """How this node runs the daemons: the agent's ``--mps-*`` and ``--cgroup-root`` flags."""
+
+    shm_size: int = GIB  # bytes of each claim's shm tmpfs
+    memory_limit: int = GIB  # bytes each claim's daemon and its servers may use
+    cgroup_parent: str = "accel-dra-mps"  # "": the daemons stay in the agent's cgroup
+    cgroup_root: Path = Path("/sys/fs/cgroup")
+
+
+@dataclass(frozen=True)
 class MpsLimits:
-    """The daemon-wide settings of one claim: its GPUs (UUIDs, PCI bus order) and their limits."""
+    """The daemon-wide settings of one claim: its GPUs (UUIDs, PCI bus order), their limits, and
+    whether processes of several users share the daemon."""
 
     uuids: tuple[str, ...]
     active_thread_percentage: int | None = None
     pinned_memory: Mapping[str, int] = field(default_factory=dict)  # UUID -> bytes
+    multi_user: bool = False
+
+    def daemon_args(self) -> list[str]:
+        return ["-f", "-M"] if self.multi_user else ["-f"]
 
     def daemon_commands(self) -> list[str]:
         commands = []
@@ -90,6 +124,7 @@ class MpsLimits:
             "uuids": list(self.uuids),
             "activeThreadPercentage": self.active_thread_percentage,
             "pinnedMemory": dict(self.pinned_memory),
+            "multiUser": self.multi_user,
         }
 
     @staticmethod
@@ -99,6 +134,7 @@ class MpsLimits:
             uuids=tuple(str(u) for u in raw["uuids"]),
             active_thread_percentage=None if percentage is None else int(percentage),
             pinned_memory={str(k): int(v) for k, v in (raw.get("pinnedMemory") or {}).items()},
+            multi_user=bool(raw.get("multiUser", False)),
         )
 
 
@@ -129,11 +165,27 @@ def resolve_limits(config: MpsConfig, gpus: Sequence[DiscoveredDevice], *, where
             known = ", ".join(f"{d.local_id} ({d.uuid})" for d in ordered)
             raise MpsError(f"{path}: names no GPU of this claim; its GPUs are {known}")
         pinned[uuid] = _bytes(text, path)
+    if config.multi_user:
+        _check_multi_user(ordered, where=f"{where}.multiUser")
     return MpsLimits(
         uuids=tuple(d.uuid for d in ordered),
         active_thread_percentage=config.default_active_thread_percentage,
         pinned_memory=pinned,
+        multi_user=config.multi_user,
     )
+
+
+def _check_multi_user(gpus: Sequence[DiscoveredDevice], *, where: str) -> None:
+    """Multi-user MPS needs Volta or newer (NVIDIA's driver refuses it on older GPUs alike)."""
+    for gpu in gpus:
+        attribute = gpu.attributes.get("cudaComputeCapability")
+        major = str(attribute.value).split(".")[0] if attribute is not None else ""
+        if major.isdigit() and int(major) < MULTI_USER_MIN_COMPUTE_CAPABILITY:
+            raise MpsError(
+                f"{where}: multiuser mode was requested but is not supported by GPU {gpu.local_id} "
+                f"({gpu.uuid}, compute capability {attribute.value if attribute else '?'}; "
+                "Volta (7.0) or newer is needed)"
+            )
 
 
 class MpsDaemons:
@@ -147,14 +199,25 @@ class MpsDaemons:
         driver_root: Path,
         env: Mapping[str, str],
         socket_path_max: int | None = MAX_SOCKET_PATH_BYTES,
+        options: MpsOptions | None = None,
     ) -> None:
         """``socket_path_max`` None: the tool makes no unix sockets (the simulated stand-in)."""
         self.root = root
+        self.options = options or MpsOptions()
         self._socket_path_max = socket_path_max
         self._control = control
         self._driver_root = driver_root
         self._env = dict(env)
         self._children: dict[str, asyncio.subprocess.Process] = {}
+        self.cgroups = (
+            MemoryCgroups(
+                cgroup_root=self.options.cgroup_root,
+                parent=self.options.cgroup_parent,
+                memory_limit=self.options.memory_limit,
+            )
+            if self.options.cgroup_parent
+            else None
+        )
 
     def limits(self, config: MpsConfig, gpus: Sequence[DiscoveredDevice], *, where: str) -> MpsLimits:
         """The claim's limits (``resolve_limits``), for prepare, which knows MPS only as a protocol."""
@@ -164,13 +227,14 @@ class MpsDaemons:
         return self.root / uid
 
     def edits(self, uid: str, limits: MpsLimits) -> ContainerEdits:
-        """What the claim's containers get: the daemon's pipe and shm folders, and the limits."""
+        """What the claim's containers get: the daemon's pipe folder (read-only: they connect to its
+        socket, and write nothing where the root daemon writes) and shm tmpfs, and the limits."""
         folder = self.claim_dir(uid)
         return ContainerEdits(
             env=tuple(limits.container_env()),
             mounts=(
-                Mount(host_path=str(folder / "pipe"), container_path=CONTAINER_PIPE_DIR, read_only=False),
-                Mount(host_path=str(folder / "shm"), container_path="/dev/shm", read_only=False),
+                Mount(host_path=str(folder / "pipe"), container_path=CONTAINER_PIPE_DIR, noexec=True),
+                Mount(host_path=str(folder / "shm"), container_path="/dev/shm", read_only=False, noexec=True),
             ),
         )
 
@@ -206,9 +270,7 @@ class MpsDaemons:
                 f"({length} bytes for {longest.name}, at most {self._socket_path_max}): "
                 "choose a shorter --state-dir"
             )
-        await asyncio.to_thread(_make_dirs, folder)
-        # A daemon that was killed leaves its control FIFO: the new one's is the sign it is up.
-        await asyncio.to_thread((folder / "pipe" / "control").unlink, True)
+        procs = await asyncio.to_thread(self._host_set_up, uid)
         log = folder / "log" / "daemon.out"
         env = {
             **os.environ,
@@ -217,15 +279,16 @@ class MpsDaemons:
             "CUDA_MPS_PIPE_DIRECTORY": str(folder / "pipe"),
             "CUDA_MPS_LOG_DIRECTORY": str(folder / "log"),
         }
-        # The daemon's /dev/shm is the claim's shm folder, the one its containers get: a mount
-        # namespace of its own, so the agent's and the host's /dev/shm stay as they are.
-        script = 'mount --bind "$0" /dev/shm && exec "$1" -f'
-        command = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script]
+        # A mount namespace of its own, whose /dev/shm is the claim's tmpfs (the one its containers
+        # get): the agent's and the host's /dev/shm stay as they are.
+        command = ["unshare", "--mount", "--propagation", "private", "sh", "-c", _LAUNCH, "mps-launch"]
         with log.open("ab") as out:
             process = await asyncio.create_subprocess_exec(
                 *command,
+                str(procs or ""),
                 str(folder / "shm"),
                 str(self._control),
+                *limits.daemon_args(),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=out,
                 stderr=asyncio.subprocess.STDOUT,
@@ -235,6 +298,34 @@ class MpsDaemons:
         self._children[uid] = process
         record = {"pid": process.pid, "tool": str(self._control), **limits.to_json()}
         await asyncio.to_thread(_write_json, folder / "daemon.json", record)
+        await self._wait_up(uid, process)
+
+    def _host_set_up(self, uid: str) -> Path | None:
+        """The claim's folders and shm tmpfs, its cgroup (the file the daemon joins it by), and no
+        control socket of an earlier daemon (the new one's is the sign it is up). Blocking."""
+        folder = self.claim_dir(uid)
+        try:
+            mps_folders.make(folder, shm_size=self.options.shm_size)
+        except OSError as exc:
+            hint = (
+                " (mounting the claim's shm tmpfs needs CAP_SYS_ADMIN: run the agent privileged, as the "
+                "gpu overlay and the chart do)"
+                if exc.errno == errno.EPERM
+                else ""
+            )
+            raise MpsError(f"setting up the claim's MPS folders under {folder}: {exc}{hint}") from None
+        (folder / "pipe" / "control").unlink(missing_ok=True)
+        if self.cgroups is None:
+            return None
+        try:
+            # Whatever the dead daemon left in its cgroup (servers that outlived it) goes first.
+            self.cgroups.remove(uid)
+            return self.cgroups.create(uid)
+        except CgroupError as exc:
+            raise MpsError(f"the daemon's cgroup (--mps-cgroup-parent): {exc}") from None
+
+    async def _wait_up(self, uid: str, process: asyncio.subprocess.Process) -> None:
+        folder = self.claim_dir(uid)
         deadline = time.monotonic() + START_TIMEOUT_SECONDS
         control = folder / "pipe" / "control"
         while not await asyncio.to_thread(control.exists):
@@ -285,13 +376,14 @@ class MpsDaemons:
         return sorted(p.name for p in self.root.iterdir() if p.is_dir())
 
     async def stop(self, uid: str) -> None:
-        """Stop the claim's daemon (``quit``, then SIGTERM, then SIGKILL to its group) and remove its
-        folder. Safe when there is none."""
+        """Stop the claim's daemon (``quit``, then SIGTERM, then SIGKILL to its group), end what is
+        left in its cgroup, and remove its cgroup and folders. Safe when there is none."""
         folder = self.claim_dir(uid)
         record = await asyncio.to_thread(_read_json, folder / "daemon.json")
         pid = int(record["pid"]) if record else None
         tool = str(record["tool"]) if record else ""
-        if pid is not None and await asyncio.to_thread(_alive, pid, tool):
+        alive = pid is not None and await asyncio.to_thread(_alive, pid, tool)
+        if pid is not None and alive:
             with contextlib.suppress(MpsError, OSError):
                 await self._send(uid, ["quit"])
             if not await self._gone(uid, pid, tool, STOP_TIMEOUT_SECONDS / 2):
@@ -302,13 +394,34 @@ class MpsDaemons:
                         break
                 else:
                     raise MpsError(f"MPS control daemon {pid} of claim {uid} did not stop")
+        elif pid is not None:
+            await asyncio.to_thread(self._report_death, uid)
         child = self._children.pop(uid, None)
         if child is not None and child.returncode is None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(child.wait(), 1.0)
-        await asyncio.to_thread(shutil.rmtree, folder, True)
+        if self.cgroups is not None:
+            await asyncio.to_thread(self.cgroups.remove, uid)  # servers that outlived the daemon too
+        try:
+            await asyncio.to_thread(mps_folders.remove, folder)
+        except OSError as exc:
+            raise MpsError(f"removing the claim's MPS folders {folder}: {exc}") from None
         if pid is not None:
             logger.info("MPS control daemon of claim %s stopped", uid)
+
+    def _report_death(self, uid: str) -> None:
+        """A daemon found dead at stop: say so, and whether its cgroup's memory limit ended it."""
+        kills = self.cgroups.oom_kills(uid) if self.cgroups is not None else 0
+        if kills:
+            logger.warning(
+                "MPS control daemon of claim %s had ended before its stop: its cgroup's memory limit "
+                "(%d bytes, --mps-daemon-memory-limit) OOM-killed %d of its processes",
+                uid,
+                self.options.memory_limit,
+                kills,
+            )
+        else:
+            logger.warning("MPS control daemon of claim %s had ended before its stop", uid)
 
     async def _gone(self, uid: str, pid: int, tool: str, within: float) -> bool:
         child = self._children.get(uid)
@@ -320,14 +433,6 @@ class MpsDaemons:
                 return True
             await asyncio.sleep(0.05)
         return False
-
-
-def _make_dirs(folder: Path) -> None:
-    for name in ("pipe", "log", "shm"):
-        (folder / name).mkdir(parents=True, exist_ok=True)
-    # Containers of any user connect to the daemon (its pipe and shm), as NVIDIA's folders allow.
-    for name in ("pipe", "shm"):
-        (folder / name).chmod(0o1777)
 
 
 def _write_json(path: Path, data: Mapping[str, Any]) -> None:

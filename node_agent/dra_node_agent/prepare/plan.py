@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dra_node_agent import checkpoint as cp
-from dra_node_agent.claim_reader import ClaimAllocation, describe
+from dra_node_agent.claim_reader import AllocatedDevice, ClaimAllocation, describe
 from dra_node_agent.device_setup import DeviceSetupError
 from dra_node_agent.devices import ContainerEdits, DiscoveredDevice
 from dra_node_agent.opaqueconfig import (
@@ -54,6 +54,35 @@ class PreparePlan:
         """Whether set-up changes device state (then the results are recorded before it runs, so a
         crash in between leaves an entry that says what to undo)."""
         return any(p.time_slice is not None or p.mps or p.dynamic_mig for p in self.results)
+
+    def observes_only(self, device: str) -> bool:
+        """Whether every result on ``device`` has admin access: set-up looks at it, never changes it."""
+        return all(p.admin_access for p in self.results if p.device == device)
+
+
+def _record(
+    result: AllocatedDevice, device: DiscoveredDevice, sharing: Sharing | None, *, where: str
+) -> cp.CheckpointedDevice:
+    """The checkpoint record of one result: what set-up it asks of its device. A result with admin
+    access observes a device other claims may hold: it asks for none, and sharing is refused."""
+    if result.admin_access and sharing is not None:
+        raise PrepareError(
+            f"{where}: request {result.request}: admin access observes device {device.name} and "
+            f"never reconfigures it (other claims may hold it), so GpuConfig sharing.strategy "
+            f"{sharing.strategy} cannot apply; leave sharing out of admin-access requests"
+        )
+    return cp.CheckpointedDevice(
+        request=result.request,
+        pool=result.pool,
+        device=result.device,
+        admin_access=result.admin_access,
+        shared=result.shared,
+        share_id=result.share_id,
+        time_slice=sharing.time_slice_interval if sharing is not None else None,
+        mps=sharing is not None and sharing.mps is not None,
+        # A placement's instance is made by the claims that hold it, never by one that observes it.
+        dynamic_mig=device.mig_placement is not None and not result.admin_access,
+    )
 
 
 class Planner:
@@ -107,7 +136,6 @@ class Planner:
                 claim_env=claim_env,
                 tpu_configs=tpu_configs,
             )
-            time_slice = sharing.time_slice_interval if sharing is not None else None
             if sharing is not None and sharing.mps is not None:
                 same = next((pair for pair in mps_configs if pair[0] == sharing.mps), None)
                 if same is None:
@@ -115,19 +143,7 @@ class Planner:
                 else:
                     same[1].append(result.request)
                 mps_devices.setdefault(device.name, device)
-            planned.append(
-                cp.CheckpointedDevice(
-                    request=result.request,
-                    pool=result.pool,
-                    device=result.device,
-                    admin_access=result.admin_access,
-                    shared=result.shared,
-                    share_id=result.share_id,
-                    time_slice=time_slice,
-                    mps=sharing is not None and sharing.mps is not None,
-                    dynamic_mig=device.mig_placement is not None,
-                )
-            )
+            planned.append(_record(result, device, sharing, where=where))
             devices.setdefault(device.name, device)
         if len(tpu_configs) > 1:
             # Its settings become container-wide environment: two values would leave the outcome to

@@ -4,6 +4,11 @@ Set-up creates a dynamic MIG placement's instance (recorded with its UUID before
 names it), sets a GpuConfig's time slice and starts its MPS daemon, through the tools of
 ``device_setup``. Roll-back undoes all of it and removes the claim's CDI spec; it must be safe on
 devices that were never set up, since a crash can come at any step.
+
+Set-up touches only what the claim holds. A result with admin access observes its device, which
+other claims may hold: the planner refuses sharing for it, and a dynamic MIG placement it observes
+must already have its instance (a claim that holds the placement made it), which it never creates
+nor destroys. Roll-back never destroys an instance another recorded claim holds.
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ class DeviceSetUp:
         with its instance's UUID and nodes)."""
         self.count += 1
         DEVICE_SETUPS.labels(self._node.driver).inc()
-        entry, ready = await self._set_up_migs(entry, plan.devices)
+        entry, ready = await self._set_up_migs(entry, plan)
         await self._set_up_time_slices(entry, ready)
         if plan.mps_limits is not None:
             assert self._node.mps is not None
@@ -59,10 +64,12 @@ class DeviceSetUp:
         return entry, ready
 
     async def _set_up_migs(
-        self, entry: cp.ClaimEntry, devices: Sequence[DiscoveredDevice]
+        self, entry: cp.ClaimEntry, plan: PreparePlan
     ) -> tuple[cp.ClaimEntry, list[DiscoveredDevice]]:
         """Create the instance of each dynamic MIG placement and record its UUID before the CDI spec
-        names it, so a crash from here on leaves an entry that says what to destroy."""
+        names it, so a crash from here on leaves an entry that says what to destroy. A placement
+        the claim only observes (admin access) gets the instance that is there, or an error."""
+        devices = plan.devices
         if not any(d.mig_placement is not None for d in devices):
             return entry, list(devices)
         mig = self._node.dynamic_mig
@@ -73,12 +80,21 @@ class DeviceSetUp:
             if device.mig_placement is None:
                 ready.append(device)
                 continue
+            requests = sorted({p.request for p in plan.results if p.device == device.name})
+            where = f"{describe(entry_ref(entry))}: request {', '.join(requests)}: device {device.name}"
             try:
-                instance = await asyncio.to_thread(mig.create, device.mig_placement)
+                if plan.observes_only(device.name):
+                    found = await asyncio.to_thread(mig.existing, device.mig_placement)
+                    if found is None:
+                        raise PrepareError(
+                            f"{where}: admin access observes a dynamic MIG placement, and it has no "
+                            "instance: a claim that holds the placement makes it, admin access never does"
+                        )
+                    instance = found
+                else:
+                    instance = await asyncio.to_thread(mig.create, device.mig_placement)
             except DeviceSetupError as exc:
-                requests = sorted({p.request for p in entry.devices if p.device == device.name})
-                where = f"{describe(entry_ref(entry))}: request {', '.join(requests)}"
-                raise PrepareError(f"{where}: device {device.name}: {exc}") from exc
+                raise PrepareError(f"{where}: {exc}") from exc
             uuids[device.name] = instance.uuid
             ready.append(await asyncio.to_thread(mig.edits, device, instance))
         recorded = [dataclasses.replace(p, mig_uuid=uuids.get(p.device, p.mig_uuid)) for p in entry.devices]
@@ -162,9 +178,29 @@ class DeviceSetUp:
 
     async def _tear_down_migs(self, entry: cp.ClaimEntry) -> None:
         """Destroy the instances of the claim's dynamic MIG placements (found by placement: one that
-        was never created, or already destroyed, is no error)."""
+        was never created, or already destroyed, is no error), but never one another recorded claim
+        holds, nor one this claim only observed (an admin-access entry of an older agent)."""
+        if not any(p.dynamic_mig for p in entry.devices):
+            return
+        others = await asyncio.to_thread(self._store.entries)
+        held_elsewhere = {
+            held.device
+            for other in others
+            if other.uid != entry.uid
+            for held in other.devices
+            if held.dynamic_mig and not held.admin_access
+        }
         for prepared in entry.devices:
             if not prepared.dynamic_mig:
+                continue
+            if prepared.admin_access or prepared.device in held_elsewhere:
+                logger.warning(
+                    "%s: device %s: its MIG instance (%s) is left in place: %s",
+                    describe(entry_ref(entry)),
+                    prepared.device,
+                    prepared.mig_uuid or "unknown",
+                    "this claim only observed it" if prepared.admin_access else "another claim holds it",
+                )
                 continue
             device = self._node.devices.get(prepared.device)
             mig = self._node.dynamic_mig

@@ -1,4 +1,4 @@
-"""The simulated node's driver root: what a GPU claim's CDI spec mounts, as from a real driver.
+"""The simulated node's driver root and MPS client: what a GPU claim's CDI spec mounts, as from a real driver.
 
 On hardware the claim's spec mounts the driver's libraries and tools from the driver root
 (``nvidia.driver_files``), so ``nvidia-smi -L`` in a container lists the GPUs it was given. A
@@ -13,6 +13,12 @@ folder. In a container ``-L`` lists, in the real tool's format, the GPUs and MIG
 device nodes the container has (the real tool sees only those), from the table of the node's
 devices at the end of the script (lines ``#@uuid|kind|name|parent uuid|device nodes``). Anything
 else exits 2 and says so.
+
+`mps-client` stands in for a CUDA process of an MPS claim: it connects to the claim's daemon (the
+host stand-in, ``host_tools``) through CUDA_MPS_PIPE_DIRECTORY as the container's user, says which
+server serves it and whether its /dev/shm is the server's, and then holds its connection for the
+seconds asked (`mps-client hold N`) or has the server take host memory for it
+(`mps-client host-memory MiB`). Exit status 1 when it is not served.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
-from dra_node_agent.devices import DiscoveredDevice
+from dra_node_agent.devices import ContainerEdits, DiscoveredDevice, Mount
 
 NVIDIA_SMI: Final = "usr/bin/nvidia-smi"
 LIBRARY_DIR: Final = "usr/lib/x86_64-linux-gnu"
@@ -32,6 +38,41 @@ LIBRARIES: Final = (
 )
 GSP_FIRMWARE: Final = "gsp_ga10x.bin"
 TABLE_MARK: Final = "#@"
+CONTAINER_MPS_CLIENT: Final = "/usr/bin/mps-client"
+MPS_CLIENT_PATH: Final = "usr/bin/mps-client"
+
+MPS_CLIENT: Final = """#!/bin/sh
+# A CUDA client of the claim's MPS daemon on a simulated node (accel-dra).
+pipe="${CUDA_MPS_PIPE_DIRECTORY:-/tmp/nvidia-mps}"
+say() { echo "mps-client: $*"; }
+[ -p "$pipe/control" ] || { say "no MPS control daemon at $pipe"; exit 1; }
+id=$(cat /proc/sys/kernel/random/uuid); uid=$(id -u)
+send() {
+  timeout 5 sh -c 'printf "%s\\n" "$1" > "$2"' send "$1" "$pipe/control" ||
+    { say "the MPS control daemon does not read its pipe"; exit 1; }
+}
+await() {
+  i=0
+  while [ ! -f "$pipe/answers/$id.$1" ]; do
+    i=$((i + 1)); [ "$i" -le 100 ] || { echo "no answer from the MPS control daemon"; return 1; }
+    sleep 0.1
+  done
+  cat "$pipe/answers/$id.$1"
+}
+send "connect $uid $id"; answer=$(await connect); status=$?; say "$answer"
+[ "$status" = 0 ] || exit 1
+case "$answer" in served*) ;; *) exit 1 ;; esac
+seg=${answer##* shm }
+if [ -f "/dev/shm/$seg" ]; then say "/dev/shm is the server's: $(cat "/dev/shm/$seg")"
+else say "/dev/shm is not the server's"; fi
+case "$1" in
+  hold) trap 'send "disconnect $uid $id"; exit 0' TERM INT; sleep "${2:-3600}" & wait $! ;;
+  host-memory)
+    send "host-memory $id ${2:-1}"; answer=$(await memory); status=$?; say "$answer"
+    [ "$status" = 0 ] || exit 1 ;;
+esac
+send "disconnect $uid $id"
+"""
 
 _SCRIPT: Final = """#!/bin/sh
 # nvidia-smi on a simulated node (accel-dra), under its simulated driver root. On the host:
@@ -169,3 +210,10 @@ def _link(path: Path, target: str) -> None:
 
 def _shell_quote(text: str) -> str:
     return "'" + text.replace("'", "'\\''") + "'"
+
+
+def install_mps_client(driver_root: Path) -> ContainerEdits:
+    """Write `mps-client` under ``driver_root`` (blocking); the mount that gives it to containers."""
+    client = driver_root / MPS_CLIENT_PATH
+    _write(client, MPS_CLIENT, 0o755)
+    return ContainerEdits(mounts=(Mount(host_path=str(client), container_path=CONTAINER_MPS_CLIENT),))

@@ -486,6 +486,10 @@ class SimulatedBackend:
                 state_dir=hardware.root / GPU_STATE_DIR,
                 devices=inventory.devices,
             )
+            if hardware.char_devices:
+                # A container on a real node gets a client of its claim's simulated MPS daemon.
+                tools = container_tools.install_mps_client(hardware.root / SIMULATED_DRIVER_ROOT)
+                inventory = dataclasses.replace(inventory, common_edits=inventory.common_edits.merged(tools))
         return inventory
 
     def nvml_backend(self) -> NvmlBackend | None:

@@ -12,29 +12,90 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Final
 
-# The simulated node's nvidia-cuda-mps-control, installed under the simulated driver root. With -f
-# it is the daemon: it creates the control FIFO, marks the shm it was given (so a test sees that its
-# containers share it), records the commands it receives in the pipe folder's "settings" file and
-# exits on "quit". Without -f it is the client: it passes its input lines to the daemon and, like the
-# real client, returns only once the daemon has acted on them.
+# The simulated node's nvidia-cuda-mps-control, installed under the simulated driver root.
+#
+# With -f it is the daemon (-f -M: multi-user): it creates the control FIFO, records the commands the
+# agent sends it in the pipe folder's "settings" file and exits on "quit". It also serves the
+# claim's clients (the container-side stand-in, ``container_tools``'s mps-client), modelling what
+# matters of the real daemon:
+# - one server at a time serves one user: a client of another user is refused while that server
+#   has clients (the real daemon queues it until the server exits), unless the daemon is multi-user;
+# - the server shares memory with its clients in /dev/shm: it creates a segment there, as root, in
+#   a folder the claim's containers write too, so it never follows a link (rm, then an exclusive
+#   create: a planted name makes it go without, it never writes through it);
+# - a client's work grows the server's host memory ("host-memory <MiB>"), which the daemon's cgroup
+#   holds to its limit.
+# Answers go to the pipe folder's answers/ (read-only in containers), at most 64 kept. Without -f
+# it is the client the agent sends commands through: it passes its input lines to the daemon and,
+# like the real client, returns only once the daemon has acted on them.
 SIMULATED_MPS_CONTROL: Final = """#!/bin/sh
 # nvidia-cuda-mps-control on a simulated node (accel-dra).
+set -f
 pipe="${CUDA_MPS_PIPE_DIRECTORY:-/tmp/nvidia-mps}"
 if [ "$1" = -f ]; then
+  multi=no; [ "$2" = -M ] && multi=yes
   [ -n "$CUDA_VISIBLE_DEVICES" ] || { echo "no GPUs (CUDA_VISIBLE_DEVICES is empty)" >&2; exit 1; }
   rm -f "$pipe/control"
-  echo "$CUDA_VISIBLE_DEVICES" > /dev/shm/accel-dra-mps-daemon
+  rm -rf "$pipe/answers"; mkdir -m 0755 "$pipe/answers" || exit 1
   echo "devices $CUDA_VISIBLE_DEVICES" > "$pipe/settings"
-  mkfifo -m 0666 "$pipe/control" || exit 1
-  echo "MPS control daemon (simulated) serving $CUDA_VISIBLE_DEVICES"
+  echo "multi-user $multi" > "$pipe/mode"
+  mkfifo -m 0622 "$pipe/control" || exit 1
+  echo "MPS control daemon (simulated) serving $CUDA_VISIBLE_DEVICES (multi-user: $multi)"
   trap 'rm -f "$pipe/control"; exit 0' TERM INT
+  me=$(id -u); server=""; clients=0; hog=""
+  answer() {
+    set -- "$pipe/answers/$1" "$2"
+    printf '%s\n' "$2" > "$1.tmp" && mv -f "$1.tmp" "$1"
+    set -- "$pipe"/answers/*
+    [ $# -le 64 ] || rm -f "$1"
+  }
+  segment() {
+    seg="accel-dra-mps-server-$server"
+    [ -f "/dev/shm/$seg" ] && [ ! -L "/dev/shm/$seg" ] && return
+    rm -f "/dev/shm/$seg"
+    ( set -C; echo "$CUDA_VISIBLE_DEVICES" > "/dev/shm/$seg" ) 2>/dev/null || seg=none
+  }
+  connect() {
+    if [ "$multi" = yes ] || [ -z "$server" ] || [ "$server" = "$1" ]; then
+      if [ "$multi" = yes ]; then server=$me; else server=$1; fi
+      clients=$((clients + 1)); segment
+      answer "$2.connect" \\
+        "served by the MPS server of user $server (client user $1, multi-user $multi) shm $seg"
+    else
+      answer "$2.connect" "refused: the MPS server of user $server serves other clients; \\
+user $1 waits until it exits (the daemon is not multi-user)"
+    fi
+  }
+  disconnect() {
+    [ "$clients" -gt 0 ] && clients=$((clients - 1))
+    rm -f "$pipe/answers/$2.connect" "$pipe/answers/$2.memory"
+    if [ "$clients" = 0 ] && [ "$multi" = no ]; then
+      rm -f "/dev/shm/accel-dra-mps-server-$server"; server=""
+    fi
+  }
+  host_memory() {
+    case "$2" in ''|*[!0-9]*) return ;; esac
+    [ ${#2} -le 6 ] || return
+    hog=$(head -c 1048576 /dev/zero | tr '\\0' m); size=1
+    while [ "$size" -lt "$2" ]; do hog="$hog$hog"; size=$((size * 2)); done
+    answer "$1.memory" "the MPS server holds $size MiB of host memory for it"
+  }
   while true; do
     while read -r line; do
-      case "$line" in
+      set -- $line
+      case "$1" in
         quit) rm -f "$pipe/control"; echo "quit"; exit 0 ;;
-        set_default_active_thread_percentage\\ *|set_default_device_pinned_mem_limit\\ *)
+        set_default_active_thread_percentage|set_default_device_pinned_mem_limit)
           echo "$line" >> "$pipe/settings" ;;
-        *) echo "unknown command: $line" >> "$pipe/settings" ;;
+        connect|disconnect|host-memory)
+          # Client input: a numeric user and a nonce of hex digits and dashes, nothing else.
+          case "$2$3" in *[!0-9a-f-]*) continue ;; esac
+          [ -n "$2" ] && [ -n "$3" ] && [ ${#3} -le 64 ] || continue
+          case "$1" in
+            connect) case "$2" in *[!0-9]*) continue ;; esac; connect "$2" "$3" ;;
+            disconnect) disconnect "$2" "$3" ;;
+            host-memory) host_memory "$2" "$3" ;;
+          esac ;;
       esac
     done < "$pipe/control"
   done

@@ -25,6 +25,7 @@ from typing import IO, Any
 
 from dra_devcluster import LocalCluster, RealNode
 from dra_devcluster.cluster import free_port
+from tests import mps_cgroup
 
 REPO = Path(__file__).resolve().parents[3]
 GPU = "gpu.nvidia.com"
@@ -185,6 +186,8 @@ class AgentProcess:
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("DRA_AGENT_")}
         full_env.pop("KUBECONFIG", None)
         full_env.pop("NODE_NAME", None)
+        # MPS daemons go under the test session's own cgroup, removed when it ends.
+        full_env["DRA_AGENT_MPS_CGROUP_PARENT"] = mps_cgroup.PARENT
         full_env.update(self.extra_env)
         full_env.update(env or {})
         self.starts += 1

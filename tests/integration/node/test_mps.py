@@ -1,6 +1,8 @@
 """MPS on a real node: a pod whose claim asks NVIDIA's GpuConfig for MPS with limits gets the claim's
-control daemon (started by the agent before the prepare returned) through its pipe and shm folders,
-and the limits in its environment; the daemon stops when the kubelet unprepares the claim."""
+control daemon (started by the agent before the prepare returned) through its pipe folder
+(read-only) and shm tmpfs, and the limits in its environment; the daemon stops when the kubelet
+unprepares the claim. Two containers of different users share one claim's daemon with
+``multiUser``, and without it the second user is turned away (the simulated daemon models that)."""
 
 from __future__ import annotations
 
@@ -8,16 +10,18 @@ import json
 from pathlib import Path
 from typing import Any
 
+from dra_devcluster.images import WORKLOAD_IMAGE
 from dra_node_agent.prepare import PAUSE_ENV
 from tests.integration.agent.agentproc import GPU
-from tests.integration.node.conftest import NAMESPACE, NodeWithAgent, gpu_pod
+from tests.integration.node.conftest import CLASS, NAMESPACE, NODE, NodeWithAgent, gpu_pod, wait_gone
 from tests.integration.node.test_real_node import _registrations, _wait_registered
 from tests.integration.node.test_real_node_configs import with_config
 
 NVIDIA = "resource.nvidia.com/v1beta1"
 SHOW = (
-    "env | grep ^CUDA_MPS_ | sort; ls /tmp/nvidia-mps; cat /tmp/nvidia-mps/settings; "
-    "echo shm: $(cat /dev/shm/accel-dra-mps-daemon); echo shown; sleep 3600"
+    "env | grep ^CUDA_MPS_ | sort; ls /tmp/nvidia-mps; cat /tmp/nvidia-mps/settings; mps-client; "
+    "grep -E ' /dev/shm | /tmp/nvidia-mps ' /proc/mounts; touch /tmp/nvidia-mps/planted 2>&1; "
+    "echo shown; sleep 3600"
 )
 
 
@@ -60,8 +64,18 @@ def test_an_mps_claims_container_talks_to_its_daemon_with_the_limits_it_asked_fo
     assert "set_default_active_thread_percentage 40" in lines, log
     for uuid in uuids:
         assert f"set_default_device_pinned_mem_limit {uuid} 8192M" in lines, log
-    # The container's /dev/shm is the daemon's.
-    assert f"shm: {','.join(uuids)}" in lines, log
+    # The container's /dev/shm is the daemon's, a tmpfs of the claim's size (the agent's default
+    # 1Gi), mounted noexec as the pipe folder is; the pipe folder is read-only.
+    assert f"mps-client: /dev/shm is the server's: {','.join(uuids)}" in lines, log
+    mounts = {
+        line.split()[1]: line.split() for line in lines if line.startswith("tmpfs ") or " /tmp/" in line
+    }
+    assert mounts["/dev/shm"][2] == "tmpfs", log
+    assert "size=1048576k" in mounts["/dev/shm"][3], log
+    assert {"rw", "nosuid", "nodev", "noexec"} <= set(mounts["/dev/shm"][3].split(",")), log
+    assert {"ro", "nosuid", "nodev", "noexec"} <= set(mounts["/tmp/nvidia-mps"][3].split(",")), log
+    assert "touch: /tmp/nvidia-mps/planted: Read-only file system" in lines, log
+    assert not (folder / "pipe" / "planted").exists()
     entry = setup.agent.dirs.checkpoint_claims()[uid]
     assert [d.get("mps") for d in entry["devices"]] == [True, True]
 
@@ -107,3 +121,100 @@ def test_the_agent_killed_between_the_daemon_and_the_cdi_spec_the_kubelets_retry
     cluster.kubectl("delete", "pod", "gpu-mps-crash", "-n", NAMESPACE, "--wait=true", "--timeout=60s")
     cluster.wait_for(lambda: not folder.exists(), timeout=60, what="the claim's MPS folder removed")
     assert not alive(second)
+
+
+def shared_claim_pod(name: str, *, multi_user: bool) -> list[dict[str, Any]]:
+    """A claim for one GPU with MPS, and a pod whose two containers share it, as users 1000 and
+    2000: each connects to the claim's daemon and stays connected."""
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {
+            "devices": {
+                "requests": [{"name": "gpu", "exactly": {"deviceClassName": CLASS, "count": 1}}],
+                "config": [
+                    {
+                        "requests": ["gpu"],
+                        "opaque": {
+                            "driver": GPU,
+                            "parameters": {
+                                "apiVersion": NVIDIA,
+                                "kind": "GpuConfig",
+                                "sharing": {"strategy": "MPS", "mpsConfig": {"multiUser": multi_user}},
+                            },
+                        },
+                    }
+                ],
+            }
+        },
+    }
+    containers = [
+        {
+            "name": container,
+            "image": WORKLOAD_IMAGE,
+            "command": ["sh", "-c", "mps-client hold 3600; echo ended"],
+            "securityContext": {"runAsUser": user, "runAsGroup": user},
+            "resources": {"claims": [{"name": "gpu"}]},
+        }
+        for container, user in (("a", 1000), ("b", 2000))
+    ]
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": NODE},
+            "terminationGracePeriodSeconds": 1,
+            "restartPolicy": "Never",
+            "containers": containers,
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
+        },
+    }
+    return [claim, pod]
+
+
+def test_two_containers_of_different_users_share_one_claims_daemon_only_with_multi_user(
+    node_with_agent: NodeWithAgent,
+) -> None:
+    setup = node_with_agent
+    cluster = setup.cluster
+    cluster.apply(
+        shared_claim_pod("mps-multi", multi_user=True) + shared_claim_pod("mps-single", multi_user=False)
+    )
+
+    def answered(pod: str) -> dict[str, str] | None:
+        logs = {c: setup.pod_log(pod, c) for c in ("a", "b")}
+        # Served: it says so, then whether its /dev/shm is the server's; turned away: it exits.
+        done = all("mps-client: /dev/shm is" in log or "ended" in log for log in logs.values())
+        return logs if done else None
+
+    multi = cluster.wait_for(lambda: answered("mps-multi"), timeout=120, what="both users answered (multi)")
+    single = cluster.wait_for(
+        lambda: answered("mps-single"), timeout=120, what="both users answered (single)"
+    )
+
+    # Multi-user: one server (the daemon's user) serves both, and both share its /dev/shm.
+    for container, user in (("a", 1000), ("b", 2000)):
+        assert (
+            f"served by the MPS server of user 0 (client user {user}, multi-user yes)" in multi[container]
+        ), multi
+        assert "mps-client: /dev/shm is the server's:" in multi[container], multi
+    # Single-user: the first user's server serves it; the other user is turned away.
+    served = [c for c in ("a", "b") if "served by the MPS server" in single[c]]
+    refused = [c for c in ("a", "b") if "refused: the MPS server of user" in single[c]]
+    assert len(served) == 1, single
+    assert len(refused) == 1, single
+    assert "(the daemon is not multi-user)" in single[refused[0]]
+    claims = {
+        c["metadata"]["name"]: c["metadata"]["uid"]
+        for c in cluster.get_json("resourceclaims", "-n", NAMESPACE)["items"]
+    }
+    root = setup.agent.dirs.checkpoint().parent / "mps"
+    assert json.loads((root / claims["mps-multi"] / "daemon.json").read_text())["multiUser"] is True
+    assert json.loads((root / claims["mps-single"] / "daemon.json").read_text())["multiUser"] is False
+
+    for name in ("mps-multi", "mps-single"):
+        cluster.kubectl("delete", "pod", name, "-n", NAMESPACE, "--wait=true", "--timeout=60s")
+        wait_gone(cluster, root / claims[name])
+        cluster.kubectl("delete", "resourceclaim", name, "-n", NAMESPACE, "--wait=true", "--timeout=60s")

@@ -34,26 +34,22 @@ def test_a_config_the_driver_does_not_implement_fails_the_prepare_with_its_reaso
     node_with_agent: NodeWithAgent,
 ) -> None:
     setup = node_with_agent
-    mps = {
-        "apiVersion": "resource.nvidia.com/v1beta1",
-        "kind": "GpuConfig",
-        "sharing": {"strategy": "MPS", "mpsConfig": {"multiUser": True}},
-    }
-    setup.cluster.apply(with_config(gpu_pod("gpu-mps", command="echo should not run"), GPU, mps))
+    vfio = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "VfioDeviceConfig"}
+    setup.cluster.apply(with_config(gpu_pod("gpu-vfio", command="echo should not run"), GPU, vfio))
     message = setup.cluster.wait_for(
-        lambda: warning_with(setup, "gpu-mps", "not implemented by this driver yet"),
+        lambda: warning_with(setup, "gpu-vfio", "not implemented by this driver yet"),
         timeout=90,
         what="a Warning Event with the agent's refusal",
     )
     # The agent's own words, passed on by the kubelet: which entry, which field, and why.
-    assert "GpuConfig sharing.strategy MPS with mpsConfig.multiUser" in message, message
+    assert "VfioDeviceConfig: VFIO passthrough is not implemented" in message, message
     assert "config[0]" in message, message
-    uid = setup.claim_of("gpu-mps")["metadata"]["uid"]
-    pod = setup.cluster.get_json("pod", "gpu-mps", "-n", NAMESPACE)
+    uid = setup.claim_of("gpu-vfio")["metadata"]["uid"]
+    pod = setup.cluster.get_json("pod", "gpu-vfio", "-n", NAMESPACE)
     assert pod["status"]["phase"] == "Pending"
-    assert setup.pod_log("gpu-mps") == ""
+    assert setup.pod_log("gpu-vfio") == ""
     assert not setup.agent.dirs.cdi_spec(uid).exists()
-    setup.cluster.kubectl("delete", "pod", "gpu-mps", "-n", NAMESPACE, "--wait=true", "--timeout=60s")
+    setup.cluster.kubectl("delete", "pod", "gpu-vfio", "-n", NAMESPACE, "--wait=true", "--timeout=60s")
     assert not setup.agent.dirs.cdi_spec(uid).exists()
     assert uid not in setup.agent.dirs.checkpoint_claims()
 

@@ -1,7 +1,8 @@
 """GPU time-slicing on a real node: one claim with NVIDIA's GpuConfig TimeSlicing, shared by two
 containers of one pod and by a second pod; the GPU holds the interval while any pod runs on it and
-is reset once the kubelet unprepares the claim. Two claims asking one GPU for different intervals:
-the second pod's prepare fails, and the kubelet puts the agent's words in its Events.
+is reset once the kubelet unprepares the claim. An admin-access claim on the same GPU observes it:
+asked for a time slice, its pod's prepare fails and the kubelet puts the agent's words in its
+Events; without one it runs beside the workload, and its unprepare leaves the GPU as it was.
 
 The GPU's state is read where the simulated hardware keeps it (the fake NVML's compute mode, the
 time slice the host's nvidia-smi stand-in set), as a test on hardware would ask nvidia-smi.
@@ -38,7 +39,7 @@ def uuids_in(log: str) -> set[str]:
 
 
 def shared_claim(
-    name: str, config: dict[str, Any], *, admin: bool = False, selector: str | None = None
+    name: str, config: dict[str, Any] | None, *, admin: bool = False, selector: str | None = None
 ) -> dict[str, Any]:
     """A ResourceClaim for one GPU with ``config`` as its opaque config; pods name it directly."""
     exactly: dict[str, Any] = {"deviceClassName": CLASS, "count": 1}
@@ -53,7 +54,9 @@ def shared_claim(
         "spec": {
             "devices": {
                 "requests": [{"name": "gpu", "exactly": exactly}],
-                "config": [{"requests": ["gpu"], "opaque": {"driver": GPU, "parameters": config}}],
+                "config": []
+                if config is None
+                else [{"requests": ["gpu"], "opaque": {"driver": GPU, "parameters": config}}],
             }
         },
     }
@@ -136,38 +139,55 @@ def test_one_claim_shared_by_two_containers_and_two_pods_holds_the_slice_until_u
     cluster.kubectl("delete", "resourceclaim", "ts-shared", "-n", NAMESPACE, "--wait=true", "--timeout=60s")
 
 
-def test_a_second_claim_asking_the_same_gpu_for_another_interval_fails_in_the_pods_events(
+def test_an_admin_access_claim_observes_the_gpu_and_never_sets_its_slice(
     node_with_agent: NodeWithAgent,
 ) -> None:
     setup = node_with_agent
     cluster = setup.cluster
-    # Admin access lets two claims hold one GPU (monitoring beside a workload); the namespace must
-    # allow it. Both ask for the same GPU.
+    # Admin access lets a claim hold a GPU another claim holds (monitoring beside a workload); the
+    # namespace must allow it. All three claims name the same GPU.
     cluster.kubectl(
         "label", "namespace", NAMESPACE, "resource.kubernetes.io/admin-access=true", "--overwrite"
     )
-    selector = f'device.attributes["{GPU}"].uuid == "{first_gpu_uuid(setup)}"'
-    cluster.apply([shared_claim("ts-short", time_slicing("Short"), admin=True, selector=selector)])
-    cluster.apply([shared_claim("ts-long", time_slicing("Long"), admin=True, selector=selector)])
+    uuid = first_gpu_uuid(setup)
+    selector = f'device.attributes["{GPU}"].uuid == "{uuid}"'
+    cluster.apply([shared_claim("ts-work", time_slicing("Short"), selector=selector)])
+    cluster.apply([shared_claim("ts-admin-asks", time_slicing("Long"), admin=True, selector=selector)])
+    cluster.apply([shared_claim("ts-observer", None, admin=True, selector=selector)])
     up = "echo up; sleep 3600"
-    cluster.apply([shared_pod("ts-first", "ts-short", containers=("main",), command=up)])
-    setup.wait_log("ts-first", "up")
-    cluster.apply([shared_pod("ts-other", "ts-long", containers=("main",), command=up)])
+    cluster.apply([shared_pod("ts-work", "ts-work", containers=("main",), command=up)])
+    setup.wait_log("ts-work", "up")
+    assert gpu_state(setup, uuid) == (0, 1)
+
+    cluster.apply([shared_pod("ts-admin-asks", "ts-admin-asks", containers=("main",), command=up)])
     message = cluster.wait_for(
-        lambda: warning_with(setup, "ts-other", "conflicts with interval Short"),
+        lambda: warning_with(setup, "ts-admin-asks", "admin access observes device"),
         timeout=90,
         what="a Warning Event with the agent's refusal",
     )
-    assert f"ResourceClaim {NAMESPACE}/ts-long" in message, message
-    assert "sharing.timeSlicingConfig.interval Long" in message, message
-    assert f"claim {NAMESPACE}/ts-short" in message, message
-    assert setup.pod_log("ts-other") == ""
-    long_uid = cluster.get_json("resourceclaim", "ts-long", "-n", NAMESPACE)["metadata"]["uid"]
-    assert long_uid not in setup.agent.dirs.checkpoint_claims()
-    assert not setup.agent.dirs.cdi_spec(long_uid).exists()
-    for pod in ("ts-other", "ts-first"):
+    assert f"ResourceClaim {NAMESPACE}/ts-admin-asks" in message, message
+    assert (
+        "never reconfigures it (other claims may hold it), so GpuConfig sharing.strategy TimeSlicing"
+        in message
+    )
+    assert setup.pod_log("ts-admin-asks") == ""
+    asks_uid = cluster.get_json("resourceclaim", "ts-admin-asks", "-n", NAMESPACE)["metadata"]["uid"]
+    assert asks_uid not in setup.agent.dirs.checkpoint_claims()
+    assert gpu_state(setup, uuid) == (0, 1)
+
+    cluster.apply([shared_pod("ts-observer", "ts-observer", containers=("main",), command=up)])
+    setup.wait_log("ts-observer", "up")
+    cluster.kubectl("delete", "pod", "ts-observer", "-n", NAMESPACE, "--wait=true", "--timeout=60s")
+    observer_uid = cluster.get_json("resourceclaim", "ts-observer", "-n", NAMESPACE)["metadata"]["uid"]
+    cluster.wait_for(
+        lambda: observer_uid not in setup.agent.dirs.checkpoint_claims(),
+        timeout=60,
+        what="observer unprepared",
+    )
+    assert gpu_state(setup, uuid) == (0, 1), "the observer's unprepare reset the workload's slice"
+    for pod in ("ts-admin-asks", "ts-work"):
         cluster.kubectl("delete", "pod", pod, "-n", NAMESPACE, "--wait=true", "--timeout=60s")
-    for name in ("ts-short", "ts-long"):
+    for name in ("ts-work", "ts-admin-asks", "ts-observer"):
         cluster.kubectl("delete", "resourceclaim", name, "-n", NAMESPACE, "--wait=true", "--timeout=60s")
     cluster.kubectl("label", "namespace", NAMESPACE, "resource.kubernetes.io/admin-access-")
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from dra_node_agent import prepare_tools
 from dra_node_agent.cli import build_parser
 from dra_node_agent.settings import Settings, SettingsError, load_settings
 
@@ -27,6 +28,17 @@ def test_defaults_with_node_name_from_the_downward_api_variable() -> None:
     assert settings.cdi_dir == Path("/var/run/cdi")
     assert settings.metrics_address == ":8081"
     assert settings.checkpoint_dir(driver="gpu.nvidia.com") == Path("/var/lib/accel-dra/gpu.nvidia.com")
+    # MPS: a 1Gi shm tmpfs and a 1Gi cgroup per claim, under /sys/fs/cgroup/accel-dra-mps.
+    options = prepare_tools.mps_options(settings)
+    assert (options.shm_size, options.memory_limit) == (1 << 30, 1 << 30)
+    assert (options.cgroup_parent, options.cgroup_root) == ("accel-dra-mps", Path("/sys/fs/cgroup"))
+    other = prepare_tools.mps_options(
+        load(
+            ["--mps-shm-size=64Mi", "--mps-daemon-memory-limit=2G", "--mps-cgroup-parent="],
+            {"NODE_NAME": "n"},
+        )
+    )
+    assert (other.shm_size, other.memory_limit, other.cgroup_parent) == (64 << 20, 2 * 10**9, "")
 
 
 def test_flag_beats_prefixed_env_beats_alias() -> None:
@@ -61,6 +73,15 @@ def test_lists_and_paths() -> None:
         (["--claim-read-attempts=0"], {"NODE_NAME": "n"}, "claim_read_attempts: 0 is less than 1"),
         (["--claim-read-attempts=two"], {"NODE_NAME": "n"}, "claim_read_attempts: 'two' is not an integer"),
         (["--watch-inactivity-timeout=0"], {"NODE_NAME": "n"}, "must be greater than 0"),
+        (
+            ["--mps-shm-size=lots"],
+            {"NODE_NAME": "n"},
+            "mps_shm_size: 'lots' is not a quantity of at least 1048576",
+        ),
+        (["--mps-shm-size=512Ki"], {"NODE_NAME": "n"}, "mps_shm_size: '512Ki' is not a quantity"),
+        (["--mps-daemon-memory-limit=1Mi"], {"NODE_NAME": "n"}, "mps_daemon_memory_limit: '1Mi' is not a"),
+        (["--mps-cgroup-parent=/abs"], {"NODE_NAME": "n"}, "mps_cgroup_parent: '/abs' is not a relative"),
+        (["--mps-cgroup-parent=a/../b"], {"NODE_NAME": "n"}, "mps_cgroup_parent: 'a/../b' is not a relative"),
     ],
 )
 def test_bad_values_name_the_field(argv: list[str], env: dict[str, str], message: str) -> None:

@@ -96,10 +96,16 @@ def test_agent_privileges_depend_on_the_backend(rendered: dict[str, list[Obj]], 
         assert container["securityContext"]["privileged"] is True
         assert DEVICE_OVERLAYS[overlay] in container["args"]
         assert "/dev" in host_paths
-        assert host_paths - {"/dev", "/"} == AGENT_HOST_PATHS
+        assert host_paths - {"/dev", "/", "/sys/fs/cgroup"} == AGENT_HOST_PATHS
         # Only the NVIDIA backend needs the host's driver libraries, and only read-only.
         assert ("/" in host_paths) == (overlay == "gpu")
         assert ("--driver-root=/driver-root" in container["args"]) == (overlay == "gpu")
+        # Only it runs MPS daemons: in cgroups of their own in the node's hierarchy, with each
+        # claim's shm tmpfs mounted under the state folder and propagated to the host.
+        assert ("/sys/fs/cgroup" in host_paths) == (overlay == "gpu")
+        assert ("--cgroup-root=/host/sys/fs/cgroup" in container["args"]) == (overlay == "gpu")
+        state = next(m for m in container["volumeMounts"] if m["mountPath"] == "/var/lib/accel-dra")
+        assert (state.get("mountPropagation") == "Bidirectional") == (overlay == "gpu")
         root_volumes = {v["name"] for v in spec["volumes"] if v.get("hostPath", {}).get("path") == "/"}
         for mount in container["volumeMounts"]:
             if mount["name"] in root_volumes:

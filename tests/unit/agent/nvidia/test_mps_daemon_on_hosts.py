@@ -15,9 +15,11 @@ import pytest
 
 from dra_node_agent.nvidia.mps import MpsDaemons, MpsError, MpsLimits
 from dra_node_agent.simulated.host_tools import install_simulated_mps_control
+from tests import mps_cgroup
 
 CLAIM = "0f3c4b1e-7a52-4d1c-9e0b-5c2d8e6f7a10"
 LIMITS = MpsLimits(uuids=("GPU-1",))
+OPTIONS = mps_cgroup.options()
 
 
 def control_tool(folder: Path, script: str) -> Path:
@@ -29,7 +31,9 @@ def control_tool(folder: Path, script: str) -> Path:
 
 def test_a_pipe_folder_too_long_for_the_sockets_is_refused_before_anything_starts(tmp_path: Path) -> None:
     root = tmp_path / ("x" * 60)
-    daemons = MpsDaemons(root=root, control=control_tool(tmp_path, "exit 1\n"), driver_root=Path("/"), env={})
+    daemons = MpsDaemons(
+        root=root, control=control_tool(tmp_path, "exit 1\n"), driver_root=Path("/"), env={}, options=OPTIONS
+    )
     with pytest.raises(MpsError, match=r"too long a path .* choose a shorter --state-dir"):
         asyncio.run(daemons.start(CLAIM, LIMITS))
     assert not daemons.claim_dir(CLAIM).exists()
@@ -40,12 +44,13 @@ def test_a_daemon_that_exits_says_what_its_control_log_says(tmp_path: Path) -> N
     script = 'echo "[Control] Failed to start: no GPU" > "$CUDA_MPS_LOG_DIRECTORY/control.log"\nexit 1\n'
     tool = control_tool(tmp_path, script)
     # Without unshare's namespace the wrapper still runs the tool: only what it says matters here.
-    daemons = MpsDaemons(root=short, control=tool, driver_root=Path("/"), env={})
+    daemons = MpsDaemons(root=short, control=tool, driver_root=Path("/"), env={}, options=OPTIONS)
     try:
         with pytest.raises(MpsError, match=r"status 1: .*control.log: \[Control\] Failed to start: no GPU"):
             asyncio.run(daemons.start(CLAIM, LIMITS))
         assert not daemons.claim_dir(CLAIM).exists()
     finally:
+        mps_cgroup.clean_up(short)
         shutil.rmtree(short, ignore_errors=True)
 
 
@@ -60,7 +65,7 @@ def test_a_daemon_started_through_a_wrapper_script_is_found_running_and_stopped(
     try:
 
         async def scenario() -> tuple[bool, bool]:
-            daemons = MpsDaemons(root=short, control=wrapper, driver_root=tmp_path, env={})
+            daemons = MpsDaemons(root=short, control=wrapper, driver_root=tmp_path, env={}, options=OPTIONS)
             await daemons.start(CLAIM, LIMITS)
             up = daemons.running(CLAIM)
             await daemons.stop(CLAIM)
@@ -71,6 +76,7 @@ def test_a_daemon_started_through_a_wrapper_script_is_found_running_and_stopped(
         assert not after
         assert not (short / CLAIM).exists()
     finally:
+        mps_cgroup.clean_up(short)
         shutil.rmtree(short, ignore_errors=True)
 
 

@@ -45,15 +45,20 @@ class Node(SimulatedNode):
         path = self.tmp_path / "hw" / GPU_STATE_DIR / self.parent() / MIG_INSTANCES_FILE
         return list(json.loads(path.read_text())) if path.exists() else []
 
-    def add_claim(self, name: str, device: str, config: dict[str, Any] | None = None) -> ClaimRef:
+    def add_claim(
+        self, name: str, device: str, config: dict[str, Any] | None = None, *, admin: bool = False
+    ) -> ClaimRef:
         uid = f"uid-{name}"
+        result: dict[str, Any] = {"request": "mig", "driver": GPU, "pool": NODE, "device": device}
+        if admin:
+            result["adminAccess"] = True
         self.claims.objects[name] = {
             "metadata": {"name": name, "namespace": "ns", "uid": uid},
             "spec": {"devices": {"requests": []}},
             "status": {
                 "allocation": {
                     "devices": {
-                        "results": [{"request": "mig", "driver": GPU, "pool": NODE, "device": device}],
+                        "results": [result],
                         "config": [entry(GPU, config)] if config else [],
                     }
                 }
@@ -153,3 +158,73 @@ async def test_an_instance_no_claim_records_is_destroyed_at_start(tmp_path: Path
     assert len(node.instances()) == 1
     await node.handler()
     assert node.instances() == []
+
+
+async def test_admin_access_observes_the_instance_a_holder_made_and_never_makes_or_destroys_one(
+    tmp_path: Path,
+) -> None:
+    node = Node(tmp_path)
+    handler = await node.handler()
+    # Nothing holds the placement: there is no instance to observe, and admin access makes none.
+    early = node.add_claim("early", THREE_G, admin=True)
+    error = (await handler.prepare([early]))[early.uid].error
+    assert error == (
+        f"ResourceClaim ns/early (uid {early.uid}): request mig: device {THREE_G}: admin access observes a "
+        "dynamic MIG placement, and it has no instance: a claim that holds the placement makes it, admin "
+        "access never does"
+    )
+    assert node.instances() == []
+    assert handler.store.load() == []
+
+    holder = node.add_claim("holder", THREE_G)
+    assert (await handler.prepare([holder]))[holder.uid].error == ""
+    (live,) = node.instances()
+    observer = node.add_claim("observer", THREE_G, admin=True)
+    assert (await handler.prepare([observer]))[observer.uid].error == ""
+    # Its CDI spec names the holder's instance; it records nothing to destroy.
+    assert f"NVIDIA_VISIBLE_DEVICES={live['uuid']}" in handler.cdi.spec_path(observer.uid).read_text()
+    recorded = {e.name: e for e in handler.store.load()}
+    assert [(d.admin_access, d.dynamic_mig) for d in recorded["observer"].devices] == [(True, False)]
+    assert node.instances() == [live]
+    assert (await handler.unprepare([observer]))[observer.uid] == ""
+    assert node.instances() == [live], "the observer's unprepare destroyed the holder's instance"
+    assert (await handler.unprepare([holder]))[holder.uid] == ""
+    assert node.instances() == []
+
+
+async def test_an_admin_entry_of_an_older_agent_never_destroys_the_holders_instance(tmp_path: Path) -> None:
+    # An agent before this change recorded an admin-access result on a placement as dynamic MIG
+    # (it "kept" the holder's instance at prepare, and destroyed it at unprepare).
+    node = Node(tmp_path)
+    handler = await node.handler()
+    holder = node.add_claim("holder", THREE_G)
+    assert (await handler.prepare([holder]))[holder.uid].error == ""
+    (live,) = node.instances()
+    legacy = ClaimRef(namespace="ns", name="legacy", uid="uid-legacy")
+    device = cp.CheckpointedDevice(
+        request="mig", pool=NODE, device=THREE_G, admin_access=True, dynamic_mig=True, mig_uuid=live["uuid"]
+    )
+    handler.store.begin(legacy, [device])
+    handler.store.complete(legacy.uid, [device])
+
+    assert (await handler.unprepare([legacy]))[legacy.uid] == ""
+    assert node.instances() == [live]
+    assert (await handler.unprepare([holder]))[holder.uid] == ""
+    assert node.instances() == []
+
+
+async def test_a_second_claim_on_a_held_placement_fails_and_its_roll_back_leaves_the_instance(
+    tmp_path: Path,
+) -> None:
+    # An allocation that names a placement another claim holds (a forged status, or a bug):
+    # refused before set-up, and undoing the attempt destroys nothing.
+    node = Node(tmp_path)
+    handler = await node.handler()
+    holder = node.add_claim("holder", THREE_G)
+    assert (await handler.prepare([holder]))[holder.uid].error == ""
+    (live,) = node.instances()
+    second = node.add_claim("second", THREE_G)
+    error = (await handler.prepare([second]))[second.uid].error
+    assert f"device {NODE}/{THREE_G} is already prepared for claim ns/holder" in error
+    assert node.instances() == [live]
+    assert [e.name for e in handler.store.load()] == ["holder"]

@@ -2,8 +2,9 @@
 its life cycle across unprepare, failures and agent restarts.
 
 The daemon is the simulated node's nvidia-cuda-mps-control (a shell stand-in under the simulated
-driver root), started by the same code as on hardware: its own session and mount namespace, whose
-/dev/shm is the claim's shm folder (the stand-in marks it, so the test sees the bind mount).
+driver root), started by the same code as on hardware: its own session, cgroup (under the test
+session's parent) and mount namespace, whose /dev/shm is the claim's shm tmpfs (seen through
+/proc/<pid>/root, the daemon's view of the file system).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from dra_node_agent import prepare_tools
 from dra_node_agent.nvidia.mps import MpsLimits
 from dra_node_agent.prepare import PrepareHandler
 from dra_node_agent.simulated.discovery import SIMULATED_DRIVER_ROOT
+from tests import mps_cgroup
 from tests.unit.agent.prepare.simnode import SimulatedNode
 from tests.unit.agent.prepare.test_prepare_configs import GPU, NODE, NVIDIA, entry
 
@@ -37,7 +39,9 @@ class Node(SimulatedNode):
     async def handler(self, *, mps: bool = True) -> PrepareHandler:  # type: ignore[override]
         return await super().handler(
             gpu_sharing=prepare_tools.gpu_sharing(self.backend),
-            mps=prepare_tools.mps_daemons(self.backend, self.tmp_path / "state" / "mps") if mps else None,
+            mps=prepare_tools.mps_daemons(self.backend, self.tmp_path / "state" / "mps", mps_cgroup.options())
+            if mps
+            else None,
         )
 
     def gpus(self, *indices: int) -> list[tuple[str, str]]:
@@ -47,20 +51,26 @@ class Node(SimulatedNode):
         )
         return [(devices[i].name, devices[i].uuid) for i in indices]
 
-    def add_claim(self, name: str, devices: list[str], mps_config: dict[str, Any] | None) -> ClaimRef:
+    def add_claim(
+        self, name: str, devices: list[str], mps_config: dict[str, Any] | None, *, admin: bool = False
+    ) -> ClaimRef:
         sharing: dict[str, Any] = {"strategy": "MPS"}
         if mps_config is not None:
             sharing["mpsConfig"] = mps_config
         uid = f"uid-{name}"
+        results: list[dict[str, Any]] = [
+            {"request": "gpus", "driver": GPU, "pool": NODE, "device": d} for d in devices
+        ]
+        for result in results:
+            if admin:
+                result["adminAccess"] = True
         self.claims.objects[name] = {
             "metadata": {"name": name, "namespace": "ns", "uid": uid},
             "spec": {"devices": {"requests": []}},
             "status": {
                 "allocation": {
                     "devices": {
-                        "results": [
-                            {"request": "gpus", "driver": GPU, "pool": NODE, "device": d} for d in devices
-                        ],
+                        "results": results,
                         "config": [
                             entry(GPU, {"apiVersion": NVIDIA, "kind": "GpuConfig", "sharing": sharing})
                         ],
@@ -98,11 +108,8 @@ def wait_dead(pid: int) -> None:
 async def node(tmp_path: Path) -> Any:
     created = Node(tmp_path)
     yield created
-    # Never leave a daemon behind, whatever a test did.
-    for folder in (tmp_path / "state" / "mps").glob("*/daemon.json"):
-        pid = int(json.loads(folder.read_text())["pid"])
-        if alive(pid):
-            os.killpg(pid, signal.SIGKILL)
+    # Never leave a daemon, its cgroup or its shm mount behind, whatever a test did.
+    mps_cgroup.clean_up(tmp_path / "state" / "mps")
 
 
 def spec(handler: PrepareHandler, uid: str) -> dict[str, Any]:
@@ -140,22 +147,29 @@ async def test_a_claims_daemon_runs_with_its_limits_while_prepared_and_stops_at_
         f"set_default_device_pinned_mem_limit {uuid0} 10240M",
         f"set_default_device_pinned_mem_limit {uuid1} 4096M",
     ]
-    # The daemon's /dev/shm is the claim's shm folder, which its containers get.
-    assert (node.folder(ref) / "shm" / "accel-dra-mps-daemon").read_text().strip() == f"{uuid0},{uuid1}"
+    # The daemon's /dev/shm is the claim's shm tmpfs, which its containers get; its cgroup is its own.
+    shm = node.folder(ref) / "shm"
+    assert os.stat(f"/proc/{pid}/root/dev/shm").st_dev == os.stat(shm).st_dev != os.stat(shm.parent).st_dev
+    assert handler.mps is not None
+    cgroups = handler.mps.cgroups  # type: ignore[attr-defined]
+    assert cgroups.members(ref.uid) == [pid]
     env, mounts = edits_of(spec(handler, ref.uid))
     assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" in env
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50" in env
     assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M,1=4096M" in env
     by_path = {m["containerPath"]: m for m in mounts}
     assert by_path["/tmp/nvidia-mps"]["hostPath"] == str(node.folder(ref) / "pipe")
+    assert by_path["/tmp/nvidia-mps"]["options"] == ["ro", "nosuid", "nodev", "noexec", "bind"]
     assert by_path["/dev/shm"]["hostPath"] == str(node.folder(ref) / "shm")
-    assert by_path["/dev/shm"]["options"][0] == "rw"
+    assert by_path["/dev/shm"]["options"] == ["rw", "nosuid", "nodev", "noexec", "bind"]
     (recorded,) = handler.store.load()
     assert [d.mps for d in recorded.devices] == [True, True]
 
     assert (await handler.unprepare([ref]))[ref.uid] == ""
     assert not alive(pid)
     assert not node.folder(ref).exists()
+    assert not cgroups.path(ref.uid).exists()
+    assert f" {shm} " not in await asyncio.to_thread(Path("/proc/self/mountinfo").read_text)
 
 
 async def test_a_limit_for_a_gpu_the_claim_does_not_have_names_the_field_and_its_gpus(node: Node) -> None:
@@ -277,3 +291,25 @@ async def test_a_crash_between_the_daemon_and_prepare_completed_is_redone_or_und
     assert alive(node.pid(live))
     (entry_,) = restarted.store.load()
     assert entry_.state == cp.ClaimState.PREPARE_COMPLETED
+
+
+async def test_admin_access_never_starts_a_daemon_on_a_gpu_others_may_hold(node: Node) -> None:
+    handler = await node.handler()
+    ((name, _),) = node.gpus(3)
+    ref = node.add_claim("admin", [name], {"multiUser": True}, admin=True)
+    error = (await handler.prepare([ref]))[ref.uid].error
+    assert f"request gpus: admin access observes device {name} and never reconfigures it" in error
+    assert "GpuConfig sharing.strategy MPS cannot apply" in error
+    assert not node.folder(ref).exists()
+    assert handler.store.load() == []
+
+
+async def test_multi_user_reaches_the_daemon_and_the_record_a_restart_reads(node: Node) -> None:
+    handler = await node.handler()
+    ((name, _),) = node.gpus(1)
+    ref = node.add_claim("multi", [name], {"multiUser": True})
+    assert (await handler.prepare([ref]))[ref.uid].error == ""
+    assert (node.folder(ref) / "pipe" / "mode").read_text().strip() == "multi-user yes"
+    assert json.loads((node.folder(ref) / "daemon.json").read_text())["multiUser"] is True
+    assert (await handler.unprepare([ref]))[ref.uid] == ""
+    assert not node.folder(ref).exists()

@@ -125,12 +125,12 @@ def first_gpu(handler: PrepareHandler, kind: str) -> str:
 @pytest.mark.parametrize(
     ("kind", "sharing", "words"),
     [
+        ("MigDeviceConfig", {"strategy": "MPS"}, "sharing.strategy MPS"),
         (
-            "GpuConfig",
+            "MigDeviceConfig",
             {"strategy": "MPS", "mpsConfig": {"multiUser": True}},
             "sharing.strategy MPS with mpsConfig.multiUser",
         ),
-        ("MigDeviceConfig", {"strategy": "MPS"}, "sharing.strategy MPS"),
     ],
 )
 async def test_gpu_sharing_is_refused_as_not_implemented(

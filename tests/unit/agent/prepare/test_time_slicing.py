@@ -46,7 +46,13 @@ class Node(SimulatedNode):
         return int((folder / COMPUTE_MODE_FILE).read_text()), int((folder / TIME_SLICE_FILE).read_text())
 
     def add_claim(
-        self, name: str, devices: list[str], *, interval: str | None, admin: bool = False
+        self,
+        name: str,
+        devices: list[str],
+        *,
+        interval: str | None,
+        admin: bool = False,
+        shared: bool = False,
     ) -> ClaimRef:
         config: list[dict[str, Any]] = []
         if interval is not None:
@@ -55,9 +61,11 @@ class Node(SimulatedNode):
         results: list[dict[str, Any]] = [
             {"request": "gpus", "driver": GPU, "pool": NODE, "device": d} for d in devices
         ]
-        if admin:
-            for result in results:
+        for result in results:
+            if admin:
                 result["adminAccess"] = True
+            if shared:  # a consumable-capacity share: claims may hold one GPU together
+                result["shareID"] = f"share-{name}"
         uid = f"uid-{name}"
         self.claims.objects[name] = {
             "metadata": {"name": name, "namespace": "ns", "uid": uid},
@@ -123,9 +131,9 @@ async def test_time_slicing_without_an_interval_is_default_and_no_config_touches
 async def test_the_slice_stays_while_another_claim_holds_the_gpu_with_it(node: Node) -> None:
     handler = await node.handler()
     name, uuid = node.gpu(0)
-    # Admin-access claims may hold one GPU together (monitoring beside a workload).
-    first = node.add_claim("first", [name], interval="Medium", admin=True)
-    second = node.add_claim("second", [name], interval="Medium", admin=True)
+    # Claims holding consumable-capacity shares of one GPU hold it together.
+    first = node.add_claim("first", [name], interval="Medium", shared=True)
+    second = node.add_claim("second", [name], interval="Medium", shared=True)
     await prepared(handler, first)
     await prepared(handler, second)
     assert node.state(uuid)[1] == 2
@@ -139,8 +147,8 @@ async def test_the_slice_stays_while_another_claim_holds_the_gpu_with_it(node: N
 async def test_two_claims_asking_one_gpu_for_different_slices_fail_the_second(node: Node) -> None:
     handler = await node.handler()
     name, uuid = node.gpu(0)
-    first = node.add_claim("first", [name], interval="Short", admin=True)
-    second = node.add_claim("second", [name], interval="Long", admin=True)
+    first = node.add_claim("first", [name], interval="Short", shared=True)
+    second = node.add_claim("second", [name], interval="Long", shared=True)
     await prepared(handler, first)
 
     error = (await handler.prepare([second]))[second.uid].error
@@ -230,4 +238,29 @@ async def test_the_gpu_settings_outlive_the_agent_as_on_hardware(node: Node) -> 
     assert node.state(uuid)[1] == 1
     restarted = await node.handler()
     assert (await restarted.unprepare([ref]))[ref.uid] == ""
+    assert node.state(uuid)[1] == 0
+
+
+async def test_admin_access_observes_the_gpu_and_never_sets_its_slice_or_compute_mode(node: Node) -> None:
+    handler = await node.handler()
+    name, uuid = node.gpu(0)
+    workload = node.add_claim("workload", [name], interval="Long")
+    await prepared(handler, workload)
+    assert node.state(uuid) == (pynvml.NVML_COMPUTEMODE_DEFAULT, 3)
+
+    # An admin-access claim that asks for a slice is refused, saying why; the GPU is as it was.
+    asks = node.add_claim("asks", [name], interval="Short", admin=True)
+    error = (await handler.prepare([asks]))[asks.uid].error
+    assert (
+        f"ResourceClaim ns/asks (uid {asks.uid}): request gpus: admin access observes device {name} and "
+        "never reconfigures it (other claims may hold it), so GpuConfig sharing.strategy TimeSlicing "
+        "cannot apply; leave sharing out of admin-access requests"
+    ) == error
+    assert node.state(uuid) == (pynvml.NVML_COMPUTEMODE_DEFAULT, 3)
+    # One that asks nothing is prepared beside the workload, and its unprepare resets nothing.
+    observer = node.add_claim("observer", [name], interval=None, admin=True)
+    await prepared(handler, observer)
+    assert (await handler.unprepare([observer]))[observer.uid] == ""
+    assert node.state(uuid) == (pynvml.NVML_COMPUTEMODE_DEFAULT, 3)
+    assert (await handler.unprepare([workload]))[workload.uid] == ""
     assert node.state(uuid)[1] == 0

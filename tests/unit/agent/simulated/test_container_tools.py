@@ -82,6 +82,11 @@ def test_a_gpu_claims_spec_mounts_the_simulated_driver_root_as_a_real_one(tmp_pa
         "/usr/bin/nvidia-smi": f"{driver_root}/usr/bin/nvidia-smi",
         "/usr/bin/nvidia-cuda-mps-control": f"{driver_root}/usr/bin/nvidia-cuda-mps-control",
         gsp: f"{driver_root}{gsp}",
+        **(
+            {container_tools.CONTAINER_MPS_CLIENT: f"{driver_root}/{container_tools.MPS_CLIENT_PATH}"}
+            if backend.hardware().char_devices
+            else {}
+        ),
     }
     assert all(m.read_only for m in inventory.common_edits.mounts)
     spec = build_claim_spec(
@@ -95,3 +100,5 @@ def test_a_gpu_claims_spec_mounts_the_simulated_driver_root_as_a_real_one(tmp_pa
     assert {m["containerPath"] for m in edits["mounts"]} == set(mounts)
     assert edits["env"] == ["NVIDIA_VISIBLE_DEVICES=void"]
     assert "hooks" not in edits
+    # And the client of the claim's simulated MPS daemon, for containers on a real node.
+    assert (driver_root / container_tools.MPS_CLIENT_PATH).read_text() == container_tools.MPS_CLIENT
