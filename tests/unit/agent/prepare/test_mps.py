@@ -159,9 +159,9 @@ async def test_a_claims_daemon_runs_with_its_limits_while_prepared_and_stops_at_
     assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M,1=4096M" in env
     by_path = {m["containerPath"]: m for m in mounts}
     assert by_path["/tmp/nvidia-mps"]["hostPath"] == str(node.folder(ref) / "pipe")
-    assert by_path["/tmp/nvidia-mps"]["options"] == ["ro", "nosuid", "nodev", "noexec", "bind"]
+    assert by_path["/tmp/nvidia-mps"]["options"] == ["ro", "nosuid", "nodev", "bind", "noexec"]
     assert by_path["/dev/shm"]["hostPath"] == str(node.folder(ref) / "shm")
-    assert by_path["/dev/shm"]["options"] == ["rw", "nosuid", "nodev", "noexec", "bind"]
+    assert by_path["/dev/shm"]["options"] == ["rw", "nosuid", "nodev", "bind", "noexec"]
     (recorded,) = handler.store.load()
     assert [d.mps for d in recorded.devices] == [True, True]
 
