@@ -535,7 +535,10 @@ class SimulatedBackend:
             # mounts its files into GPU containers, and time-slicing and MPS run its tools.
             driver_root = root / SIMULATED_DRIVER_ROOT
             container_tools.install_driver_files(driver_root, version=profile.nvidia.driver_version)
-            container_tools.write_nvidia_smi(driver_root, state_dir=root / GPU_STATE_DIR)
+            if not (driver_root / container_tools.NVIDIA_SMI).exists():
+                # The host's side needs the tool before discovery; discovery writes it with its
+                # device table (a restart rewrites nothing: the same devices give the same text).
+                container_tools.write_nvidia_smi(driver_root, state_dir=root / GPU_STATE_DIR)
             install_simulated_mps_control(driver_root / MPS_CONTROL_PATHS[0])
             backend: NvmlBackend | TpuBackend = NvmlBackend(
                 driver=driver,

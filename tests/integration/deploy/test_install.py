@@ -109,6 +109,14 @@ def installed(local_cluster: LocalCluster) -> Iterator[LocalCluster]:
         # Node admission taints new nodes not-ready; with no node-lifecycle controller to lift it
         # once Ready, the DaemonSet controller would place no agent (DaemonSets do not tolerate it).
         cluster.kubectl("taint", "node", node, "node.kubernetes.io/not-ready:NoSchedule-", check=False)
+    # The agent tests give their agents the TPU install's role on the same ServiceAccount: this test
+    # starts from an install without it, as a new cluster would be.
+    cluster.kubectl(
+        "delete",
+        "-f",
+        str(overlay_dir("tpu") / "node-agent-tpu-workloads.yaml"),
+        "--ignore-not-found",
+    )
     try:
         cluster.kubectl("apply", "-k", str(CRDS_DIR))
         cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s",
