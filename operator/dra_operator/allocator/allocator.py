@@ -336,8 +336,9 @@ class Allocator:
         timeout: float | None = None,
         budget: WorkBudget | None = None,
     ) -> list[AllocationResult] | None:
-        """One result per claim (in order), None if the claims do not fit on ``node`` together
-        (:attr:`last_shortfall` says why when the feasibility check, not the search, found it).
+        """One result per claim (in order; no claims: no results), None if the claims do not fit on
+        ``node`` together (:attr:`last_shortfall` says why when the feasibility check, not the search,
+        found it).
 
         Raises :class:`AllocationError` for errors (unknown class, CEL errors, disabled features,
         too many devices, ...), :class:`FailedAllocationOnNode` when nothing fits and the node has
@@ -487,7 +488,7 @@ class _Run:
 
     def run(self) -> list[AllocationResult] | None:
         if not self.input_claims:
-            return None
+            return []  # as upstream: nothing to allocate is a (trivial) success
         self.prepare()
         # One Python frame per device slot and request: make room for claims with many devices.
         depth = sum(MAX_DEVICES_PER_CLAIM + 2 * len(c.requests) + 2 for c in self.claims) + 200
