@@ -597,11 +597,8 @@ class _Run:
 
     def _prepare_spec(self, ci: int, ref: str, parent: str, full: str, request: ExactDeviceRequest) -> Spec:
         where = f"claim {ref}, request {full}"
-        gates = self.gates
-        if request.derived_attributes and not gates.derived_attributes and gates.experimental_variant:
-            # Upstream's experimental variant refuses them rather than ignore what constraints need;
-            # the incubating one (kube-scheduler's with the gates that leave this one off) does not
-            # know the field and ignores it, and so does this allocator then.
+        if request.derived_attributes and not self.gates.derived_attributes:
+            # Refused rather than ignored (what constraints need), as every upstream variant does.
             raise AllocationError(
                 f"{where}: cannot handle request with derived attributes, the feature is disabled"
             )

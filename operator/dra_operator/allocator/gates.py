@@ -66,17 +66,6 @@ class FeatureGates:
         """The allocator's DeviceBindingAndStatus flag (both gates on)."""
         return self.device_binding_conditions and self.resource_claim_device_status
 
-    @property
-    def experimental_variant(self) -> bool:
-        """Whether kube-scheduler's allocator is upstream's "experimental" variant with these gates
-        (one of the gates only it supports is on); otherwise it is "incubating" (or "stable")."""
-        return (
-            self.list_type_attributes
-            or self.optional_node_operations
-            or self.compatibility_groups
-            or self.derived_attributes
-        )
-
     @classmethod
     def defaults(cls) -> FeatureGates:
         return cls()

@@ -372,11 +372,6 @@ def test_feature_gates_of_1_37() -> None:
     both = FeatureGates.from_flag("DRADerivedAttributes=true,DRAFractionalCapacityRange=true")
     assert both.derived_attributes
     assert both.fractional_capacity_range
-    # Which upstream variant kube-scheduler runs: experimental once a gate only it supports is on.
-    assert not defaults.experimental_variant
-    assert not FeatureGates.from_mapping({"DRAFractionalCapacityRange": True}).experimental_variant
-    for gate in ("DRADerivedAttributes", "DRAListTypeAttributes", "DRADeviceCompatibilityGroups"):
-        assert FeatureGates.from_mapping({gate: True}).experimental_variant
 
 
 def _derived_claim() -> ResourceClaim:
@@ -388,20 +383,16 @@ def _derived_claim() -> ResourceClaim:
     return ResourceClaim.from_json(body)
 
 
-def test_derived_attributes_with_the_gate_off_are_refused_or_ignored_as_upstream() -> None:
+def test_derived_attributes_are_refused_with_the_gate_off_and_derived_with_it_on() -> None:
     claim = _derived_claim()
     assert claim.spec.requests[0].exactly is not None
     assert claim.spec.requests[0].exactly.derived_attributes[0].name == "example.com/numa"
     slices = [_slice("node-1", devices=1, nodeName="node-1")]
-    # Upstream's experimental variant (a gate only it supports is on) refuses them.
-    experimental = FeatureGates.from_mapping({"DRAListTypeAttributes": True})
-    allocator = Allocator(classes=[GPU_CLASS], slices=slices, gates=experimental)
+    # Every upstream variant refuses them rather than ignore what the constraint needs.
+    allocator = Allocator(classes=[GPU_CLASS], slices=slices)
     with pytest.raises(AllocationError, match="request gpu: cannot handle request with derived attributes"):
         allocator.allocate(node=Node.make("node-1"), claims=[claim])
-    # The default (incubating) one does not know the field: the constraint looks for the device's
-    # own attribute, which it does not have.
-    assert Allocator(classes=[GPU_CLASS], slices=slices).allocate(node=Node.make("node-1"), claims=[claim]) is None
-    # With the gate on, the request derives it.
+    # With the gate on, the request derives the attribute the device lacks.
     derived = FeatureGates.from_mapping({"DRADerivedAttributes": True})
     results = Allocator(classes=[GPU_CLASS], slices=slices, gates=derived).allocate(
         node=Node.make("node-1"), claims=[claim]

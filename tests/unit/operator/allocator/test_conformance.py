@@ -19,6 +19,7 @@ from dra_operator.allocator import gates as allocator_gates
 from . import conformance_loader as cl
 
 CASES = cl.load_cases()
+PROJECT_CASES = cl.load_cases(cl.PROJECT_CASES_FILE)
 
 # Gates some upstream cases switch on and the allocator does not implement, gate name -> why (the
 # cases needing them would be left out of the run, by name, in LEFT_OUT). Every gate is modelled now.
@@ -61,8 +62,20 @@ def test_every_gate_named_by_a_case_is_modelled_or_left_out_on_purpose() -> None
     assert len(RUN) == 144  # 144 of 144
 
 
+def test_project_cases_are_named_once_and_not_upstreams() -> None:
+    names = [c["name"] for c in PROJECT_CASES]
+    assert len(set(names)) == len(names)
+    assert not set(names) & {c["name"] for c in CASES}
+    assert all(c.get("why") for c in PROJECT_CASES)
+
+
+ALL_RUN = RUN + PROJECT_CASES
+
+
 @pytest.mark.parametrize("feasibility", [True, False], ids=["checked", "search-only"])
-@pytest.mark.parametrize("case", RUN, ids=[c["name"] for c in RUN])
+@pytest.mark.parametrize(
+    "case", ALL_RUN, ids=[c["name"] for c in RUN] + [f"project/{c['name']}" for c in PROJECT_CASES]
+)
 def test_conformance(case: dict[str, Any], feasibility: bool) -> None:
     """Every case with the feasibility check before the search (the operator's way) and without it
     (the search alone, as upstream runs): the same outcome both ways; the search's effort is

@@ -4,8 +4,9 @@
 ``k8s.io/dynamic-resource-allocation`` at the default control plane's release) reads the same YAML,
 runs each case with its feature gates through the variant ``NewAllocator`` picks for them (as
 kube-scheduler does) and through every other variant the case lists, and says per case and variant
-whether upstream's outcome is the one the case expects. ``test_conformance.py`` holds our allocator
-to the same cases, so both agree through the file. Needs Go, which CI always has: without it the
+whether upstream's outcome is the one the case expects; the same for the project's own cases
+(``project-cases.yaml``). ``test_conformance.py`` holds our allocator to the same cases, so both
+agree through the files. Needs Go, which CI always has: without it the
 build fails, and so does this module, with the reason.
 """
 
@@ -25,6 +26,10 @@ from bench import gobuild
 from . import conformance_loader as cl
 
 CASES = cl.load_cases()
+FILES = {
+    "upstream": (cl.CASES_FILE, CASES),
+    "project": (cl.PROJECT_CASES_FILE, cl.load_cases(cl.PROJECT_CASES_FILE)),
+}
 
 
 @pytest.fixture(scope="module")
@@ -46,27 +51,34 @@ def _run(binary: Path, cases_file: Path) -> tuple[int, list[dict[str, Any]]]:
     return proc.returncode, [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
 
 
-@pytest.fixture(scope="module")
-def verdicts(go_allocator: Path) -> list[dict[str, Any]]:
-    _, found = _run(go_allocator, cl.CASES_FILE)
-    return found
+@pytest.fixture(scope="module", params=sorted(FILES))
+def verdicts(
+    request: pytest.FixtureRequest, go_allocator: Path
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(the file's cases, upstream's verdicts on them) for the upstream and the project's file."""
+    path, cases = FILES[request.param]
+    _, found = _run(go_allocator, path)
+    return cases, found
 
 
-def test_every_case_agrees_with_upstream(verdicts: list[dict[str, Any]]) -> None:
-    disagree = [v for v in verdicts if not v["agree"]]
+def test_every_case_agrees_with_upstream(verdicts: tuple[list[dict[str, Any]], list[dict[str, Any]]]) -> None:
+    disagree = [v for v in verdicts[1] if not v["agree"]]
     assert not disagree, "\n".join(
         f"{v['case']} ({v['variant']}): {v['why']}; upstream: {json.dumps(v.get('upstream'))}"
         for v in disagree
     )
 
 
-def test_every_case_ran_on_every_variant_it_lists(verdicts: list[dict[str, Any]]) -> None:
-    ran = sorted((v["case"], v["variant"]) for v in verdicts)
-    assert ran == sorted((c["name"], variant) for c in CASES for variant in c["upstreamVariants"])
+def test_every_case_ran_on_every_variant_it_lists(
+    verdicts: tuple[list[dict[str, Any]], list[dict[str, Any]]],
+) -> None:
+    cases, found = verdicts
+    ran = sorted((v["case"], v["variant"]) for v in found)
+    assert ran == sorted((c["name"], variant) for c in cases for variant in c["upstreamVariants"])
     # NewAllocator takes the first variant (stable, incubating, experimental) whose features cover
     # the case's gates: the first one the case lists, if the list is right.
-    scheduler = {v["case"]: v["variant"] for v in verdicts if v["scheduler"]}
-    assert scheduler == {c["name"]: c["upstreamVariants"][0] for c in CASES}
+    scheduler = {v["case"]: v["variant"] for v in found if v["scheduler"]}
+    assert scheduler == {c["name"]: c["upstreamVariants"][0] for c in cases}
 
 
 def _case(name: str) -> dict[str, Any]:

@@ -44,7 +44,6 @@ def test_1_38_turns_fractional_capacity_ranges_on() -> None:
     chosen = FeatureGates.for_kubernetes("v1.38.0")
     assert chosen.known
     assert chosen.gates == FeatureGates(fractional_capacity_range=True)
-    assert not chosen.gates.experimental_variant  # kube-scheduler still runs the incubating variant
     assert [name for name, on in chosen.gates.to_mapping().items() if not on] == [
         *ALPHA_FROM_1_36,
         "DRADerivedAttributes",
