@@ -206,7 +206,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     sizes = [int(n) for n in args.nodes.split(",") if n.strip()]
 
     binary, build_s = build_go()
-    print(f"go build of bench/go_allocator: {build_s:.1f} s -> {binary}")
+    built = f"{build_s:.1f} s" if build_s else "reused"
+    print(f"go build of bench/go_allocator: {built} -> {binary}")
     print(
         "cpu/s: claims per CPU second of that process (Go's garbage collector may use the second "
         "core). Allocate: mean time of one per-node call x calls per claim (hit: mean of the calls "

@@ -342,8 +342,8 @@ def round_up_to_step(*, value: Quantity, minimum: Quantity, step: Quantity | Non
     """Round ``value`` up onto the grid ``minimum + k*step`` (never below ``minimum``).
 
     Exact: ``max(min, min + ceil((value - min) / step) * step)``; without a step the result is
-    ``max(min, value)``. (The allocator fits consumable-capacity requests as Kubernetes does with
-    DRAFractionalCapacityRange off, in whole units: ``dra_operator.allocator.capacity``.)
+    ``max(min, value)``. (The allocator fits consumable-capacity requests as Kubernetes does, in
+    whole units or, with DRAFractionalCapacityRange, milli-units: ``dra_operator.allocator.capacity``.)
     """
     if value <= minimum:
         return minimum

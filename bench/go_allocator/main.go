@@ -2,6 +2,8 @@
 // (k8s.io/dynamic-resource-allocation at the pinned Kubernetes version) the way
 // kube-scheduler's DynamicResources plugin drives it, and prints JSON figures.
 //
+// With -conformance FILE it runs the project's allocator cases instead (conformance.go).
+//
 // Input: the JSON that bench/allocator_side_by_side.py writes: nodes (names, in
 // order), deviceClasses, resourceSlices and, per mix, the claims to place.
 //
@@ -252,9 +254,25 @@ func main() {
 	mix := flag.String("mix", "", "which mix of the input to place")
 	withPlacements := flag.Bool("placements", false, "also print where each claim went")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the placement to this file")
+	cases := flag.String("conformance", "", "run every case of this allocator case file (YAML) and compare")
+	only := flag.String("case", "", "with -conformance: only the case of this name")
+	asJSON := flag.Bool("json", false, "with -conformance: one JSON object per case and variant")
 	flag.Parse()
+	if *cases != "" {
+		disagreements, err := runConformance(*cases, *only, *asJSON, os.Stdout)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
+		if disagreements > 0 {
+			fmt.Fprintf(os.Stderr, "%d disagreement(s) with upstream\n", disagreements)
+			os.Exit(1)
+		}
+		return
+	}
 	if *path == "" || *mix == "" {
-		fmt.Fprintln(os.Stderr, "usage: go_allocator -input FILE -mix NAME [-placements] [-cpuprofile FILE]")
+		fmt.Fprintln(os.Stderr, "usage: go_allocator -input FILE -mix NAME [-placements] [-cpuprofile FILE]\n"+
+			"       go_allocator -conformance CASES.yaml [-case NAME] [-json]")
 		os.Exit(2)
 	}
 	started := time.Now()

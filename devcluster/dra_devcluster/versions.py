@@ -129,7 +129,14 @@ _LEFT_AT_DEFAULT_1_37 = {
     ),
     "DRAFractionalCapacityRange": (
         "upstream turns it on only for clusters whose --min-compatibility-version is 1.37 "
-        "(kube_features.go:1493-1496), and the operator's allocator does not model it yet"
+        "(kube_features.go:1493-1496); the operator allocates with the release's defaults, so the "
+        "cluster keeps it off for the scheduler beside it to allocate alike"
+    ),
+}
+_LEFT_AT_DEFAULT_1_38 = {
+    "DRAWorkloadResourceClaims": (
+        "it depends on GenericWorkload (beta and off, not a DRA gate, kube_features.go:1499-1502, "
+        "2417), and a component refuses a gate whose dependency is off"
     ),
 }
 
@@ -307,10 +314,65 @@ V1_37 = _version(
     gates_left_at_default=_LEFT_AT_DEFAULT_1_37,
 )
 
+# k8s.io/kubernetes@v1.38.0-beta.0, the newest tag of 1.38's development branch the Go module proxy
+# has (1.38.0 is not released): go.mod:9 requires go 1.27.0 (.go-version 1.27.3: newer than the Go
+# this project builds with), go.mod:201 etcd server v3.7.3; controllers registered in
+# cmd/kube-controller-manager/app/controller_descriptor.go:174-227, the node ones at 201-204, no
+# cloud ones. DynamicResourceAllocation is gone (GA and locked since 1.35). Consumable capacity,
+# binding conditions, partitionable devices and fractional capacity ranges are GA; device taints and
+# taint rules GA and locked. Not supported yet: there is no gomod/k8s-1.38. The day 1.38.0 is out,
+# compare this table with its kube_features.go, add the wrapper module (and the Go it needs), and
+# move the entry into SUPPORTED (docs/notes/kubernetes-1.38.md lists what else to check).
+V1_38_DEVELOPMENT = _version(
+    "v1.38.0-beta.0",
+    etcd="v3.7.3",
+    upstream_gates={
+        "DRAAdminAccess": _ga(1339, locked=True),
+        "DRAConsumableCapacity": _ga(1345, locked=False),
+        "DRADerivedAttributes": _alpha(1349),
+        "DRADeviceBindingConditions": _ga(1355, locked=True),
+        "DRADeviceCompatibilityGroups": _alpha(1359),
+        "DRADeviceTaintRules": _ga(1366, locked=True),
+        "DRADeviceTaints": _ga(1373, locked=True),
+        "DRAExtendedResource": _ga(1379, locked=True),
+        "DRAFractionalCapacityRange": _ga(1385, locked=False),
+        "DRAListTypeAttributes": _alpha(1389),
+        "DRANodeAllocatableResources": _alpha(1393),
+        "DRAOptionalNodeOperations": _alpha(1397),
+        "DRAPartitionableDevices": _ga(1403, locked=True),
+        "DRAPartitionableDevicesType": _alpha(1407),
+        "DRAPrioritizedList": _ga(1414, locked=True),
+        "DRAResourceClaimDeviceStatus": _ga(1421, locked=True),
+        "DRAResourceClaimGranularStatusAuthorization": _beta(1425),
+        "DRAResourcePoolStatus": _alpha(1429),
+        "DRASchedulerFilterTimeout": _beta(1433),
+        "DRAWorkloadResourceClaims": _beta(1438, default=False),
+        "ResourceHealthStatus": _beta(1893),
+        "ResourceHealthStatusMessage": _beta(1897),
+    },
+    # kube_features.go:2379-2417, 2601.
+    gate_dependencies={
+        "DRADeviceBindingConditions": ("DRAResourceClaimDeviceStatus",),
+        "DRADeviceCompatibilityGroups": ("DRAPartitionableDevices",),
+        "DRADeviceTaintRules": ("DRADeviceTaints",),
+        "DRAFractionalCapacityRange": ("DRAConsumableCapacity",),
+        "DRAOptionalNodeOperations": ("NodeDeclaredFeatures",),
+        "DRAPartitionableDevicesType": ("DRAPartitionableDevices", "DRAResourcePoolStatus"),
+        "DRAResourceClaimGranularStatusAuthorization": ("DRAResourceClaimDeviceStatus",),
+        "DRAWorkloadResourceClaims": ("GenericWorkload",),
+        "ResourceHealthStatusMessage": ("ResourceHealthStatus",),
+    },
+    disabled_controllers=_NODE_CONTROLLERS,
+    gates_left_at_default=_LEFT_AT_DEFAULT_1_38,
+)
+
 SUPPORTED: tuple[KubernetesVersion, ...] = (V1_34, V1_35, V1_36, V1_37)
 DEFAULT = V1_37
 """What a cluster runs when nothing is asked for: the newest supported release, on which CI runs
 the whole suite (the oldest, 1.34, runs the end-to-end and install tests)."""
+UPCOMING: tuple[KubernetesVersion, ...] = (V1_38_DEVELOPMENT,)
+"""Releases whose gate tables are recorded from their development branch but that the cluster cannot
+run yet (no wrapper module): what to compare with the release the day it is out."""
 
 _REQUEST = re.compile(r"v?(?P<major>\d+)\.(?P<minor>\d+)(?:\.(?P<patch>\d+|x))?")
 

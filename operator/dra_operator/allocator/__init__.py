@@ -25,12 +25,13 @@ pools gathered per node (generations, completeness across the cluster, invalid p
 (driver, pool) with binding-condition pools last and slices by name; ExactCount and All;
 adminAccess; matchAttribute/distinctAttribute (set semantics with DRAListTypeAttributes);
 firstAvailable; partitionable devices (shared counters, compatibility groups); consumable capacity
-with share IDs (whole-unit range arithmetic: DRAFractionalCapacityRange is not modelled); taints and
+with share IDs (stepped ranges in whole units, or milli-units with DRAFractionalCapacityRange); taints and
 tolerations; binding conditions; optional node operations (``Node.declared_features``);
 class-then-claim config; the result node selector; the 32-device claim limit, request by request;
 a depth-first, combination-only search, after a polynomial feasibility check that upstream does
-not have (``feasibility.py``: it refuses what cannot fit without searching). Requests with derived
-attributes are refused (DRADerivedAttributes is not modelled).
+not have (``feasibility.py``: it refuses what cannot fit without searching); derived attributes
+(DRADerivedAttributes: a request's CEL per device, shadowing device attributes in its constraints;
+with the gate off such a request is refused, as upstream).
 
 Hooks for placement and explanations: :meth:`Allocator.pools` (the node's pools in search order),
 :attr:`SliceIndex.on_node` / ``shared`` / ``by_pool`` and :meth:`SliceIndex.all_entries`,

@@ -34,8 +34,9 @@ from dra_operator.allocator import capacity as cap
 from dra_operator.allocator.constraints import (
     Constraint,
     DistinctAttribute,
+    Lookup,
     MatchAttribute,
-    attribute_set,
+    Value,
     attribute_text,
     constraint_text,
     lookup_attribute,
@@ -51,6 +52,7 @@ from dra_operator.cel import (
     CelRuntimeError,
     WorkBudget,
     charged_to,
+    compile_derived,
     compile_selector,
 )
 
@@ -102,9 +104,11 @@ class Spec:
         "all_devices",
         "capacity",
         "claim_index",
+        "derived",
         "device_class",
         "full",
         "key",
+        "lookup",
         "mode",
         "num_devices",
         "parent",
@@ -134,6 +138,10 @@ class Spec:
         self.capacity: Mapping[str, Quantity] | None = request.capacity or None
         self.num_devices = 0
         self.all_devices: list[tuple[Pool, SliceEntry, int]] = []
+        # DRADerivedAttributes: attribute name -> CEL expression, and how the request's constraints
+        # see a device's attributes (the derived ones shadowing the device's own).
+        self.derived: Mapping[str, str] = {}
+        self.lookup: Lookup = lookup_attribute
 
 
 @dataclass(slots=True)
@@ -336,8 +344,9 @@ class Allocator:
         timeout: float | None = None,
         budget: WorkBudget | None = None,
     ) -> list[AllocationResult] | None:
-        """One result per claim (in order), None if the claims do not fit on ``node`` together
-        (:attr:`last_shortfall` says why when the feasibility check, not the search, found it).
+        """One result per claim (in order; no claims: no results), None if the claims do not fit on
+        ``node`` together (:attr:`last_shortfall` says why when the feasibility check, not the search,
+        found it).
 
         Raises :class:`AllocationError` for errors (unknown class, CEL errors, disabled features,
         too many devices, ...), :class:`FailedAllocationOnNode` when nothing fits and the node has
@@ -471,6 +480,8 @@ class _Run:
             not self.gates.optional_node_operations or OPTIONAL_NODE_OPERATIONS in node.declared_features
         )
         self.selectable: dict[tuple[DeviceID, int], bool] = {}
+        # DRADerivedAttributes: (device, expression) -> the value derived in this run.
+        self.derived_values: dict[tuple[DeviceID, str], Value] = {}
         self._serve_errors = False
         self.compiled: dict[tuple[int, int], object] = {}
         self._next_key = 0
@@ -487,7 +498,7 @@ class _Run:
 
     def run(self) -> list[AllocationResult] | None:
         if not self.input_claims:
-            return None
+            return []  # as upstream: nothing to allocate is a (trivial) success
         self.prepare()
         # One Python frame per device slot and request: make room for claims with many devices.
         depth = sum(MAX_DEVICES_PER_CLAIM + 2 * len(c.requests) + 2 for c in self.claims) + 200
@@ -586,8 +597,8 @@ class _Run:
 
     def _prepare_spec(self, ci: int, ref: str, parent: str, full: str, request: ExactDeviceRequest) -> Spec:
         where = f"claim {ref}, request {full}"
-        if request.derived_attributes:
-            # DRADerivedAttributes is not modelled: refuse rather than ignore what constraints need.
+        if request.derived_attributes and not self.gates.derived_attributes:
+            # Refused rather than ignored (what constraints need), as every upstream variant does.
             raise AllocationError(
                 f"{where}: cannot handle request with derived attributes, the feature is disabled"
             )
@@ -615,6 +626,9 @@ class _Run:
             request=request,
             device_class=device_class,
         )
+        if request.derived_attributes and self.gates.derived_attributes:
+            spec.derived = {d.name: d.expression for d in request.derived_attributes}
+            spec.lookup = self._derived_lookup(spec.derived)
         if spec.mode == EXACT_COUNT:
             spec.num_devices = request.effective_count
         elif spec.mode == ALL:
@@ -640,6 +654,32 @@ class _Run:
         else:
             raise AllocationError(f"{where}: unsupported count mode {spec.mode}")
         return spec
+
+    def _derived_lookup(self, derived: Mapping[str, str]) -> Lookup:
+        """A request's view of devices' attributes: its derived ones, evaluated once per device and
+        expression in this run (errors are fatal, in upstream's words), else the device's own."""
+
+        def lookup(entry: DeviceEntry, name: str) -> Value:
+            expression = derived.get(name)
+            if expression is None:
+                return lookup_attribute(entry, name)
+            key = (entry.id, expression)
+            found = self.derived_values.get(key)
+            if found is None:
+                try:
+                    compiled = compile_derived(expression)
+                except CelCompileError as exc:
+                    raise AllocationError(f"compile derived attribute {name} failed: {exc}") from exc
+                try:
+                    found = self.derived_values[key] = compiled.value(entry.cel_input)
+                except CelRuntimeError as exc:
+                    device = device_id_text(entry.id)
+                    raise AllocationError(
+                        f"evaluate derived attribute {name} on device {device} failed: {exc}"
+                    ) from exc
+            return found
+
+        return lookup
 
     # ---- device checks -------------------------------------------------------------------------
 
@@ -695,6 +735,7 @@ class _Run:
                 requests=spec.capacity,
                 consumed=None if static else self.alloc.allocated.capacity.get(entry.id),
                 allocating=None if static or not in_flight else self.allocating_capacity.get(entry.id),
+                fractional=self.gates.fractional_capacity_range,
             )
         except cap.CapacityError as exc:
             # Upstream names the device by its name in the "all" pre-scan, by its ID elsewhere.
@@ -797,7 +838,14 @@ class _Run:
         claim = self.claims[ci]
         added: list[Constraint] = []
         for constraint in claim.constraints:
-            if constraint.add(spec.parent, spec.full, entry):
+            try:
+                taken = constraint.add(spec.parent, spec.full, entry, spec.lookup)
+            except AllocationError:
+                for c in reversed(added):
+                    c.remove(spec.parent, spec.full, entry)
+                self._release(pool, entry, counted=counted, groups=groups)
+                raise
+            if taken:
                 added.append(constraint)
                 continue
             constraint.rejections += 1
@@ -816,7 +864,12 @@ class _Run:
             try:
                 fits = self._capacity_fits(spec, entry)
                 if fits and multi:
-                    consumed = cap.consumption(device=device, driver=did[0], requests=spec.capacity)
+                    consumed = cap.consumption(
+                        device=device,
+                        driver=did[0],
+                        requests=spec.capacity,
+                        fractional=self.gates.fractional_capacity_range,
+                    )
             except AllocationError:
                 for c in reversed(added):
                     c.remove(spec.parent, spec.full, entry)
@@ -922,7 +975,11 @@ class _Run:
                         continue
                     counts[6] += 1
                     for k in matching:
-                        text = attribute_text(lookup_attribute(entry, k.attribute), lists=k.lists)
+                        try:
+                            value = spec.lookup(entry, k.attribute)
+                        except AllocationError:
+                            value = None  # an explanation, not a placement: count it as missing
+                        text = attribute_text(value, lists=k.lists)
                         if text is None:
                             missing[k.index] += 1
                         else:
@@ -972,6 +1029,8 @@ class _Run:
         ):
             return None
         self._serve_errors = False
+        if self._derived_errors(specs):
+            return None  # an error the search reports as upstream does, if it gets there
         devices: dict[DeviceID, int] = {}
         entries: list[DeviceEntry] = []
         serving: dict[int, list[int]] = {}  # spec key -> devices it can use (multi-allocatable apart)
@@ -1015,6 +1074,29 @@ class _Run:
         same, distinct = self._constraint_bounds(needs_of, entries)
         check = self.budget.check if self.budget is not None else None
         return shortfall(needs=needs, same=same, distinct=distinct, check=check)
+
+    def _derived_errors(self, specs: list[Spec]) -> bool:
+        """Whether a derived attribute that a constraint reads fails to evaluate on a device its
+        request could take (admin access included). The search would stop with that error if it
+        met it, so the check must not answer first; evaluated values are kept for the search."""
+        for spec in specs:
+            names = {
+                k.attribute
+                for k in self.claims[spec.claim_index].constraints
+                if k.attribute in spec.derived and k.covers(spec.parent, spec.full)
+            }
+            if not names:
+                continue
+            candidates = spec.all_devices if spec.mode == ALL else self._all_positions()
+            for pool, se, i in candidates:
+                if not self._can_serve(spec, pool, se, i):
+                    continue
+                for name in names:
+                    try:
+                        spec.lookup(se.entries[i], name)
+                    except AllocationError:
+                        return True
+        return False
 
     def _all_positions(self) -> list[tuple[Pool, SliceEntry, int]]:
         return [
@@ -1064,6 +1146,8 @@ class _Run:
         for claim in self.claims:
             mine = by_claim.get(id(claim), [])
             for k in claim.constraints:
+                if self._derives(claim, k):
+                    continue  # the value depends on the request as well as the device: no bound
                 # A request counts as covered only when all of its subrequests are.
                 covered = tuple(
                     n
@@ -1074,7 +1158,7 @@ class _Run:
                     continue
                 values: dict[int, frozenset[object]] = {}
                 for d, entry in enumerate(entries):
-                    found = attribute_set(lookup_attribute(entry, k.attribute), lists=k.lists)
+                    found = k.check_values(lookup_attribute(entry, k.attribute))
                     if found is not None:
                         values[d] = found
                 written = claim.claim.spec.constraints[k.index]
@@ -1084,6 +1168,16 @@ class _Run:
                 else:
                     distinct.append(DistinctValues(label=label, needs=covered, values=values))
         return same, distinct
+
+    @staticmethod
+    def _derives(claim: _Claim, constraint: Constraint) -> bool:
+        """Whether a request the constraint covers derives the constraint's attribute."""
+        return any(
+            constraint.attribute in s.derived
+            for r in claim.requests
+            for s in (r.subs or (r.single,))
+            if s is not None and constraint.covers(s.parent, s.full)
+        )
 
     # ---- the search ----------------------------------------------------------------------------
 

@@ -1,12 +1,21 @@
-"""Claim constraints: matchAttribute and distinctAttribute (scalar, or set semantics for lists)."""
+"""Claim constraints: matchAttribute and distinctAttribute (scalar, or set semantics for lists).
+
+A constraint reads each device's attribute through the request's lookup (:data:`Lookup`): the
+device's own attribute, or one the request derives (DRADerivedAttributes), which shadows it.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from dra_api.attributes import AttributeValue, UnsupportedAttribute, Version
 from dra_operator.allocator.pools import DeviceEntry
 
 # A typed attribute element: (kind, value), so that True and 1 never compare equal.
 Element = tuple[str, object]
+Value = AttributeValue | UnsupportedAttribute | None
+# How a request sees a device's attribute by its name (None: the device has none).
+Lookup = Callable[[DeviceEntry, str], Value]
 
 
 def _element(value: object) -> Element | None:
@@ -21,7 +30,7 @@ def _element(value: object) -> Element | None:
     return None
 
 
-def lookup_attribute(entry: DeviceEntry, name: str) -> AttributeValue | UnsupportedAttribute | None:
+def lookup_attribute(entry: DeviceEntry, name: str) -> Value:
     """By full name first; then, if the domain is the device's driver, by the bare identifier."""
     attributes = entry.device.attributes
     found = attributes.get(name)
@@ -32,9 +41,7 @@ def lookup_attribute(entry: DeviceEntry, name: str) -> AttributeValue | Unsuppor
     return found
 
 
-def attribute_set(
-    value: AttributeValue | UnsupportedAttribute | None, *, lists: bool
-) -> frozenset[Element] | None:
+def attribute_set(value: Value, *, lists: bool) -> frozenset[Element] | None:
     """The value as a set of elements; None when it cannot take part (missing, unknown type, or a
     list while list-type attributes are off)."""
     if value is None or isinstance(value, UnsupportedAttribute):
@@ -50,7 +57,7 @@ def attribute_set(
     return None if element is None else frozenset((element,))
 
 
-def attribute_text(value: AttributeValue | UnsupportedAttribute | None, *, lists: bool) -> str | None:
+def attribute_text(value: Value, *, lists: bool) -> str | None:
     """A value as an explanation shows it ("pci0000:15", "1", "[0, 1]"); None when the device
     cannot take part in a constraint on it (see :func:`attribute_set`)."""
     values = attribute_set(value, lists=lists)
@@ -84,11 +91,18 @@ class Constraint:
     def covers(self, parent: str, full: str) -> bool:
         return not self.requests or parent in self.requests or full in self.requests
 
-    def add(self, parent: str, full: str, entry: DeviceEntry) -> bool:
+    def add(self, parent: str, full: str, entry: DeviceEntry, lookup: Lookup = lookup_attribute) -> bool:
+        """Take the device into the constraint if it keeps it satisfied; ``lookup`` may raise
+        (an error evaluating a derived attribute), leaving the constraint as it was."""
         raise NotImplementedError
 
     def remove(self, parent: str, full: str, entry: DeviceEntry) -> None:
         raise NotImplementedError
+
+    def check_values(self, value: Value) -> frozenset[Element] | None:
+        """What a device with this attribute value offers the feasibility check: its values, or
+        None when the constraint never takes it in a placement with another covered device."""
+        return attribute_set(value, lists=self.lists)
 
 
 class MatchAttribute(Constraint):
@@ -103,15 +117,19 @@ class MatchAttribute(Constraint):
         # Running intersection after each added device, so remove() is a pop.
         self._stack: list[frozenset[Element]] = []
 
-    def add(self, parent: str, full: str, entry: DeviceEntry) -> bool:
+    def add(self, parent: str, full: str, entry: DeviceEntry, lookup: Lookup = lookup_attribute) -> bool:
         if not self.covers(parent, full):
             return True
-        value = lookup_attribute(entry, self.attribute)
+        value = lookup(entry, self.attribute)
         if value is None:
             return False
         if not self._stack:
-            # The first device fixes the value (upstream does not check its type).
+            # The first device fixes the value. Scalar semantics (list-type attributes off) do not
+            # check its type: a list or a value of no type is taken, and nothing can join it. Set
+            # semantics refuse a value of no type.
             values = attribute_set(value, lists=self.lists)
+            if values is None and self.lists:
+                return False
             self._stack.append(values if values is not None else frozenset())
             return True
         values = attribute_set(value, lists=self.lists)
@@ -133,7 +151,10 @@ class DistinctAttribute(Constraint):
     """Covered devices have pairwise different values (lists: disjoint sets).
 
     Every covered device's values are kept, in the order added (upstream 1.37 keeps a stack too; 1.36
-    kept one entry per request, so a request for several devices compared each only with the last)."""
+    kept one entry per request, so a request for several devices compared each only with the last).
+    With list-type attributes off, as upstream's scalar comparison: the first device is taken
+    whatever its value's type, and a list (or a value of no type) clashes with no scalar after it,
+    while a list after the first device is refused."""
 
     __slots__ = ("_stack",)
     kind = "distinctAttribute"
@@ -142,12 +163,17 @@ class DistinctAttribute(Constraint):
         super().__init__(index=index, requests=requests, attribute=attribute, lists=lists)
         self._stack: list[frozenset[Element]] = []
 
-    def add(self, parent: str, full: str, entry: DeviceEntry) -> bool:
+    def add(self, parent: str, full: str, entry: DeviceEntry, lookup: Lookup = lookup_attribute) -> bool:
         if not self.covers(parent, full):
             return True
-        values = attribute_set(lookup_attribute(entry, self.attribute), lists=self.lists)
-        if values is None:
+        value = lookup(entry, self.attribute)
+        if value is None:
             return False
+        values = attribute_set(value, lists=self.lists)
+        if values is None:
+            if self.lists or self._stack:
+                return False
+            values = frozenset()  # scalar semantics: not a scalar, so equal to none
         for seen in self._stack:
             if not seen.isdisjoint(values):
                 return False
@@ -157,3 +183,9 @@ class DistinctAttribute(Constraint):
     def remove(self, parent: str, full: str, entry: DeviceEntry) -> None:
         if self.covers(parent, full):
             self._stack.pop()
+
+    def check_values(self, value: Value) -> frozenset[Element] | None:
+        values = attribute_set(value, lists=self.lists)
+        if values is None and value is not None and not self.lists:
+            return frozenset()  # it may come first, and then clashes with nothing
+        return values

@@ -4,10 +4,12 @@ kube-scheduler allocates with the gates of its cluster; the operator allocates b
 takes the defaults of the cluster's release (:meth:`FeatureGates.for_kubernetes`, from the API
 server's ``/version``) and lets ``--feature-gates`` override them where a cluster switches a gate.
 
-The gates 1.37 added and the allocator implements (DRADeviceCompatibilityGroups,
-DRAOptionalNodeOperations) are alpha and off by default in 1.37, as here. Two other 1.37 gates that
-change allocation are not modelled (:data:`NOT_MODELLED`): the allocator does what upstream does with
-them off, accepts them set to false, and refuses to pretend they are on.
+Every allocation gate up to 1.38's development branch is modelled: the 1.37 ones
+(DRADeviceCompatibilityGroups, DRAOptionalNodeOperations, DRADerivedAttributes: alpha and off;
+DRAFractionalCapacityRange: beta, off unless the cluster's minimum compatibility version is 1.37)
+with their defaults as in 1.37. :data:`NOT_MODELLED` holds a gate whose "on" behaviour the
+allocator does not implement (none at present): such a gate is accepted set to false and refused
+set to true, rather than pretended.
 """
 
 from __future__ import annotations
@@ -28,13 +30,12 @@ GATE_FIELDS: dict[str, str] = {
     "DRAListTypeAttributes": "list_type_attributes",
     "DRADeviceCompatibilityGroups": "compatibility_groups",
     "DRAOptionalNodeOperations": "optional_node_operations",
+    "DRADerivedAttributes": "derived_attributes",
+    "DRAFractionalCapacityRange": "fractional_capacity_range",
 }
 
-# Allocation gates of Kubernetes 1.37 whose "on" behaviour is not implemented -> what it would do.
-NOT_MODELLED: dict[str, str] = {
-    "DRADerivedAttributes": "requests with derived attributes (CEL per device, used by constraints)",
-    "DRAFractionalCapacityRange": "milli-unit arithmetic for consumable-capacity ranges",
-}
+# Allocation gates whose "on" behaviour is not implemented -> what it would do (none at present).
+NOT_MODELLED: dict[str, str] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +55,11 @@ class FeatureGates:
     compatibility_groups: bool = False
     # 1.37 (alpha, off): devices of slices with skipNodeOperations, on nodes that declare the feature.
     optional_node_operations: bool = False
+    # 1.37 (alpha, off): a request's derivedAttributes, CEL per device, seen by its constraints.
+    derived_attributes: bool = False
+    # 1.37 (beta, off unless --min-compatibility-version is 1.37), 1.38 (GA, on): consumable-capacity
+    # ranges worked in milli-units.
+    fractional_capacity_range: bool = False
 
     @property
     def device_binding_and_status(self) -> bool:
@@ -142,7 +148,7 @@ class KubernetesGates:
     """The release whose defaults stand in when :attr:`known` is false."""
 
     def describe(self) -> str:
-        """``Kubernetes 1.34 defaults`` or ``Kubernetes 1.38 (not known; 1.37 defaults)``."""
+        """``Kubernetes 1.34 defaults`` or ``Kubernetes 1.39 (not known; 1.38 defaults)``."""
         name = f"{self.minor[0]}.{self.minor[1]}"
         if self.known or self.used is None:
             return f"Kubernetes {name} defaults"
@@ -162,8 +168,12 @@ def kubernetes_minor(version: str) -> tuple[int, int] | None:
 # GA on. 1.34 and 1.35: prioritized list, admin access and device status beta; partitionable
 # devices, device taints, consumable capacity and binding conditions alpha. 1.36: those four beta.
 # 1.37: the same allocation gates on (device taints and device status GA); list-type attributes
-# alpha in 1.36 and 1.37; compatibility groups and optional node operations alpha in 1.37 (not
-# defined before).
+# alpha in 1.36 and 1.37; compatibility groups, optional node operations and derived attributes
+# alpha in 1.37 (not defined before); fractional capacity ranges beta in 1.37 but on only where
+# the minimum compatibility version is 1.37, which a 1.37 cluster's is not by default. 1.38 (its
+# development branch, read at v1.38.0-beta.0, lines 1336-1438): fractional capacity ranges GA and
+# on; consumable capacity, binding conditions and partitionable devices GA; the alpha gates alpha.
+# docs/notes/kubernetes-1.38.md has the whole table.
 _BEFORE_1_36 = FeatureGates(
     partitionable_devices=False,
     device_taints=False,
@@ -175,4 +185,5 @@ RELEASE_DEFAULTS: dict[tuple[int, int], FeatureGates] = {
     (1, 35): _BEFORE_1_36,
     (1, 36): FeatureGates(),
     (1, 37): FeatureGates(),
+    (1, 38): FeatureGates(fractional_capacity_range=True),
 }

@@ -4,14 +4,17 @@
 whether a device satisfies the selector. The environment follows Kubernetes' (``device.driver``,
 ``device.attributes``, ``device.capacity``, ``device.allowMultipleAllocations``, the quantity and
 semver libraries, string, list and set extensions, optional selection ``.?``, ``cel.bind`` and
-``includes``). Expressions are parsed with cel-python's grammar, checked statically (undeclared
-names, device fields, overloads, result type) and compiled to closures over cel-python's value
-types; results are memoized per projection of the device onto what the expression reads.
+``includes``). ``compile_derived(text)`` compiles a derived attribute's expression
+(DRADerivedAttributes), whose :class:`CompiledDerived` gives an attribute value per device.
+Expressions are parsed with cel-python's grammar, checked statically (undeclared names, device
+fields, overloads, result type) and compiled to closures over cel-python's value types; results are
+memoized per projection of the device onto what the expression reads.
 """
 
 from __future__ import annotations
 
 from .budget import BudgetExhausted, WorkBudget, charged_to
+from .derived import CompiledDerived, compile_derived
 from .errors import CelCompileError, CelRuntimeError
 from .selector import (
     MAX_EXPRESSION_LENGTH,
@@ -26,10 +29,12 @@ __all__ = [
     "BudgetExhausted",
     "CelCompileError",
     "CelRuntimeError",
+    "CompiledDerived",
     "CompiledSelector",
     "DeviceInput",
     "WorkBudget",
     "charged_to",
+    "compile_derived",
     "compile_selector",
     "evaluation_count",
 ]

@@ -19,7 +19,7 @@ from .declarations import ANY_RECEIVER, DYN, OPTIONAL, Overload
 from .errors import CelCompileError
 from .library import DECLARATIONS
 
-__all__ = ["NAMESPACES", "Tree", "as_tree", "bare_ident", "check", "literal_string", "unwrap"]
+__all__ = ["NAMESPACES", "Tree", "as_tree", "bare_ident", "check", "infer", "literal_string", "unwrap"]
 
 # Parse trees of cel-python's lark grammar.
 Tree: TypeAlias = "lark.Tree[lark.Token]"
@@ -492,9 +492,14 @@ class _Checker:
         return self._call(node, name, None, args, scope)
 
 
+def infer(tree: Tree, text: str) -> str:
+    """Check a parsed expression of any result type; return that type or raise CelCompileError."""
+    return _Checker(text).check(tree, {})
+
+
 def check(tree: Tree, text: str) -> str:
     """Check a parsed selector; return its result type or raise CelCompileError."""
-    kind = _Checker(text).check(tree, {})
+    kind = infer(tree, text)
     if kind not in ("bool", DYN):
         raise CelCompileError(f"compilation failed: expression must evaluate to bool, not {kind}")
     return kind

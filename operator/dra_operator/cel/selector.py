@@ -13,10 +13,10 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Generic, TypeVar
 
 from celpy import celtypes
 from celpy.evaluation import CELEvalError
@@ -54,6 +54,8 @@ COMPILE_CACHE_SIZE: Final = 1024
 INLINE_COMPILE_BYTES: Final = 256
 
 _MISSING: Final = ("missing",)
+
+T = TypeVar("T")
 
 _count_lock = threading.Lock()
 _evaluations = 0
@@ -272,8 +274,12 @@ class _Projector:
         return tuple(sorted((k, typed(v)) for k, v in entries.items()))
 
 
-class CompiledSelector:
-    """A compiled CEL device selector. ``matches`` is safe to call from several threads."""
+class MemoizedExpression(Generic[T]):
+    """A compiled expression whose results (or errors) are remembered per device projection.
+    Safe to call from several threads."""
+
+    #: Whether a "no such key" error gets upstream's hint (selectors do, derived attributes not).
+    _hint = True
 
     def __init__(self, *, expression: str, program: Program, reads: DeviceReads) -> None:
         self.expression = expression
@@ -281,14 +287,13 @@ class CompiledSelector:
         self.evaluations = 0
         self._program = program
         self._projector = _Projector(reads)
-        self._memo: OrderedDict[Hashable, bool | CelRuntimeError] = OrderedDict()
+        self._memo: OrderedDict[Hashable, T | CelRuntimeError] = OrderedDict()
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
-        return f"CompiledSelector({self.expression!r})"
+        return f"{type(self).__name__}({self.expression!r})"
 
-    def matches(self, device: DeviceInput) -> bool:
-        """Whether the device satisfies the selector; CelRuntimeError if evaluation fails."""
+    def _value(self, device: DeviceInput) -> T:
         _check_attributes(device)
         key = self._projector.key(device)
         with self._lock:
@@ -308,7 +313,10 @@ class CompiledSelector:
     def memo_size(self) -> int:
         return len(self._memo)
 
-    def _evaluate(self, device: DeviceInput) -> bool | CelRuntimeError:
+    def _convert(self, result: Any) -> T | CelRuntimeError:
+        raise NotImplementedError
+
+    def _evaluate(self, device: DeviceInput) -> T | CelRuntimeError:
         check_current()  # the placement's budget, before any work: an evaluation can take 0.4 s
         with self._lock:
             self.evaluations += 1
@@ -325,7 +333,18 @@ class CompiledSelector:
             logger.warning("CEL evaluation of %r failed unexpectedly", self.expression, exc_info=True)
             return CelRuntimeError(f"evaluation failed: {type(exc).__name__}: {exc}")
         if isinstance(result, CELEvalError):
-            return CelRuntimeError(_eval_message(result))
+            return CelRuntimeError(_eval_message(result, hint=self._hint))
+        return self._convert(result)
+
+
+class CompiledSelector(MemoizedExpression[bool]):
+    """A compiled CEL device selector. ``matches`` is safe to call from several threads."""
+
+    def matches(self, device: DeviceInput) -> bool:
+        """Whether the device satisfies the selector; CelRuntimeError if evaluation fails."""
+        return self._value(device)
+
+    def _convert(self, result: Any) -> bool | CelRuntimeError:
         if isinstance(result, celtypes.BoolType | bool):
             return bool(result)
         return CelRuntimeError(f"expression result is {cel_kind(result)}, not bool")
@@ -337,25 +356,29 @@ _KEY_HINT: Final = (
 )
 
 
-def _eval_message(exc: CELEvalError) -> str:
+def _eval_message(exc: CELEvalError, *, hint: bool) -> str:
     message = str(exc.args[0]) if exc.args else "evaluation error"
     # cel-python appends a dump of the whole activation to some messages.
     message = message.split(" (in activation", 1)[0]
-    if message.startswith("no such key:"):
+    if hint and message.startswith("no such key:"):
         message += _KEY_HINT  # the hint upstream adds to the same error
     return message
 
 
-_compiled: OrderedDict[str, CompiledSelector | CelCompileError] = OrderedDict()
+# Compiled expressions by (kind, text): "selector" or "derived" (a derived attribute's expression
+# compiles to another result type), errors too.
+_compiled: OrderedDict[tuple[str, str], MemoizedExpression[Any] | CelCompileError] = OrderedDict()
 _compiled_lock = threading.Lock()
-_compiling_later: set[str] = set()
+_compiling_later: set[tuple[str, str]] = set()
 _compile_executor: ThreadPoolExecutor | None = None
 
+M = TypeVar("M", bound=MemoizedExpression[Any])
 
-def is_compiled(expression: str) -> bool:
+
+def is_compiled(expression: str, *, kind: str = "selector") -> bool:
     """Whether ``expression``'s compilation (or its error) is cached."""
     with _compiled_lock:
-        return expression in _compiled
+        return (kind, expression) in _compiled
 
 
 def compile_selector(expression: str) -> CompiledSelector:
@@ -365,54 +388,64 @@ def compile_selector(expression: str) -> CompiledSelector:
     so within a slice of the event loop (see ``budget.py``) a selector longer than
     :data:`INLINE_COMPILE_BYTES` that is not cached yet is not compiled: it is handed to a worker
     thread and :class:`~dra_operator.cel.budget.BudgetExhausted` says to come back later."""
+    return compile_cached("selector", expression, _compile, CompiledSelector)
+
+
+def compile_cached(kind: str, expression: str, build: Callable[[str], M], result: type[M]) -> M:
+    """``build(expression)``, cached under (``kind``, text) with its errors, and compiled off the
+    event loop when long (see :func:`compile_selector`)."""
+    key = (kind, expression)
     with _compiled_lock:
-        found = _compiled.get(expression)
+        found = _compiled.get(key)
         if found is not None:
-            _compiled.move_to_end(expression)
+            _compiled.move_to_end(key)
     if found is None:
         budget = current()
         if budget is not None:
             budget.check()
             if budget.on_loop and len(expression) > INLINE_COMPILE_BYTES:
-                _compile_later(expression)
+                _compile_later(key, lambda: compile_cached(kind, expression, build, result))
                 raise BudgetExhausted(budget)
         try:
-            found = _compile(expression)
+            found = build(expression)
         except CelCompileError as exc:
             found = exc
         with _compiled_lock:
-            _compiled[expression] = found
+            _compiled[key] = found
             if len(_compiled) > COMPILE_CACHE_SIZE:
                 _compiled.popitem(last=False)
     if isinstance(found, CelCompileError):
         raise CelCompileError(str(found))
+    assert isinstance(found, result)
     return found
 
 
-def _compile_later(expression: str) -> None:
+def _compile_later(key: tuple[str, str], compile_it: Callable[[], object]) -> None:
     """Compile in the background (one worker thread), so that the next look finds it cached."""
     global _compile_executor
     with _compiled_lock:
-        if expression in _compiling_later:
+        if key in _compiling_later:
             return
-        _compiling_later.add(expression)
+        _compiling_later.add(key)
         if _compile_executor is None:
             _compile_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cel-compile")
         executor = _compile_executor
 
     def run() -> None:
         try:
-            compile_selector(expression)
+            compile_it()
         except CelCompileError:
             pass  # cached: the caller meets it next time
         finally:
             with _compiled_lock:
-                _compiling_later.discard(expression)
+                _compiling_later.discard(key)
 
     executor.submit(run)
 
 
-def _compile(expression: str) -> CompiledSelector:
+def parse_checked(expression: str, *, kinds: Callable[[Any, str], str]) -> tuple[Any, DeviceReads, Program]:
+    """Parse, type-check (``kinds(tree, text)`` raises for a wrong result type), analyse and compile
+    an expression of the DRA environment."""
     if not expression or not expression.strip():
         raise CelCompileError("CEL expression empty")
     size = len(expression.encode())
@@ -420,7 +453,7 @@ def _compile(expression: str) -> CompiledSelector:
         raise CelCompileError(f"expression too long ({size} bytes, maximum is {MAX_EXPRESSION_LENGTH})")
     try:
         tree = parse(expression)
-        check(tree, expression)
+        kinds(tree, expression)
         reads = analyse(tree)
         program = compile_program(tree)
     except RecursionError:
@@ -429,4 +462,9 @@ def _compile(expression: str) -> CompiledSelector:
         if isinstance(exc, CelCompileError):
             raise
         raise CelCompileError(f"compilation failed: {exc}") from None
+    return tree, reads, program
+
+
+def _compile(expression: str) -> CompiledSelector:
+    _, reads, program = parse_checked(expression, kinds=check)
     return CompiledSelector(expression=expression, program=program, reads=reads)

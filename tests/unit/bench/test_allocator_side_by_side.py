@@ -18,8 +18,8 @@ NODES = 10
 
 
 @pytest.fixture(scope="module")
-def go_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    binary, _ = build_go(into=tmp_path_factory.mktemp("go_allocator"))
+def go_binary() -> Path:
+    binary, _ = build_go()  # the per-user cache: built once per version of its sources
     return binary
 
 

@@ -19,15 +19,20 @@ from dra_devcluster.cluster import LocalCluster
 from dra_devcluster.versions import (
     DEFAULT,
     SUPPORTED,
+    UPCOMING,
     VERSION_ENV,
     KubernetesVersion,
     UnsupportedVersion,
     resolve,
 )
+from dra_operator.allocator.gates import RELEASE_DEFAULTS, kubernetes_minor
 
 GOMOD = Path(versions.__file__).parent / "gomod"
 REPO_ROOT = Path(__file__).resolve().parents[3]
 IDS = [v.minor for v in SUPPORTED]
+# The gate tables: the supported releases' and those read in a development branch.
+TABLES = SUPPORTED + UPCOMING
+TABLE_IDS = [v.minor for v in TABLES]
 
 
 def test_the_supported_versions_and_the_default() -> None:
@@ -88,7 +93,7 @@ def test_an_unsupported_version_from_the_environment_says_where_it_came_from() -
 # ---- feature gates -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kubernetes", SUPPORTED, ids=IDS)
+@pytest.mark.parametrize("kubernetes", TABLES, ids=TABLE_IDS)
 def test_every_named_gate_exists_in_its_version_and_is_not_locked(kubernetes: KubernetesVersion) -> None:
     for name in kubernetes.feature_gates:
         gate = kubernetes.upstream_gates.get(name)
@@ -97,7 +102,7 @@ def test_every_named_gate_exists_in_its_version_and_is_not_locked(kubernetes: Ku
         assert gate.stage == "beta", f"{kubernetes}: {name} is {gate.stage}"
 
 
-@pytest.mark.parametrize("kubernetes", SUPPORTED, ids=IDS)
+@pytest.mark.parametrize("kubernetes", TABLES, ids=TABLE_IDS)
 def test_every_beta_gate_is_on_unless_a_reason_is_given(kubernetes: KubernetesVersion) -> None:
     beta = {name for name, gate in kubernetes.upstream_gates.items() if gate.stage == "beta"}
     assert set(kubernetes.gates_left_at_default) <= beta
@@ -105,7 +110,7 @@ def test_every_beta_gate_is_on_unless_a_reason_is_given(kubernetes: KubernetesVe
     assert all(kubernetes.feature_gates.values())
 
 
-@pytest.mark.parametrize("kubernetes", SUPPORTED, ids=IDS)
+@pytest.mark.parametrize("kubernetes", TABLES, ids=TABLE_IDS)
 def test_every_gate_a_named_gate_needs_is_on(kubernetes: KubernetesVersion) -> None:
     for name in kubernetes.feature_gates:
         for needed in kubernetes.gate_dependencies.get(name, ()):
@@ -172,10 +177,57 @@ def test_before_1_36_gates_that_came_later_are_not_named(minor: str) -> None:
 
 
 def test_gate_facts_cite_a_line() -> None:
-    for kubernetes in SUPPORTED:
+    for kubernetes in TABLES:
         lines = [gate.line for gate in kubernetes.upstream_gates.values()]
         assert all(line > 0 for line in lines), kubernetes
         assert len(set(lines)) == len(lines), kubernetes
+
+
+def test_1_38_development_branch_is_recorded_not_supported() -> None:
+    """Read in k8s.io/kubernetes@v1.38.0-beta.0; the cluster cannot run it before its release."""
+    (v1_38,) = UPCOMING
+    assert (v1_38.version, v1_38.minor, v1_38.etcd) == ("v1.38.0-beta.0", "1.38", "v3.7.3")
+    assert v1_38 not in SUPPORTED
+    assert not (GOMOD / v1_38.module).exists()
+    with pytest.raises(UnsupportedVersion):
+        resolve("1.38", environ={})
+    gates = v1_38.upstream_gates
+    assert "DynamicResourceAllocation" not in gates  # removed in 1.38
+    # GA in 1.38 and on; locked ones are never named, unlocked GA ones neither.
+    for name in (
+        "DRADeviceBindingConditions",
+        "DRAPartitionableDevices",
+        "DRADeviceTaints",
+        "DRADeviceTaintRules",
+    ):
+        assert gates[name].stage == "ga"
+        assert gates[name].locked
+    for name in ("DRAConsumableCapacity", "DRAFractionalCapacityRange"):
+        assert gates[name].stage == "ga"
+        assert not gates[name].locked
+        assert v1_38.gate_enabled(name)
+    # Still alpha: off.
+    for name in ("DRADerivedAttributes", "DRAListTypeAttributes", "DRADeviceCompatibilityGroups"):
+        assert gates[name].stage == "alpha"
+        assert not v1_38.gate_enabled(name)
+    assert set(v1_38.feature_gates) == {
+        "DRAResourceClaimGranularStatusAuthorization",
+        "DRASchedulerFilterTimeout",
+        "ResourceHealthStatus",
+        "ResourceHealthStatusMessage",
+    }
+
+
+@pytest.mark.parametrize("kubernetes", TABLES, ids=TABLE_IDS)
+def test_the_operator_allocates_with_each_releases_defaults(kubernetes: KubernetesVersion) -> None:
+    """The operator's allocation gates per release (dra_operator.allocator.gates) are these tables'
+    upstream defaults: what kube-scheduler of that release allocates with, untouched."""
+    minor = kubernetes_minor(kubernetes.version)
+    assert minor is not None
+    defaults = RELEASE_DEFAULTS[minor]
+    for name, on in defaults.to_mapping().items():
+        gate = kubernetes.upstream_gates.get(name)
+        assert on == (gate is not None and gate.default), f"{kubernetes}: {name}"
 
 
 # ---- kube-controller-manager -----------------------------------------------------------------------
@@ -184,10 +236,10 @@ _CLOUD = {"cloud-node-lifecycle-controller", "service-lb-controller", "node-rout
 _NODE = {"node-lifecycle-controller", "node-ipam-controller", "persistentvolume-attach-detach-controller"}
 
 
-@pytest.mark.parametrize("kubernetes", SUPPORTED, ids=IDS)
+@pytest.mark.parametrize("kubernetes", TABLES, ids=TABLE_IDS)
 def test_disabled_controllers_are_those_the_version_registers(kubernetes: KubernetesVersion) -> None:
     # 1.37 no longer registers the cloud-provider controllers and refuses --controllers naming them.
-    expected = _NODE if kubernetes.minor == "1.37" else _NODE | _CLOUD
+    expected = _NODE if kubernetes.minor >= "1.37" else _NODE | _CLOUD
     assert set(kubernetes.disabled_controllers) == expected
     assert len(kubernetes.disabled_controllers) == len(expected)
 

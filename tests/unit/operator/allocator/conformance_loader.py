@@ -12,14 +12,16 @@ from dra_api.model import AllocationResult, DeviceClass, Node, ResourceClaim, Re
 from dra_api.quantity import Quantity
 from dra_operator.allocator import AllocatedState, FeatureGates, parse_device_id
 
-# Upstream's allocator cases in neutral YAML, kept in the repository as data.
+# Upstream's allocator cases in neutral YAML, kept in the repository as data, and the project's own
+# cases in the same format (behaviour upstream's table does not pin, checked against upstream too).
 CASES_FILE = Path(__file__).resolve().parents[3] / "fixtures" / "conformance" / "allocator-cases.yaml"
+PROJECT_CASES_FILE = CASES_FILE.with_name("project-cases.yaml")
 GENERATED_UUID = "<generated-uuid>"
 V1 = "resource.k8s.io/v1"
 
 
-def load_cases() -> list[dict[str, Any]]:
-    with CASES_FILE.open() as f:
+def load_cases(path: Path = CASES_FILE) -> list[dict[str, Any]]:
+    with path.open() as f:
         data = yaml.safe_load(f)
     cases: list[dict[str, Any]] = data["cases"]
     return cases

@@ -363,28 +363,41 @@ def test_feature_gates_of_1_37() -> None:
     defaults = FeatureGates()
     assert not defaults.compatibility_groups
     assert not defaults.optional_node_operations
+    assert not defaults.derived_attributes
+    assert not defaults.fractional_capacity_range
     on = FeatureGates.from_mapping({"DRADeviceCompatibilityGroups": True, "DRAOptionalNodeOperations": True})
     assert on.compatibility_groups
     assert on.optional_node_operations
-    # Gates the allocator does not model: off is what it does, on is refused rather than ignored.
     assert FeatureGates.from_flag("DRADerivedAttributes=false,DRAFractionalCapacityRange=false") == defaults
-    with pytest.raises(ValueError, match="DRADerivedAttributes is not modelled"):
-        FeatureGates.from_mapping({"DRADerivedAttributes": True})
-    with pytest.raises(ValueError, match="DRAFractionalCapacityRange is not modelled"):
-        FeatureGates.from_flag("DRAFractionalCapacityRange=true")
+    both = FeatureGates.from_flag("DRADerivedAttributes=true,DRAFractionalCapacityRange=true")
+    assert both.derived_attributes
+    assert both.fractional_capacity_range
 
 
-def test_derived_attributes_are_refused_while_the_gate_is_not_modelled() -> None:
+def _derived_claim() -> ResourceClaim:
     body = _claim("a").to_json()
     body["spec"]["devices"]["requests"][0]["exactly"]["derivedAttributes"] = [
         {"name": "example.com/numa", "expression": 'device.attributes["gpu.example.com"].index'}
     ]
-    claim = ResourceClaim.from_json(body)
+    body["spec"]["devices"]["constraints"] = [{"matchAttribute": "example.com/numa"}]
+    return ResourceClaim.from_json(body)
+
+
+def test_derived_attributes_are_refused_with_the_gate_off_and_derived_with_it_on() -> None:
+    claim = _derived_claim()
     assert claim.spec.requests[0].exactly is not None
     assert claim.spec.requests[0].exactly.derived_attributes[0].name == "example.com/numa"
-    allocator = Allocator(classes=[GPU_CLASS], slices=[_slice("node-1", devices=1, nodeName="node-1")])
+    slices = [_slice("node-1", devices=1, nodeName="node-1")]
+    # Every upstream variant refuses them rather than ignore what the constraint needs.
+    allocator = Allocator(classes=[GPU_CLASS], slices=slices)
     with pytest.raises(AllocationError, match="request gpu: cannot handle request with derived attributes"):
         allocator.allocate(node=Node.make("node-1"), claims=[claim])
+    # With the gate on, the request derives the attribute the device lacks.
+    derived = FeatureGates.from_mapping({"DRADerivedAttributes": True})
+    results = Allocator(classes=[GPU_CLASS], slices=slices, gates=derived).allocate(
+        node=Node.make("node-1"), claims=[claim]
+    )
+    assert results is not None
 
 
 def test_skip_node_operations_needs_the_node_feature_with_the_gate_on_and_is_ignored_with_it_off() -> None:

@@ -1,8 +1,10 @@
-"""The upstream allocator's test table (neutral YAML in the shared folder).
+"""The upstream allocator's test table (neutral YAML in tests/fixtures/conformance).
 
-Every case runs unless it needs a feature gate on that the allocator does not model
-(:data:`NOT_MODELLED`); those stay in the file as data and are counted here, by name, so that a
-new case or a newly modelled gate shows up as a failing test rather than silently.
+Every case runs, unless it needs a feature gate on that the allocator does not model
+(:data:`NOT_MODELLED`, empty since every allocation gate up to 1.38 is modelled); such cases would
+stay in the file as data and be counted here, by name, so that a new case or a newly modelled gate
+shows up as a failing test rather than silently. ``test_conformance_upstream.py`` runs the same
+file through upstream's allocator.
 """
 
 from __future__ import annotations
@@ -17,31 +19,14 @@ from dra_operator.allocator import gates as allocator_gates
 from . import conformance_loader as cl
 
 CASES = cl.load_cases()
+PROJECT_CASES = cl.load_cases(cl.PROJECT_CASES_FILE)
 
-# Gates some upstream cases switch on and the allocator does not implement (with the gate off,
-# what upstream does is implemented and tested). Gate name -> why it is left out.
-NOT_MODELLED: dict[str, str] = {
-    "DRADerivedAttributes": (
-        "alpha in 1.37 (off by default): requests whose derivedAttributes are CEL expressions evaluated per "
-        "device and used by constraints; with the gate off the allocator refuses such requests, as upstream"
-    ),
-    "DRAFractionalCapacityRange": (
-        "alpha in 1.37 (off by default): milli-unit arithmetic for consumable-capacity ranges; with the "
-        "gate off the allocator rounds through whole units, as upstream"
-    ),
-}
+# Gates some upstream cases switch on and the allocator does not implement, gate name -> why (the
+# cases needing them would be left out of the run, by name, in LEFT_OUT). Every gate is modelled now.
+NOT_MODELLED: dict[str, str] = {}
 
 # The cases left out because of NOT_MODELLED: change this set (and NOT_MODELLED) on purpose only.
-LEFT_OUT = frozenset(
-    {
-        "derived-attributes",
-        "derived-attributes-with-prioritized-list",
-        "derived-attributes-override",
-        "derived-attributes-cel-missing-attribute",
-        "derived-attributes-type-mismatch",
-        "consumable-capacity-fractional-range-gate-enabled-round-up",
-    }
-)
+LEFT_OUT: frozenset[str] = frozenset()
 
 
 def _gates(case: dict[str, Any]) -> set[str]:
@@ -74,10 +59,23 @@ def test_every_gate_named_by_a_case_is_modelled_or_left_out_on_purpose() -> None
     assert not NOT_MODELLED.keys() & GATE_FIELDS.keys()
     assert NOT_MODELLED.keys() == allocator_gates.NOT_MODELLED.keys()  # FeatureGates refuses them on
     assert NOT_MODELLED.keys() <= named  # a gate no case needs is not left out of anything
+    assert len(RUN) == 144  # 144 of 144
+
+
+def test_project_cases_are_named_once_and_not_upstreams() -> None:
+    names = [c["name"] for c in PROJECT_CASES]
+    assert len(set(names)) == len(names)
+    assert not set(names) & {c["name"] for c in CASES}
+    assert all(c.get("why") for c in PROJECT_CASES)
+
+
+ALL_RUN = RUN + PROJECT_CASES
 
 
 @pytest.mark.parametrize("feasibility", [True, False], ids=["checked", "search-only"])
-@pytest.mark.parametrize("case", RUN, ids=[c["name"] for c in RUN])
+@pytest.mark.parametrize(
+    "case", ALL_RUN, ids=[c["name"] for c in RUN] + [f"project/{c['name']}" for c in PROJECT_CASES]
+)
 def test_conformance(case: dict[str, Any], feasibility: bool) -> None:
     """Every case with the feasibility check before the search (the operator's way) and without it
     (the search alone, as upstream runs): the same outcome both ways; the search's effort is

@@ -3,8 +3,10 @@ refuses a claim the search would place (a property test against the search alone
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -182,6 +184,19 @@ _SELECTORS = st.sampled_from(
 )
 
 
+_MEMORY = st.sampled_from(["1", "2", "3", "300m", "750m", "1100m"])
+# Derived in place of the devices' own numa: a constant, from the index, from root (which a device
+# may lack: an evaluation error), a list.
+_DERIVED = st.sampled_from(
+    [
+        '"x"',
+        f'device.attributes["{DRIVER}"].index % 2 == 0 ? "x" : "y"',
+        f'device.attributes["{DRIVER}"].root',
+        '["x", "y"]',
+    ]
+)
+
+
 @st.composite
 def _devices(draw: st.DrawFn) -> list[dict[str, Any]]:
     out = []
@@ -189,13 +204,22 @@ def _devices(draw: st.DrawFn) -> list[dict[str, Any]]:
         attributes: dict[str, Any] = {"index": {"int": i}}
         if draw(st.booleans()):
             attributes["root"] = {"string": draw(_VALUES)}
-        attributes["numa"] = {"string": draw(_VALUES)}
+        if draw(st.integers(min_value=0, max_value=4)) == 0:  # a list (DRAListTypeAttributes)
+            attributes["numa"] = {"strings": draw(st.lists(_VALUES, min_size=1, max_size=2, unique=True))}
+        else:
+            attributes["numa"] = {"string": draw(_VALUES)}
         device: dict[str, Any] = {"name": f"gpu-{i}", "attributes": attributes}
         if draw(st.integers(min_value=0, max_value=5)) == 0:
             device["taints"] = [{"key": "bad", "effect": "NoSchedule"}]
         if draw(st.integers(min_value=0, max_value=4)) == 0:  # shared by several claims
             device["allowMultipleAllocations"] = True
-            device["capacity"] = {"memory": {"value": str(draw(st.integers(min_value=1, max_value=4)))}}
+            memory: dict[str, Any] = {"value": str(draw(st.integers(min_value=1, max_value=4)))}
+            if draw(st.booleans()):  # a stepped range: milli-units with DRAFractionalCapacityRange
+                memory["requestPolicy"] = {
+                    "default": "500m",
+                    "validRange": {"min": "250m", "max": memory["value"], "step": "250m"},
+                }
+            device["capacity"] = {"memory": memory}
         out.append(device)
     return out
 
@@ -214,7 +238,9 @@ def _request(draw: st.DrawFn, name: str) -> dict[str, Any]:
         if draw(st.integers(min_value=0, max_value=5)) == 0:
             body["tolerations"] = [{"key": "bad", "operator": "Exists", "effect": "NoSchedule"}]
         if draw(st.integers(min_value=0, max_value=4)) == 0:
-            body["capacity"] = {"requests": {"memory": str(draw(st.integers(min_value=1, max_value=3)))}}
+            body["capacity"] = {"requests": {"memory": draw(_MEMORY)}}
+        if draw(st.integers(min_value=0, max_value=3)) == 0:  # DRADerivedAttributes
+            body["derivedAttributes"] = [{"name": f"{DRIVER}/numa", "expression": draw(_DERIVED)}]
         return body
 
     if draw(st.integers(min_value=0, max_value=3)) == 0:
@@ -257,13 +283,28 @@ def _outcome(allocator: Allocator, claim: ResourceClaim) -> object:
     return None if results is None else [sorted(d.device_id for d in r.devices) for r in results]
 
 
+_GATES = st.fixed_dictionaries(
+    {
+        "DRADeviceTaints": st.just(True),
+        "DRAListTypeAttributes": st.booleans(),
+        "DRADerivedAttributes": st.booleans(),
+        "DRAFractionalCapacityRange": st.booleans(),
+    }
+)
+
+
 @settings(max_examples=int(__import__("os").environ.get("FEAS_EXAMPLES", "200")))
-@given(devices=_devices(), claim=_claims(), held=st.sets(st.integers(min_value=0, max_value=7)))
+@given(
+    devices=_devices(),
+    claim=_claims(),
+    held=st.sets(st.integers(min_value=0, max_value=7)),
+    switched=_GATES,
+)
 def test_the_check_never_changes_what_the_search_answers(
-    devices: list[dict[str, Any]], claim: ResourceClaim, held: set[int]
+    devices: list[dict[str, Any]], claim: ResourceClaim, held: set[int], switched: dict[str, bool]
 ) -> None:
     index = SliceIndex([_slice(devices)])
-    gates = FeatureGates.from_mapping({"DRADeviceTaints": True})
+    gates = FeatureGates.from_mapping(switched)
 
     def allocator(*, feasibility: bool) -> Allocator:
         state = AllocatedState(devices={(DRIVER, "node-1", f"gpu-{i}") for i in held})
@@ -288,3 +329,65 @@ def test_distinct_values_are_counted_within_the_matched_value() -> None:
     found = shortfall(needs=needs, same=same, distinct=apart)
     assert found is not None
     assert found.constraint == "constraint (matchAttribute root)"
+
+
+# ---- the 1.37 gates ----------------------------------------------------------------------------------
+
+_DERIVED_ON = FeatureGates.from_mapping({"DRADerivedAttributes": True})
+
+
+def _numa_devices(values: str) -> ResourceSlice:
+    return _slice(
+        [
+            {"name": f"gpu-{i}", "attributes": {"index": {"int": i}, "numa": {"string": v}}}
+            for i, v in enumerate(values)
+        ]
+    )
+
+
+def _derived_numa(count: int, expression: str) -> ResourceClaim:
+    request = _exact("a", count)
+    request["exactly"]["derivedAttributes"] = [{"name": f"{DRIVER}/numa", "expression": expression}]
+    return _claim([request], [{"matchAttribute": f"{DRIVER}/numa"}])
+
+
+def test_a_derived_attribute_gives_the_check_no_bound() -> None:
+    # The devices' own numa values differ; the request derives one value for all: it fits.
+    claim = _derived_numa(2, '"x"')
+    for feasibility in (True, False):
+        allocator = Allocator(
+            classes=[CLASS], slices=[_numa_devices("xyz")], gates=_DERIVED_ON, feasibility=feasibility
+        )
+        assert allocator.allocate(node=NODE, claims=[claim]) is not None
+        assert allocator.last_shortfall is None
+
+
+def test_an_error_deriving_an_attribute_is_left_to_the_search() -> None:
+    # Three devices for four: the check would refuse, but the search meets the evaluation error
+    # first (the devices have no "root"), and reports it, as upstream.
+    claim = _derived_numa(4, f'device.attributes["{DRIVER}"].root')
+    for feasibility in (True, False):
+        allocator = Allocator(
+            classes=[CLASS], slices=[_numa_devices("xyz")], gates=_DERIVED_ON, feasibility=feasibility
+        )
+        with pytest.raises(
+            AllocationError, match=re.escape("evaluate derived attribute gpu.example.com/numa on device")
+        ):
+            allocator.allocate(node=NODE, claims=[claim])
+
+
+def test_scalar_distinct_values_give_a_list_valued_device_no_bound() -> None:
+    # List-type attributes off: a list-valued device may come first under distinctAttribute and
+    # then clashes with no scalar, so the check must not count it out.
+    devices = _slice(
+        [
+            {"name": "gpu-0", "attributes": {"numa": {"strings": ["x", "y"]}}},
+            {"name": "gpu-1", "attributes": {"numa": {"string": "x"}}},
+        ]
+    )
+    claim = _claim([_exact("a", 2)], [{"distinctAttribute": f"{DRIVER}/numa"}])
+    for feasibility in (True, False):
+        allocator = Allocator(classes=[CLASS], slices=[devices], feasibility=feasibility)
+        results = allocator.allocate(node=NODE, claims=[claim])
+        assert results is not None
+        assert allocator.last_shortfall is None
