@@ -26,6 +26,10 @@ def test_the_kubelet_registers_the_agent_and_opens_its_health_stream(node_with_a
         what="the kubelet's registration and health stream",
     )
     assert f"kubelet registered DRA driver {GPU}" in agent_log
+    # The agent offers health v1 and v1alpha1; a 1.37 kubelet takes v1 (the 1.34 kubelet's choice:
+    # test_health_older_kubelet.py).
+    assert f"kubelet opened the health stream of driver {GPU} (v1)" in agent_log
+    assert f"kubelet opened the health stream of driver {GPU} (v1alpha1)" not in agent_log
     node = setup.cluster.get_json("node", NODE)
     assert node["status"]["nodeInfo"]["kubeletVersion"] == setup.cluster.kubernetes.version
     assert node["status"]["nodeInfo"]["containerRuntimeVersion"].startswith("containerd://2.2")
