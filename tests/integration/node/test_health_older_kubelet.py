@@ -5,6 +5,11 @@ The kubelet joins the session's control plane, as Kubernetes' version skew allow
 three minors older than the API server). Its gate for device health in pod status,
 ResourceHealthStatus, is alpha and off in 1.34, so this node's kubelet gets it switched on; the API
 server's release has it on, so the pod status keeps what the kubelet reports.
+
+The pod uses a standalone claim named as the pod's entry for it: a 1.34 kubelet matches the
+container's claims against the ResourceClaim's own name (``UpdateAllocatedResourcesStatus`` in
+``pkg/kubelet/cm/dra/manager.go``), so a claim made from a template, named after the pod, never
+gets its health into the pod status there.
 """
 
 from __future__ import annotations
@@ -25,9 +30,11 @@ def test_a_1_34_kubelet_reads_health_v1alpha1_and_the_pod_status_shows_it(
     setup = node_with_agent
     node = setup.cluster.get_json("node", NODE)
     assert node["status"]["nodeInfo"]["kubeletVersion"] == resolve_kubernetes_version(KUBELET_RELEASE).version
-    setup.cluster.apply(gpu_pod("gpu-health-old", command="echo started; sleep 3600"))
+    setup.cluster.apply(
+        _pod_with_claim("gpu-health-old", claim="gpu-old", command="echo started; sleep 3600")
+    )
     setup.wait_log("gpu-health-old", "started")
-    claim = setup.claim_of("gpu-health-old")
+    claim = setup.cluster.get_json("resourceclaim", "gpu-old", "-n", NAMESPACE)
     (result,) = claim["status"]["allocation"]["devices"]["results"]
     resource = f"k8s.{GPU}/claim={claim['metadata']['uid']}-{result['device']}"
 
@@ -52,3 +59,21 @@ def test_a_1_34_kubelet_reads_health_v1alpha1_and_the_pod_status_shows_it(
     (setup.faults_dir() / f"xid-{result['device'].removeprefix('gpu-')}-79").touch()
     health("Unhealthy")
     setup.cluster.kubectl("delete", "pod", "gpu-health-old", "-n", NAMESPACE, "--wait=true", "--timeout=60s")
+    setup.cluster.kubectl(
+        "delete", "resourceclaim", "gpu-old", "-n", NAMESPACE, "--wait=true", "--timeout=60s"
+    )
+
+
+def _pod_with_claim(name: str, *, claim: str, command: str) -> list[dict[str, Any]]:
+    """:func:`gpu_pod`'s pod with a standalone claim ``claim`` instead of a template, under the
+    same name in the pod."""
+    template, pod = gpu_pod(name, command=command)
+    standalone = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": claim, "namespace": NAMESPACE},
+        "spec": template["spec"]["spec"],
+    }
+    pod["spec"]["resourceClaims"] = [{"name": claim, "resourceClaimName": claim}]
+    pod["spec"]["containers"][0]["resources"]["claims"] = [{"name": claim}]
+    return [standalone, pod]
