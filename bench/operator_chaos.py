@@ -286,6 +286,13 @@ def settle_problems(claims: list[dict[str, Any]], *, capacity: int) -> list[str]
     return problems
 
 
+def short_of(at_least: Mapping[str, int], report: ChaosReport) -> dict[str, int]:
+    """What the churn still lacks of ``at_least`` (action -> count, or "kills", "samples"):
+    name -> how many more."""
+    done = {**report.actions, "kills": report.kills, "samples": report.samples}
+    return {k: n - done.get(k, 0) for k, n in at_least.items() if done.get(k, 0) < n}
+
+
 class Chaos:
     """Runs one chaos round against a cluster whose nodes, slices and class already exist."""
 
@@ -336,9 +343,7 @@ class Chaos:
         return self.report
 
     def _short_of_goals(self) -> dict[str, int]:
-        """What the churn still lacks of ``at_least``: name -> how many more."""
-        done = {**self.report.actions, "kills": self.report.kills, "samples": self.report.samples}
-        return {k: n - done.get(k, 0) for k, n in self.config.at_least.items() if done.get(k, 0) < n}
+        return short_of(self.config.at_least, self.report)
 
     async def _until_goals(self) -> None:
         deadline = time.monotonic() + self.config.goals_timeout_s
