@@ -45,7 +45,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,6 +85,11 @@ class ChaosConfig:
     settle_timeout_s: float = 180.0
     quiet_window_s: float = 10.0
     seed: int = 1
+    at_least: Mapping[str, int] = field(default_factory=dict)
+    """Churn that must have happened before it stops: action -> count, and "kills" and "samples"
+    (double-booking samples). The churn runs ``duration_s``, then on until these are reached (at
+    most ``goals_timeout_s`` more), so a loaded machine that does less per second still does it."""
+    goals_timeout_s: float = 120.0
 
 
 class OperatorControl:
@@ -137,6 +142,8 @@ class OperatorControl:
 @dataclass
 class ChaosReport:
     actions: Counter[str] = field(default_factory=Counter)
+    churn_short_of: dict[str, int] = field(default_factory=dict)
+    """What the churn still lacked of its goals when it stopped (``ChaosConfig.at_least``)."""
     kills: int = 0
     samples: int = 0
     double_bookings: list[str] = field(default_factory=list)
@@ -163,6 +170,7 @@ class ChaosReport:
             f"{self.log_lines} lines, {self.replacing_lines} '{REPLACING}'; quiet window: "
             f"{self.quiet_cpu_s:.2f} CPU s, {self.quiet_log_bytes} log bytes, "
             f"{self.quiet_replacing_lines} '{REPLACING}'"
+            + (f"; churn stopped short of its goals by {self.churn_short_of}" if self.churn_short_of else "")
         )
 
 
@@ -278,6 +286,13 @@ def settle_problems(claims: list[dict[str, Any]], *, capacity: int) -> list[str]
     return problems
 
 
+def short_of(at_least: Mapping[str, int], report: ChaosReport) -> dict[str, int]:
+    """What the churn still lacks of ``at_least`` (action -> count, or "kills", "samples"):
+    name -> how many more."""
+    done = {**report.actions, "kills": report.kills, "samples": report.samples}
+    return {k: n - done.get(k, 0) for k, n in at_least.items() if done.get(k, 0) < n}
+
+
 class Chaos:
     """Runs one chaos round against a cluster whose nodes, slices and class already exist."""
 
@@ -313,6 +328,7 @@ class Chaos:
             asyncio.create_task(self._sampler(stop)),
         ]
         await asyncio.sleep(cfg.duration_s)
+        await self._until_goals()
         stop.set()
         await asyncio.gather(*tasks)
         if not self.operator.running():
@@ -325,6 +341,19 @@ class Chaos:
         self.report.replacing_lines = self.operator.log_count(REPLACING)
         self.report.operator_allocations = self.operator.log_count(ALLOCATED)
         return self.report
+
+    def _short_of_goals(self) -> dict[str, int]:
+        return short_of(self.config.at_least, self.report)
+
+    async def _until_goals(self) -> None:
+        deadline = time.monotonic() + self.config.goals_timeout_s
+        # Polled: the goals are counters the churn, killer and sampler tasks bump.
+        while True:
+            short = self._short_of_goals()
+            if not short or time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(0.5)
+        self.report.churn_short_of = short
 
     # -- the churn ------------------------------------------------------------------------------
 

@@ -50,9 +50,14 @@ class FailoverConfig:
     gpus: int = 32
     claim_interval_s: float = 0.5
     before_s: float = 2.0
-    """Claims arrive this long before the kill."""
+    """Claims arrive this long before the kill ..."""
     after_s: float = 2.0
     """... and this long after the new instance's first allocation."""
+    claims_each_side: int = 2
+    """At least this many claims are created before the kill, and as many again after the new
+    instance's first allocation, however long their creation takes (on a loaded machine each
+    ``kubectl apply`` may take longer than ``claim_interval_s``)."""
+    claims_timeout_s: float = 120.0
     takeover_timeout_s: float = 90.0
     extra_args: tuple[str, ...] = ()
 
@@ -309,6 +314,7 @@ class Failover:
         prefix = f"r{index}-{kind.name.lower()}"
         with ClaimFeed(self.cluster, self.config, prefix) as feed:
             time.sleep(self.config.before_s)
+            self._wait_created(feed, self.config.claims_each_side, what="before the signal")
             base = standby.metric("dra_operator_allocations_total") or 0.0
             killed_at = time.monotonic()
             killed_wall = time.time()
@@ -326,12 +332,22 @@ class Failover:
                 what="the standby's first allocation",
             )
             takeover = time.monotonic() - killed_at
+            at_takeover = len(feed.created)
             time.sleep(self.config.after_s)
+            self._wait_created(feed, at_takeover + self.config.claims_each_side, what="after the takeover")
         active.proc.wait(timeout=60)
         self._check_round(feed.created, killed_at=killed_wall if kind == signal.SIGKILL else None)
         self.start_instance()
         return Round(
             kind=kind.name, old=active.name, new=standby.name, takeover_s=takeover, claims=len(feed.created)
+        )
+
+    def _wait_created(self, feed: ClaimFeed, count: int, *, what: str) -> None:
+        self.cluster.wait_for(
+            lambda: len(feed.created) >= count,
+            timeout=self.config.claims_timeout_s,
+            interval=0.1,
+            what=f"{count} claims created {what}",
         )
 
     def _check_round(self, names: list[str], *, killed_at: float | None) -> None:

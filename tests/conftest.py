@@ -18,6 +18,9 @@ from dra_devcluster import LocalCluster, UnsupportedVersion, resolve_kubernetes_
 from dra_devcluster.versions import VERSION_ENV
 from tests import mps_cgroup
 
+# A skipped or xfailed test fails the run (see tests/no_skips.py); pytester tests that rule.
+pytest_plugins = ("pytester", "tests.no_skips")
+
 _CLUSTER_KEY = pytest.StashKey[LocalCluster]()
 
 

@@ -13,7 +13,8 @@ Order of preference, per binary:
 
 Every function that depends on the Kubernetes version takes it as ``kubernetes``; left out, it is
 the one :func:`dra_devcluster.versions.resolve` picks (``DRA_KUBERNETES_VERSION``, else the default).
-An asset directory is taken as holding binaries of the chosen version: nothing checks that it does.
+Every binary taken from an asset directory is asked for its version and must be of the release it
+stands in for (:mod:`dra_devcluster.binary_versions`), else one line says which is not.
 
 runc and the CNI plugins come from Debian packages (``runc``, ``containernetworking-plugins``), found
 as :mod:`dra_devcluster.prerequisites` says (the table ``make`` checks and installs them from).
@@ -36,7 +37,8 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 
 from dra_devcluster import prerequisites
-from dra_devcluster.versions import KubernetesVersion, resolve
+from dra_devcluster.binary_versions import mismatch
+from dra_devcluster.versions import VERSION_ENV, KubernetesVersion, resolve
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +108,20 @@ class BinariesUnavailable(RuntimeError):
     """Neither prebuilt binaries nor a working Go build are available."""
 
 
+class BinaryVersionMismatch(BinariesUnavailable):
+    """A binary from an asset directory is not of the release it stands in for."""
+
+
+def _check(
+    path: Path, *, expected: str, release: str, source: str, minor_only: bool = False, hint: str = ""
+) -> None:
+    problem = mismatch(
+        path, expected=expected, release=release, source=source, minor_only=minor_only, hint=hint
+    )
+    if problem is not None:
+        raise BinaryVersionMismatch(problem)
+
+
 @dataclass(frozen=True)
 class Binaries:
     etcd: Path
@@ -143,7 +159,8 @@ def _usable(path: Path) -> bool:
     return path.is_file() and os.access(path, os.X_OK)
 
 
-def _from_asset_dirs() -> dict[str, Path]:
+def _from_asset_dirs(kubernetes: KubernetesVersion) -> dict[str, Path]:
+    """The control-plane binaries the asset directories hold, each checked to be of ``kubernetes``."""
     found: dict[str, Path] = {}
     for env in (ASSETS_ENV, ENVTEST_ASSETS_ENV):
         directory = os.environ.get(env)
@@ -152,8 +169,19 @@ def _from_asset_dirs() -> dict[str, Path]:
         for name in BINARY_NAMES:
             candidate = Path(directory) / name
             if name not in found and _usable(candidate):
+                _check_kubernetes_binary(candidate, kubernetes=kubernetes, source=env)
                 found[name] = candidate
     return found
+
+
+def _check_kubernetes_binary(path: Path, *, kubernetes: KubernetesVersion, source: str) -> None:
+    hint = f", or choose their release with ${VERSION_ENV}"
+    if path.name == "etcd":
+        release = f"the etcd of Kubernetes {kubernetes.version}"
+        _check(path, expected=kubernetes.etcd, release=release, source=source, minor_only=True, hint=hint)
+    else:
+        release = f"Kubernetes {kubernetes.version} was chosen"
+        _check(path, expected=kubernetes.version, release=release, source=source, hint=hint)
 
 
 def _unavailable_message(kubernetes: KubernetesVersion) -> Callable[[list[str], str], str]:
@@ -259,7 +287,7 @@ def ensure_binaries(*, allow_build: bool = True, kubernetes: KubernetesVersion |
     """Return paths to all five binaries of the Kubernetes version (default: :func:`resolve`'s),
     building the missing ones when allowed."""
     k = kubernetes or resolve()
-    found = _from_asset_dirs()
+    found = _from_asset_dirs(k)
     bin_dir = cache_dir(k) / "bin"
     for name in BINARY_NAMES:
         if name not in found and _usable(bin_dir / name):
@@ -326,10 +354,16 @@ def ensure_node_binaries(
     assets = os.environ.get(ASSETS_ENV)
     bin_dir = node_cache_dir(k) / "bin"
     for name in NODE_BINARY_NAMES:
-        for candidate in ([Path(assets) / name] if assets else []) + [bin_dir / name]:
-            if _usable(candidate):
-                found[name] = candidate
-                break
+        if assets and _usable(candidate := Path(assets) / name):
+            if name == "kubelet":
+                _check_kubernetes_binary(candidate, kubernetes=k, source=ASSETS_ENV)
+            else:
+                _check(
+                    candidate, expected=CONTAINERD_VERSION, release="the pinned containerd", source=ASSETS_ENV
+                )
+            found[name] = candidate
+        elif _usable(bin_dir / name):
+            found[name] = bin_dir / name
     missing = [n for n in NODE_BINARY_NAMES if n not in found]
     if missing:
         if not allow_build:
@@ -384,9 +418,11 @@ def ensure_helm(*, allow_build: bool = True) -> Path:
     ``gomod/helm/`` into the cache (about two minutes cold)."""
     assets = os.environ.get(ASSETS_ENV)
     bin_dir = helm_cache_dir() / "bin"
-    for candidate in ([Path(assets) / "helm"] if assets else []) + [bin_dir / "helm"]:
-        if _usable(candidate):
-            return candidate
+    if assets and _usable(candidate := Path(assets) / "helm"):
+        _check(candidate, expected=HELM_VERSION, release="the pinned helm", source=ASSETS_ENV)
+        return candidate
+    if _usable(bin_dir / "helm"):
+        return bin_dir / "helm"
     if not allow_build:
         raise BinariesUnavailable(_helm_unavailable_message(["helm"], "building was not allowed"))
     with _build_lock(helm_cache_dir()):

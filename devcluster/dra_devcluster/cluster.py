@@ -192,6 +192,15 @@ class _Component:
     ready_after: float = 0.0
 
 
+def _check_kubelet_skew(*, kubelet: KubernetesVersion, control_plane: KubernetesVersion) -> None:
+    older = int(control_plane.git_minor) - int(kubelet.git_minor)
+    if kubelet.git_major != control_plane.git_major or not 0 <= older <= 3:
+        raise ValueError(
+            f"a kubelet {kubelet.version} cannot join a control plane of {control_plane.version}: "
+            "Kubernetes allows kubelets of the same minor or up to three minors older"
+        )
+
+
 @dataclass
 class LocalCluster:
     """One control plane. Use as a context manager, or call :meth:`start` and :meth:`stop`."""
@@ -606,7 +615,15 @@ class LocalCluster:
         patch = json.dumps({"status": status})
         self.kubectl("patch", "node", name, "--subresource=status", "--type=merge", "-p", patch)
 
-    def add_real_node(self, name: str, *, timeout: float = 90.0, agent_pods: bool = True) -> RealNode:
+    def add_real_node(
+        self,
+        name: str,
+        *,
+        timeout: float = 90.0,
+        agent_pods: bool = True,
+        kubelet: KubernetesVersion | None = None,
+        kubelet_gates: Mapping[str, bool] | None = None,
+    ) -> RealNode:
         """Start a real node: its own containerd and a kubelet that registers Node ``name``, with
         the local images imported; returns once the Node is Ready. Raises NodeStartError naming the
         part that failed (binaries or packages missing: NodeUnavailable) with its log tail; the
@@ -614,9 +631,17 @@ class LocalCluster:
 
         The node's folder is ``nodes/<name>`` in the workdir while all its unix sockets fit there,
         else a short one linked from there; ``agent_pods`` says whether agent pods (whose sockets
-        carry their pod UID) will run on it, or only agents run as processes (the demo)."""
+        carry their pod UID) will run on it, or only agents run as processes (the demo).
+
+        ``kubelet`` runs a kubelet of another release than the control plane's, within the skew
+        Kubernetes allows (the same minor or up to three older), with that release's gates;
+        ``kubelet_gates`` are set on top of the kubelet's gates (an alpha gate a test needs)."""
         assert self._pki is not None, "start the control plane first"
-        binaries = ensure_node_binaries(kubernetes=self.kubernetes)
+        release = kubelet or self.kubernetes
+        _check_kubelet_skew(kubelet=release, control_plane=self.kubernetes)
+        gates = dict(self.gates if kubelet is None else release.feature_gates)
+        gates.update(kubelet_gates or {})
+        binaries = ensure_node_binaries(kubernetes=release)
         if not self._images:
             self._images = build_images(self.workdir / "images")
         if any(n.name == name for n in self._real_nodes):
@@ -637,7 +662,7 @@ class LocalCluster:
             ca=self._pki.ca,
             server=self.server,
             ports=NodePorts(kubelet=free_port(), healthz=free_port()),
-            feature_gates=self.gates,
+            feature_gates=gates,
         )
         self._real_nodes.append(node)
         if self._node_proxy is not None:

@@ -29,6 +29,8 @@ from dra_api.kubeletapi import (
     dra_v1_pb2_grpc,
     dra_v1beta1_pb2,
     dra_v1beta1_pb2_grpc,
+    health_v1_pb2,
+    health_v1_pb2_grpc,
     health_v1alpha1_pb2,
     health_v1alpha1_pb2_grpc,
     pluginregistration_v1_pb2,
@@ -37,10 +39,11 @@ from dra_api.kubeletapi import (
 from dra_api.kubeletapi.model import (
     DRA_PLUGIN_TYPE,
     DRA_SERVICE_VERSIONS,
-    HEALTH_V1ALPHA1_SERVICE,
+    HEALTH_SERVICE_VERSIONS,
     ClaimRef,
     DeviceHealth,
     DRAVersion,
+    HealthVersion,
     PluginInfo,
     PrepareResult,
 )
@@ -167,9 +170,14 @@ class HealthStream:
     def __init__(
         self,
         *,
-        call: grpc.aio.UnaryStreamCall[
-            health_v1alpha1_pb2.NodeWatchResourcesRequest, health_v1alpha1_pb2.NodeWatchResourcesResponse
-        ],
+        call: (
+            grpc.aio.UnaryStreamCall[
+                health_v1_pb2.NodeWatchResourcesRequest, health_v1_pb2.NodeWatchResourcesResponse
+            ]
+            | grpc.aio.UnaryStreamCall[
+                health_v1alpha1_pb2.NodeWatchResourcesRequest, health_v1alpha1_pb2.NodeWatchResourcesResponse
+            ]
+        ),
     ):
         self._call = call
 
@@ -187,7 +195,9 @@ class HealthStream:
             ) from exc
         except grpc.aio.AioRpcError as exc:
             return HealthStreamEnded(code=exc.code().name, details=exc.details() or "")
-        if isinstance(reply, health_v1alpha1_pb2.NodeWatchResourcesResponse):
+        if isinstance(
+            reply, health_v1_pb2.NodeWatchResourcesResponse | health_v1alpha1_pb2.NodeWatchResourcesResponse
+        ):
             return convert.health_from_proto(reply)
         # Anything else is grpc.aio.EOF: the plugin ended the stream.
         code = await self._call.code()
@@ -225,7 +235,8 @@ class KubeletPluginClient:
         self._channel = _channel(self.endpoint)
         self._v1 = dra_v1_pb2_grpc.DRAPluginStub(self._channel)
         self._v1beta1 = dra_v1beta1_pb2_grpc.DRAPluginStub(self._channel)
-        self._health = health_v1alpha1_pb2_grpc.DRAResourceHealthStub(self._channel)
+        self._health_v1 = health_v1_pb2_grpc.DRAResourceHealthStub(self._channel)
+        self._health_v1alpha1 = health_v1alpha1_pb2_grpc.DRAResourceHealthStub(self._channel)
 
     @classmethod
     async def register(
@@ -294,7 +305,13 @@ class KubeletPluginClient:
 
     @property
     def health_advertised(self) -> bool:
-        return HEALTH_V1ALPHA1_SERVICE in self.info.supported_versions
+        return self.health_version is not None
+
+    @property
+    def health_version(self) -> HealthVersion | None:
+        """The health service a 1.37 kubelet would use: the newest the plugin advertises."""
+        advertised = self.info.supported_versions
+        return next((v for service, v in HEALTH_SERVICE_VERSIONS.items() if service in advertised), None)
 
     def _check_entries(self, *, method: str, claims: Sequence[ClaimRef], returned: set[str]) -> None:
         asked = {claim.uid for claim in claims}
@@ -353,12 +370,23 @@ class KubeletPluginClient:
         self._check_entries(method="NodeUnprepareResources", claims=claims, returned=set(errors))
         return errors
 
-    def watch_health(self, *, timeout: float | None = None) -> HealthStream:
-        """Open NodeWatchResources; ``timeout`` bounds the whole stream (None: until cancelled)."""
-        call = self._health.NodeWatchResources(
-            health_v1alpha1_pb2.NodeWatchResourcesRequest(), timeout=timeout
+    def watch_health(
+        self, *, timeout: float | None = None, version: HealthVersion | None = None
+    ) -> HealthStream:
+        """Open NodeWatchResources; ``timeout`` bounds the whole stream (None: until cancelled).
+        ``version`` picks the service (as kubelets before 1.37 ask for v1alpha1); by default the
+        newest advertised one, else v1."""
+        if (version or self.health_version or "v1") == "v1":
+            return HealthStream(
+                call=self._health_v1.NodeWatchResources(
+                    health_v1_pb2.NodeWatchResourcesRequest(), timeout=timeout
+                )
+            )
+        return HealthStream(
+            call=self._health_v1alpha1.NodeWatchResources(
+                health_v1alpha1_pb2.NodeWatchResourcesRequest(), timeout=timeout
+            )
         )
-        return HealthStream(call=call)
 
     async def health_reports(
         self, *, idle_timeout: float = HEALTH_IDLE_TIMEOUT

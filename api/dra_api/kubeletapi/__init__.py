@@ -1,4 +1,4 @@
-"""The kubelet's plugin gRPC protocols: DRA v1 and v1beta1, plugin registration v1, health v1alpha1.
+"""The kubelet's plugin gRPC protocols: DRA v1 and v1beta1, plugin registration v1, health v1 and v1alpha1.
 
 The ``.proto`` files here restate the upstream kubelet APIs with their exact proto packages, message
 names and field numbers (the proto package is part of every gRPC method path kubelet calls). The

@@ -9,7 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from dra_api.kubeletapi import dra_v1_pb2, dra_v1beta1_pb2, health_v1alpha1_pb2, pluginregistration_v1_pb2
+from dra_api.kubeletapi import (
+    dra_v1_pb2,
+    dra_v1beta1_pb2,
+    health_v1_pb2,
+    health_v1alpha1_pb2,
+    pluginregistration_v1_pb2,
+)
 from dra_api.kubeletapi.model import (
     ClaimRef,
     DeviceHealth,
@@ -25,12 +31,15 @@ UnprepareRequest = dra_v1_pb2.NodeUnprepareResourcesRequest | dra_v1beta1_pb2.No
 UnprepareResponse = dra_v1_pb2.NodeUnprepareResourcesResponse | dra_v1beta1_pb2.NodeUnprepareResourcesResponse
 ClaimResponse = dra_v1_pb2.NodePrepareResourceResponse | dra_v1beta1_pb2.NodePrepareResourceResponse
 
-_HEALTH_TO_PROTO: dict[HealthStatus, health_v1alpha1_pb2.HealthStatus.ValueType] = {
-    HealthStatus.UNKNOWN: health_v1alpha1_pb2.UNKNOWN,
-    HealthStatus.HEALTHY: health_v1alpha1_pb2.HEALTHY,
-    HealthStatus.UNHEALTHY: health_v1alpha1_pb2.UNHEALTHY,
+HealthResponse = health_v1_pb2.NodeWatchResourcesResponse | health_v1alpha1_pb2.NodeWatchResourcesResponse
+
+_HEALTH_TO_PROTO: dict[HealthStatus, health_v1_pb2.HealthStatus.ValueType] = {
+    HealthStatus.UNKNOWN: health_v1_pb2.UNKNOWN,
+    HealthStatus.HEALTHY: health_v1_pb2.HEALTHY,
+    HealthStatus.UNHEALTHY: health_v1_pb2.UNHEALTHY,
 }
-_HEALTH_FROM_PROTO = {value: key for key, value in _HEALTH_TO_PROTO.items()}
+# Both health versions number the states alike (a unit test compares the two protos).
+_HEALTH_FROM_PROTO: dict[int, HealthStatus] = {value: key for key, value in _HEALTH_TO_PROTO.items()}
 
 
 def claims_from_request(request: PrepareRequest | UnprepareRequest) -> list[ClaimRef]:
@@ -91,11 +100,12 @@ def unprepare_errors_from_response(response: UnprepareResponse) -> dict[str, str
     return {uid: entry.error for uid, entry in response.claims.items()}
 
 
-def health_to_proto(devices: Sequence[DeviceHealth]) -> health_v1alpha1_pb2.NodeWatchResourcesResponse:
-    response = health_v1alpha1_pb2.NodeWatchResourcesResponse()
+def health_to_proto(devices: Sequence[DeviceHealth]) -> health_v1_pb2.NodeWatchResourcesResponse:
+    """The report as the v1 health service sends it."""
+    response = health_v1_pb2.NodeWatchResourcesResponse()
     for item in devices:
         response.devices.add(
-            device=health_v1alpha1_pb2.DeviceIdentifier(pool_name=item.pool, device_name=item.device),
+            device=health_v1_pb2.DeviceIdentifier(pool_name=item.pool, device_name=item.device),
             health=_HEALTH_TO_PROTO[HealthStatus(item.health)],
             last_updated_time=int(item.last_updated),
             health_check_timeout_seconds=item.health_check_timeout or 0,
@@ -104,7 +114,15 @@ def health_to_proto(devices: Sequence[DeviceHealth]) -> health_v1alpha1_pb2.Node
     return response
 
 
-def health_from_proto(response: health_v1alpha1_pb2.NodeWatchResourcesResponse) -> list[DeviceHealth]:
+def health_to_v1alpha1(
+    response: health_v1_pb2.NodeWatchResourcesResponse,
+) -> health_v1alpha1_pb2.NodeWatchResourcesResponse:
+    """The same report for the v1alpha1 service. The two versions' messages are field for field
+    the same (upstream copied v1alpha1 into v1), so their encodings are too."""
+    return health_v1alpha1_pb2.NodeWatchResourcesResponse.FromString(response.SerializeToString())
+
+
+def health_from_proto(response: HealthResponse) -> list[DeviceHealth]:
     return [
         DeviceHealth(
             pool=item.device.pool_name,

@@ -1,7 +1,7 @@
 """Plain dataclasses for the kubelet plugin protocols, shared by the plugin servers and the test kubelet.
 
 They carry the same data as the protobuf messages of DRA v1/v1beta1, plugin registration v1 and
-health v1alpha1, so that code on either side never handles protobuf objects directly.
+health v1 and v1alpha1, so that code on either side never handles protobuf objects directly.
 """
 
 from __future__ import annotations
@@ -17,10 +17,19 @@ DRA_PLUGIN_TYPE: Final = "DRAPlugin"
 DRA_V1_SERVICE: Final = "v1.DRAPlugin"
 DRA_V1BETA1_SERVICE: Final = "v1beta1.DRAPlugin"
 HEALTH_V1ALPHA1_SERVICE: Final = "v1alpha1.DRAResourceHealth"
+HEALTH_V1_SERVICE: Final = "v1.DRAResourceHealth"
 
 DRAVersion = Literal["v1", "v1beta1"]
 # Which advertised service stands for which DRA version.
 DRA_SERVICE_VERSIONS: Final[dict[str, DRAVersion]] = {DRA_V1_SERVICE: "v1", DRA_V1BETA1_SERVICE: "v1beta1"}
+
+HealthVersion = Literal["v1", "v1alpha1"]
+# The health services, newest first: the order a 1.37 kubelet prefers them in, whatever the order
+# of the plugin's list (1.34 to 1.36 know only v1alpha1).
+HEALTH_SERVICE_VERSIONS: Final[dict[str, HealthVersion]] = {
+    HEALTH_V1_SERVICE: "v1",
+    HEALTH_V1ALPHA1_SERVICE: "v1alpha1",
+}
 
 
 @dataclass(frozen=True)

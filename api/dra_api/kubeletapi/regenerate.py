@@ -17,7 +17,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-PROTOS = ("dra_v1.proto", "dra_v1beta1.proto", "pluginregistration_v1.proto", "health_v1alpha1.proto")
+PROTOS = (
+    "dra_v1.proto",
+    "dra_v1beta1.proto",
+    "pluginregistration_v1.proto",
+    "health_v1alpha1.proto",
+    "health_v1.proto",
+)
 
 
 def main() -> int:

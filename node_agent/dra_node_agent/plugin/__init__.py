@@ -1,4 +1,4 @@
-"""The node agent's kubelet plugin: registration, DRA v1/v1beta1 and health v1alpha1 over unix sockets.
+"""The node agent's kubelet plugin: registration, DRA v1/v1beta1 and health v1/v1alpha1 over unix sockets.
 
 ``serve_plugin(driver=..., handler=..., health=...)`` starts one driver's servers and returns a
 ``RunningPlugin``; the driver logic plugs in through the ``DRAHandler`` and ``HealthSource`` protocols,

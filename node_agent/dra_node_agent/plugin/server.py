@@ -12,6 +12,7 @@ import grpc
 from dra_api.kubeletapi import (
     dra_v1_pb2_grpc,
     dra_v1beta1_pb2_grpc,
+    health_v1_pb2_grpc,
     health_v1alpha1_pb2_grpc,
     pluginregistration_v1_pb2_grpc,
 )
@@ -19,14 +20,14 @@ from dra_api.kubeletapi.model import (
     DRA_PLUGIN_TYPE,
     DRA_V1_SERVICE,
     DRA_V1BETA1_SERVICE,
-    HEALTH_V1ALPHA1_SERVICE,
+    HEALTH_SERVICE_VERSIONS,
     PluginInfo,
 )
 from dra_api.kubeletapi.socketpaths import PluginPaths, plugin_paths
 from dra_node_agent.plugin import sockets
 from dra_node_agent.plugin.dra_service import ClaimService, DRAPluginV1beta1Servicer, DRAPluginV1Servicer
 from dra_node_agent.plugin.handler import DRAHandler, HealthSource
-from dra_node_agent.plugin.health_service import HealthServicer
+from dra_node_agent.plugin.health_service import HealthServicer, HealthServicerV1alpha1, HealthStreams
 from dra_node_agent.plugin.registration import RegistrationServicer
 
 logger = logging.getLogger(__name__)
@@ -35,9 +36,10 @@ DEFAULT_GRACE_PERIOD = 5.0
 
 
 def supported_versions(*, health: bool) -> tuple[str, ...]:
-    """Services advertised to kubelet, v1 first: kubelet takes the first entry it knows."""
+    """Services advertised to kubelet, newest first: kubelet takes the first DRA entry it knows, and
+    a 1.37 kubelet the newest health service (1.34 to 1.36 know v1alpha1 only and skip v1)."""
     services = (DRA_V1_SERVICE, DRA_V1BETA1_SERVICE)
-    return (*services, HEALTH_V1ALPHA1_SERVICE) if health else services
+    return (*services, *HEALTH_SERVICE_VERSIONS) if health else services
 
 
 class RunningPlugin:
@@ -155,10 +157,11 @@ async def serve_plugin(
 ) -> RunningPlugin:
     """Serve the kubelet plugin of one driver and return once kubelet can find it.
 
-    The DRA socket ``<plugins_dir>/<driver>/dra.sock`` serves DRA v1 and v1beta1 (and health v1alpha1
-    when ``health`` is given); the registration socket ``<registry_dir>/<driver>-reg.sock`` is created
-    last, since its appearance is what makes kubelet connect. ``instance`` (a pod UID) switches to
-    per-instance socket names for rolling updates. Stale files at either path are removed first.
+    The DRA socket ``<plugins_dir>/<driver>/dra.sock`` serves DRA v1 and v1beta1 (and health v1
+    and v1alpha1 when ``health`` is given); the registration socket
+    ``<registry_dir>/<driver>-reg.sock`` is created last, since its appearance is what makes kubelet
+    connect. ``instance`` (a pod UID) switches to per-instance socket names for rolling updates.
+    Stale files at either path are removed first.
     """
     paths = plugin_paths(
         driver=driver, registry_dir=Path(registry_dir), plugins_dir=Path(plugins_dir), instance=instance
@@ -175,8 +178,12 @@ async def serve_plugin(
         DRAPluginV1beta1Servicer(service=service), dra_server
     )
     if health is not None:
+        streams = HealthStreams(driver=driver, source=health, stopping=stopping)
+        health_v1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
+            HealthServicer(streams=streams), dra_server
+        )
         health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
-            HealthServicer(driver=driver, source=health, stopping=stopping), dra_server
+            HealthServicerV1alpha1(streams=streams), dra_server
         )
     dra_inode = await _listen(server=dra_server, path=paths.dra_socket)
 

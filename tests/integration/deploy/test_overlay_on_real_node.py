@@ -26,6 +26,7 @@ from dra_devcluster import LocalCluster, RealNode
 from dra_devcluster.images import WORKLOAD_IMAGE, ImageArchive
 from dra_devcluster.productimage import ensure_product_image, ensure_product_image_of
 from tests.integration.deploy.localnode import LocalNode, adapt
+from tests.integration.pace import let_pass
 from tests.unit.deploy.render import CRDS_DIR, EXAMPLES_DIR, NAMESPACE, REPO_ROOT, overlay_dir
 
 pytestmark = pytest.mark.cluster
@@ -474,7 +475,7 @@ def test_rolling_the_operator_while_claims_arrive_allocates_each_once(install: I
         devices = [d for results in held.values() for d in results]
         assert all(len(results) == 1 for results in held.values()), held
         assert len(set(devices)) == 8, f"a device was allocated twice: {held}"
-        time.sleep(5)  # the two that do not fit stay unallocated
+        let_pass(5)  # the two that do not fit stay unallocated
         assert allocated() == held
         operators = install.pods(OPERATOR)
         assert len(operators) == 2, [o["metadata"]["name"] for o in operators]

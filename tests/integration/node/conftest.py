@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from dra_devcluster import LocalCluster, RealNode
+from dra_devcluster import LocalCluster, RealNode, resolve_kubernetes_version
 from dra_devcluster.images import WORKLOAD_IMAGE
 from dra_devcluster.pki import CertPair, issue_client_cert
 from dra_node_agent.simulated.health_probe import FAULTS_FOLDER
@@ -144,7 +144,14 @@ def gpu_pod(name: str, *, command: str, count: int = 1) -> list[dict[str, Any]]:
 def node_with_agent(
     local_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 ) -> Iterator[NodeWithAgent]:
-    node = local_cluster.add_real_node(NODE)
+    # A module may run a kubelet of an older release (KUBELET_RELEASE, e.g. "1.34") with gates of
+    # its own on top of that release's (KUBELET_GATES).
+    release = getattr(request.module, "KUBELET_RELEASE", None)
+    node = local_cluster.add_real_node(
+        NODE,
+        kubelet=resolve_kubernetes_version(release) if release else None,
+        kubelet_gates=getattr(request.module, "KUBELET_GATES", None),
+    )
     agent = AgentProcess(
         node=NODE,
         dirs=AgentDirs.for_node(node),

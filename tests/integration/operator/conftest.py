@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -223,7 +222,3 @@ def assert_no_double_booking(claims: Sequence[dict[str, Any]]) -> None:
             other = seen.get(device)
             assert other is None, f"device {device} allocated to both {other} and {claim['metadata']['name']}"
             seen[device] = claim["metadata"]["name"]
-
-
-def wait_seconds(seconds: float) -> None:
-    time.sleep(seconds)

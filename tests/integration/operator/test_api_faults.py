@@ -12,7 +12,6 @@ it does not fault.
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 from dra_devcluster import LocalCluster
@@ -28,6 +27,7 @@ from tests.integration.operator.objects import (
     allocated_node,
     claim,
 )
+from tests.integration.pace import let_pass
 
 CONDITION_ANNOTATION = "dra.accel.dev/condition"
 
@@ -182,7 +182,7 @@ def test_objects_deleted_during_a_watch_gap_leave_the_model(
             return items if len(allocated) == 1 and len(refused) == 1 else None
 
         items = local_cluster.wait_for(settled, timeout=60, what="one claim allocated, one explained")
-        time.sleep(2)  # nothing else happens afterwards: the refused claim stays refused
+        let_pass(2)  # nothing else happens afterwards: the refused claim stays refused
         items = [c for c in claims_json(local_cluster, ns) if c["metadata"]["name"] in ("a", "b")]
 
     allocated = [c for c in items if (c.get("status") or {}).get("allocation")]

@@ -112,16 +112,25 @@ def test_an_instance_cut_off_from_its_keep_alive_stops_writing_before_the_standb
         cut = via_a.add(
             Fault("status", code=503, methods=frozenset({"PATCH"}), path=r"/clusterkopfpeerings/")
         )
-        names = []
-        for i in range(12):  # claims keep arriving across the step-down and the takeover
-            names.append(f"during{i}")
+        # Claims keep arriving, one a second, across the step-down and the takeover: at least
+        # twelve, and on until a has stepped down and b has allocated one, however long the
+        # machine takes to get there.
+        names: list[str] = []
+        deadline = time.monotonic() + 180
+
+        def taken_over() -> bool:
+            return a.metric("dra_operator_active") == 0 and b.metric("dra_operator_allocations_total") > 0
+
+        while len(names) < 12 or not taken_over():
+            assert time.monotonic() < deadline, f"no takeover after {len(names)} claims:\n{b.log_tail()}"
+            names.append(f"during{len(names)}")
             local_cluster.apply([claim(names[-1], ns, cls=operators.gpu_class)])
             time.sleep(1.0)
 
         def settled() -> bool:
             items = claims_json(local_cluster, ns)
             done = [c for c in items if (c.get("status") or {}).get("allocation")]
-            return len(done) == len(items) == 15 and b.metric("dra_operator_allocations_total") > 0
+            return len(done) == len(items) == 3 + len(names)
 
         local_cluster.wait_for(settled, timeout=90, what="the standby took over and allocated the rest")
         assert a.metric("dra_operator_active") == 0

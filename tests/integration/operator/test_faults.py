@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from dra_devcluster import LocalCluster
@@ -14,6 +13,7 @@ from tests.integration.operator.conftest import (
     device_ids,
 )
 from tests.integration.operator.objects import OPERATOR_FINALIZER, add_gpu_node, claim
+from tests.integration.pace import let_pass
 
 
 def _allocated(claims: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -78,7 +78,7 @@ def test_half_written_claims_are_completed_or_released_on_start(
     doomed["metadata"]["finalizers"] = [OPERATOR_FINALIZER]
     local_cluster.apply([half, doomed])
     local_cluster.kubectl("delete", "resourceclaim", "doomed", "-n", ns, "--wait=false")
-    time.sleep(1)
+    let_pass(1)
     stuck = local_cluster.get_json("resourceclaim", "doomed", "-n", ns)
     assert stuck["metadata"].get("deletionTimestamp"), (
         "the finalizer holds the claim while the operator is down"

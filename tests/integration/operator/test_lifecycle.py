@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from dra_devcluster import LocalCluster
@@ -23,6 +22,7 @@ from tests.integration.operator.objects import (
     pod,
     ungate,
 )
+from tests.integration.pace import let_pass
 
 
 def _claim(cluster: LocalCluster, ns: str, name: str) -> dict[str, Any]:
@@ -121,7 +121,7 @@ def test_template_claims_stay_with_the_scheduler_in_standalone_mode(
     local_cluster.wait_for(
         lambda: op.metric("dra_operator_claims", 'state="pending"') >= 1, what="operator sees the claim"
     )
-    time.sleep(3)
+    let_pass(3)
     assert not (_generated_claim(local_cluster, ns) or {}).get("status", {}).get("allocation")
 
     ungate(local_cluster, ns, "p")
@@ -212,7 +212,7 @@ def test_deletion_releases_devices_but_never_under_a_pod(
         lambda: (c := _claim(local_cluster, ns, "first"))["metadata"].get("deletionTimestamp") and c,
         what="first claim terminating",
     )
-    time.sleep(3)
+    let_pass(3)
     still = _claim(local_cluster, ns, "first")
     assert device_ids(still) == device_ids(first), "deallocated while a pod still used it"
     assert terminating

@@ -3,7 +3,6 @@ nothing else from the operator."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from dra_devcluster import LocalCluster
@@ -17,6 +16,7 @@ from tests.integration.operator.objects import (
     claim_template,
     pod,
 )
+from tests.integration.pace import let_pass
 
 REASON = "NotAllocatableYet"
 GRACE_S = 2
@@ -73,7 +73,7 @@ def test_a_template_claim_asking_too_much_gets_one_explanation_and_is_never_writ
 
     # The explainer passes once a second at this grace; over several passes it says nothing more
     # (the rate limit is 5 minutes) and writes nothing to the claim.
-    time.sleep(5 * GRACE_S)
+    let_pass(5 * GRACE_S)
     events = _explanations(local_cluster, ns, name)
     assert len(events) == 1, events
     assert events[0].get("count", 1) == 1, events

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from dra_devcluster import binaries, versions
-from dra_devcluster.cluster import LocalCluster
+from dra_devcluster.cluster import LocalCluster, _check_kubelet_skew
 from dra_devcluster.versions import (
     DEFAULT,
     SUPPORTED,
@@ -346,3 +346,11 @@ def test_the_package_ships_every_versions_module() -> None:
         for rel in binaries.module_files(binaries.KUBERNETES_MODULE):
             path = f"gomod/{kubernetes.module}/{rel}"
             assert any(fnmatch.fnmatchcase(path, pattern) for pattern in patterns), path
+
+
+def test_a_kubelet_joins_only_within_the_version_skew() -> None:
+    newest = resolve("1.37", environ={})
+    _check_kubelet_skew(kubelet=resolve("1.34", environ={}), control_plane=newest)
+    _check_kubelet_skew(kubelet=newest, control_plane=newest)
+    with pytest.raises(ValueError, match=r"a kubelet v1\.37\.\d+ cannot join a control plane of v1\.34"):
+        _check_kubelet_skew(kubelet=newest, control_plane=resolve("1.34", environ={}))

@@ -1,4 +1,5 @@
-"""The v1alpha1 health stream on the DRA socket, read the way kubelet reads it."""
+"""The health stream on the DRA socket, in both versions (v1, v1alpha1), read the way kubelet reads
+it."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import asyncio
 
 import pytest
 
+from dra_api.kubeletapi.model import HealthVersion
 from dra_devcluster.kubelet import HealthStreamEnded, KubeletPluginClient, PluginCallError
 from dra_node_agent.plugin import DeviceHealth, HealthStatus, RunningPlugin
 
@@ -28,10 +30,17 @@ ONE_LOST = [
 ]
 
 
+@pytest.fixture(params=["v1", "v1alpha1"])
+def version(request: pytest.FixtureRequest) -> HealthVersion:
+    """The service the stream is opened on: each test runs against both."""
+    chosen: HealthVersion = request.param
+    return chosen
+
+
 async def test_stream_delivers_each_complete_report(
-    kubelet: KubeletPluginClient, health: QueueHealth
+    kubelet: KubeletPluginClient, health: QueueHealth, version: HealthVersion
 ) -> None:
-    async with kubelet.watch_health() as stream:
+    async with kubelet.watch_health(version=version) as stream:
         await health.wait_for_streams(1)
         health.publish(HEALTHY)
         first = await stream.next(idle_timeout=10)
@@ -43,9 +52,9 @@ async def test_stream_delivers_each_complete_report(
 
 
 async def test_each_kubelet_stream_gets_its_own_watch(
-    kubelet: KubeletPluginClient, health: QueueHealth
+    kubelet: KubeletPluginClient, health: QueueHealth, version: HealthVersion
 ) -> None:
-    async with kubelet.watch_health() as one, kubelet.watch_health() as two:
+    async with kubelet.watch_health(version=version) as one, kubelet.watch_health(version=version) as two:
         await health.wait_for_streams(2)
         health.publish([DeviceHealth(pool="p", device="d", health=HealthStatus.UNKNOWN, last_updated=5)])
         assert await one.next(idle_timeout=10) == await two.next(idle_timeout=10)
@@ -73,9 +82,9 @@ async def test_health_reports_iterates_until_the_plugin_stops(
 
 
 async def test_stop_ends_open_streams_and_closes_the_source(
-    kubelet: KubeletPluginClient, health: QueueHealth, plugin: RunningPlugin
+    kubelet: KubeletPluginClient, health: QueueHealth, plugin: RunningPlugin, version: HealthVersion
 ) -> None:
-    async with kubelet.watch_health() as stream:
+    async with kubelet.watch_health(version=version) as stream:
         await health.wait_for_streams(1)
         health.publish(HEALTHY)
         assert await stream.next(idle_timeout=10) == HEALTHY
@@ -89,9 +98,9 @@ async def test_stop_ends_open_streams_and_closes_the_source(
 
 
 async def test_a_failing_source_ends_the_stream_with_unavailable(
-    kubelet: KubeletPluginClient, health: QueueHealth
+    kubelet: KubeletPluginClient, health: QueueHealth, version: HealthVersion
 ) -> None:
-    async with kubelet.watch_health() as stream:
+    async with kubelet.watch_health(version=version) as stream:
         await health.wait_for_streams(1)
         health.publish(RuntimeError("NVML event set broke"))
         ended = await stream.next(idle_timeout=10)
@@ -102,9 +111,9 @@ async def test_a_failing_source_ends_the_stream_with_unavailable(
 
 
 async def test_a_kubelet_that_goes_away_closes_the_source(
-    kubelet: KubeletPluginClient, health: QueueHealth
+    kubelet: KubeletPluginClient, health: QueueHealth, version: HealthVersion
 ) -> None:
-    async with kubelet.watch_health() as stream:
+    async with kubelet.watch_health(version=version) as stream:
         await health.wait_for_streams(1)
         health.publish(HEALTHY)
         assert await stream.next(idle_timeout=10) == HEALTHY
@@ -115,9 +124,9 @@ async def test_a_kubelet_that_goes_away_closes_the_source(
 
 
 async def test_a_silent_plugin_trips_the_idle_timeout(
-    kubelet: KubeletPluginClient, health: QueueHealth
+    kubelet: KubeletPluginClient, health: QueueHealth, version: HealthVersion
 ) -> None:
-    async with kubelet.watch_health() as stream:
+    async with kubelet.watch_health(version=version) as stream:
         await health.wait_for_streams(1)
         with pytest.raises(PluginCallError, match=r"no report within 0\.2 s"):
             await stream.next(idle_timeout=0.2)

@@ -142,6 +142,30 @@ async def test_the_first_known_service_is_chosen(
 
 
 @pytest.mark.parametrize(
+    ("versions", "health"),
+    [
+        # A 1.37 kubelet takes the newest health service advertised, wherever it is in the list.
+        (("v1.DRAPlugin", "v1alpha1.DRAResourceHealth", "v1.DRAResourceHealth"), "v1"),
+        (("v1.DRAPlugin", "v1alpha1.DRAResourceHealth"), "v1alpha1"),
+        (("v1.DRAPlugin", "v1.DRAResourceHealth"), "v1"),
+        (("v1.DRAPlugin", "v2.DRAResourceHealth"), None),
+    ],
+)
+async def test_the_newest_advertised_health_service_is_chosen(
+    socket_root: Path, versions: tuple[str, ...], health: str | None
+) -> None:
+    plugin = HandRolledPlugin(root=socket_root, versions=versions, endpoint_on_registration=False)
+    await plugin.start()
+    try:
+        client = await KubeletPluginClient.register(plugin.registration_socket)
+        await client.close()
+    finally:
+        await plugin.stop()
+    assert client.health_version == health
+    assert client.health_advertised is (health is not None)
+
+
+@pytest.mark.parametrize(
     ("versions", "wanted", "message"),
     [
         ((), None, "name no DRAPlugin service"),

@@ -37,8 +37,14 @@ async def test_get_info_describes_the_dra_socket(plugin: RunningPlugin, plugins_
     assert info.name == DRIVER
     assert info.endpoint == str(plugins_dir / DRIVER / "dra.sock")
     assert Path(info.endpoint).is_absolute()
-    # v1 first: kubelet picks the first entry it supports.
-    assert info.supported_versions == ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth")
+    # v1 first: kubelet picks the first DRA entry it supports; of the health services a 1.37
+    # kubelet takes v1, older ones the only one they know, v1alpha1.
+    assert info.supported_versions == (
+        "v1.DRAPlugin",
+        "v1beta1.DRAPlugin",
+        "v1.DRAResourceHealth",
+        "v1alpha1.DRAResourceHealth",
+    )
 
 
 async def test_default_socket_names(plugin: RunningPlugin, registry_dir: Path, plugins_dir: Path) -> None:
@@ -51,6 +57,7 @@ async def test_handshake_registers_with_v1_and_tells_the_plugin(plugin: RunningP
     try:
         assert client.version == "v1"
         assert client.health_advertised
+        assert client.health_version == "v1"
         assert client.endpoint == plugin.dra_socket
         assert await plugin.wait_registration_status() is True
         assert plugin.registered

@@ -8,11 +8,18 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import grpc
 import pytest
 
-from dra_api.kubeletapi import dra_v1_pb2, dra_v1beta1_pb2, health_v1alpha1_pb2, pluginregistration_v1_pb2
+from dra_api.kubeletapi import (
+    dra_v1_pb2,
+    dra_v1beta1_pb2,
+    health_v1_pb2,
+    health_v1alpha1_pb2,
+    pluginregistration_v1_pb2,
+)
 from dra_node_agent.plugin import PreparedDevice, RunningPlugin
 
 from .conftest import DRIVER
@@ -180,26 +187,48 @@ def test_registration_messages_use_upstream_field_numbers() -> None:
     assert (parsed_status.plugin_registered, parsed_status.error) == (True, "why")
 
 
-def test_health_messages_use_upstream_field_numbers() -> None:
+@pytest.mark.parametrize("module", [health_v1_pb2, health_v1alpha1_pb2], ids=["v1", "v1alpha1"])
+def test_health_messages_use_upstream_field_numbers(module: ModuleType) -> None:
     device = _len(1, _str(1, "pool-a") + _str(2, "gpu-1")) + _int(2, 2) + _int(3, 1_700_000_000)
     device += _int(4, 45) + _str(5, "XID 79")
     wire = _len(1, device)
 
-    parsed = health_v1alpha1_pb2.NodeWatchResourcesResponse.FromString(wire)
+    parsed = module.NodeWatchResourcesResponse.FromString(wire)
 
     (item,) = parsed.devices
     assert (item.device.pool_name, item.device.device_name) == ("pool-a", "gpu-1")
-    assert item.health == health_v1alpha1_pb2.UNHEALTHY
+    assert item.health == module.UNHEALTHY
     assert (item.last_updated_time, item.health_check_timeout_seconds, item.message) == (
         1_700_000_000,
         45,
         "XID 79",
     )
-    assert (health_v1alpha1_pb2.UNKNOWN, health_v1alpha1_pb2.HEALTHY, health_v1alpha1_pb2.UNHEALTHY) == (
-        0,
-        1,
-        2,
-    )
+    assert (module.UNKNOWN, module.HEALTHY, module.UNHEALTHY) == (0, 1, 2)
+
+
+def _shape(descriptor: Any) -> list[tuple[str, int, int, bool, str]]:
+    """A message's fields and, recursively, those of the messages it holds, without the package."""
+    shape = []
+    for field in descriptor.fields:
+        inner = field.message_type or field.enum_type
+        name = inner.full_name.split(".", 1)[1] if inner is not None else ""
+        shape.append((field.name, field.number, field.type, field.is_repeated, name))
+        if field.message_type is not None:
+            shape += _shape(field.message_type)
+    return shape
+
+
+def test_the_two_health_versions_are_the_same_messages() -> None:
+    # convert.health_to_v1alpha1 re-reads v1's encoding as v1alpha1: exact only while upstream's
+    # two protos stay field for field alike.
+    for message in ("NodeWatchResourcesRequest", "NodeWatchResourcesResponse", "DeviceHealth"):
+        v1 = health_v1_pb2.DESCRIPTOR.message_types_by_name[message]
+        v1alpha1 = health_v1alpha1_pb2.DESCRIPTOR.message_types_by_name[message]
+        assert _shape(v1) == _shape(v1alpha1), message
+    states = health_v1_pb2.DESCRIPTOR.enum_types_by_name["HealthStatus"].values
+    assert [(v.name, v.number) for v in states] == [
+        (v.name, v.number) for v in health_v1alpha1_pb2.DESCRIPTOR.enum_types_by_name["HealthStatus"].values
+    ]
 
 
 def test_services_have_the_upstream_full_names() -> None:
@@ -222,6 +251,7 @@ def test_services_have_the_upstream_full_names() -> None:
     assert methods(health_v1alpha1_pb2, "DRAResourceHealth") == [
         "/v1alpha1.DRAResourceHealth/NodeWatchResources"
     ]
+    assert methods(health_v1_pb2, "DRAResourceHealth") == ["/v1.DRAResourceHealth/NodeWatchResources"]
 
 
 async def _raw_call(socket_path: Path, method: str, request: bytes) -> bytes:
@@ -242,6 +272,7 @@ async def test_raw_get_info_bytes(plugin: RunningPlugin) -> None:
         (3, str(plugin.dra_socket).encode()),
         (4, b"v1.DRAPlugin"),
         (4, b"v1beta1.DRAPlugin"),
+        (4, b"v1.DRAResourceHealth"),
         (4, b"v1alpha1.DRAResourceHealth"),
     ]
 
