@@ -14,7 +14,8 @@ not allocated (the API server keeps no entries then), or the server rejected the
 logged). What ends all of them: ``StatusSupport`` (the field is dropped, or RBAC refuses).
 
 After a restart ``seed`` takes the prepared claims from the checkpoint. Their data is rebuilt
-without what prepare alone knew (a TPU pod's worker identity), so data already on the server stays.
+without what prepare alone knew (the vendor's context of the claim: a TPU pod's worker identity),
+so data already on the server stays.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from dra_node_agent.device_status.entries import (
     merged_entries,
 )
 from dra_node_agent.device_status.support import StatusSupport
-from dra_node_agent.devices import DiscoveredDevice, DiscoveredInventory, TpuWorkers
+from dra_node_agent.devices import DiscoveredDevice, DiscoveredInventory
 from dra_node_agent.health.state import DeviceHealthState
 from dra_node_agent.opaqueconfig import DriverConfig
 
@@ -111,7 +112,7 @@ class DeviceStatusWriter:
         driver: str,
         api: ClaimStatusApi,
         support: StatusSupport | None = None,
-        vendor: VendorStatusData | None = None,
+        vendor: VendorStatusData[Any] | None = None,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
         retry_delay: float = 0.5,
@@ -154,9 +155,10 @@ class DeviceStatusWriter:
         devices: Sequence[DiscoveredDevice],
         inventory: DiscoveredInventory,
         config: DriverConfig | None = None,
-        workers: TpuWorkers | None = None,
+        context: Any = None,
     ) -> None:
-        """A claim was prepared (``entry`` is PrepareCompleted); ``devices`` as prepare set them up."""
+        """A claim was prepared (``entry`` is PrepareCompleted); ``devices`` as prepare set them up,
+        ``config`` and ``context`` as prepare had them (``claim_context``)."""
         if not self.support.enabled(self.driver):
             return
         data = claim_device_data(
@@ -165,7 +167,7 @@ class DeviceStatusWriter:
             inventory=inventory,
             vendor=self._vendor,
             config=config,
-            workers=workers,
+            context=context,
         )
         self._prepared[entry.uid] = self._tracked(entry, data, data_known=True)
         self._removals.pop(entry.uid, None)

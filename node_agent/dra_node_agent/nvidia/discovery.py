@@ -184,6 +184,9 @@ class NvmlBackend:
     nvidia-cdi-hook) they carry NVIDIA's hooks rather than the libraries' links as mounts.
     """
 
+    # The record that builds the rest of what this vendor brings (``nvidia.record``).
+    vendor: Final = "nvidia"
+
     def __init__(
         self,
         *,

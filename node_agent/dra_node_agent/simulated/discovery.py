@@ -19,12 +19,13 @@ import uuid as uuidlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import yaml
 
 from dra_api.names import GPU_DRIVER, TPU_DRIVER
 from dra_node_agent.devices import DiscoveredInventory
+from dra_node_agent.nvidia import record as nvidia_record
 from dra_node_agent.nvidia.discovery import (
     ARCHITECTURE_NAMES,
     BRAND_NAMES,
@@ -51,7 +52,9 @@ from dra_node_agent.simulated.nic import (
     nic_pci_functions,
     valid_if_name,
 )
+from dra_node_agent.tpu import record as tpu_record
 from dra_node_agent.tpu.discovery import GENERATIONS, GOOGLE_VENDOR, TpuBackend, validate_topology
+from dra_node_agent.vendor_record import VendorRecord
 
 PROFILE_PACKAGE = "dra_node_agent.profiles"
 NVIDIA_VENDOR = 0x10DE
@@ -419,11 +422,14 @@ def tpu_pci_functions(profile: TpuProfile) -> list[FakePciFunction]:
 
 @dataclass
 class SimulatedHardware:
-    """What the simulated backend built: the fake tree root and, for NVIDIA, the fake NVML."""
+    """What the simulated backend built: the fake tree root and, for NVIDIA, the fake NVML; the
+    vendor's real backend that runs over them, and that vendor's record (None for the simulated
+    NIC driver, which brings nothing beyond its devices)."""
 
     root: Path
     nvml: FakeNvml | None = None
     backend: NvmlBackend | TpuBackend | SimulatedNicBackend | None = field(default=None, repr=False)
+    vendor: VendorRecord[Any] | None = field(default=None, repr=False)
     char_devices: bool = False
     """Whether the fake /dev holds character devices (the agent may mknod), which a container
     runtime can inject as it would the real ones."""
@@ -437,6 +443,9 @@ class SimulatedBackend:
     is where a simulated host of a multi-host slice gets its WORKER_ID and SLICE_ID, so hardware and
     simulation share one code path (None: no file, a host whose slice identity is unknown).
     """
+
+    # The record that builds the rest of what this vendor brings (``simulated.record``).
+    vendor: Final = "simulated"
 
     def __init__(
         self,
@@ -492,18 +501,6 @@ class SimulatedBackend:
                 inventory = dataclasses.replace(inventory, common_edits=inventory.common_edits.merged(tools))
         return inventory
 
-    def nvml_backend(self) -> NvmlBackend | None:
-        """The NVML backend run over the fake NVML (None for TPU and NIC profiles); blocking, as it
-        builds the fake hardware on first use."""
-        backend = self.hardware().backend
-        return backend if isinstance(backend, NvmlBackend) else None
-
-    def tpu_backend(self) -> TpuBackend | None:
-        """The TPU backend run over the fake sysfs (None for NVIDIA and NIC profiles); blocking, as
-        it builds the fake hardware on first use."""
-        backend = self.hardware().backend
-        return backend if isinstance(backend, TpuBackend) else None
-
     def hardware(self) -> SimulatedHardware:
         """Build the fake hardware on first use (blocking file writes)."""
         with self._lock:
@@ -550,7 +547,9 @@ class SimulatedBackend:
                 simulated=True,
                 dynamic_mig=self._dynamic_mig,
             )
-            return SimulatedHardware(root=root, nvml=nvml, backend=backend, char_devices=char_devices)
+            return SimulatedHardware(
+                root=root, nvml=nvml, backend=backend, vendor=nvidia_record.RECORD, char_devices=char_devices
+            )
         if profile.nic is not None:
             # NICs have no device nodes here: their CDI specs carry environment only.
             write_pci_tree(root, nic_pci_functions(profile.nic))
@@ -572,7 +571,9 @@ class SimulatedBackend:
             host_dev_dir=str(root / "dev") if char_devices else "/dev",
             simulated=True,
         )
-        return SimulatedHardware(root=root, backend=backend, char_devices=char_devices)
+        return SimulatedHardware(
+            root=root, backend=backend, vendor=tpu_record.RECORD, char_devices=char_devices
+        )
 
 
 def _char_device(path: Path) -> bool:

@@ -37,12 +37,13 @@ from dra_api.aiotasks import BackgroundTasks
 from dra_api.names import RESOURCE_GROUP
 from dra_node_agent.claim_messages import ClaimMessageLimiter
 from dra_node_agent.claim_reader import ClaimAllocation, describe
-from dra_node_agent.devices import TpuHostInfo, TpuWorkers
+from dra_node_agent.devices import DiscoveredDevice, DiscoveredInventory, TpuHostInfo
 from dra_node_agent.health.events import event_body
-from dra_node_agent.opaqueconfig import TpuConfig
+from dra_node_agent.opaqueconfig import DriverConfig, TpuConfig
 from dra_node_agent.tpu.workers import (
     PublishedHost,
     SliceWorkload,
+    TpuWorkers,
     WorkloadError,
     job_of_pod,
     published_hosts,
@@ -154,12 +155,19 @@ class TpuWorkerResolver:
         self._checks = BackgroundTasks()
 
     async def resolve(
-        self, *, allocation: ClaimAllocation, host: TpuHostInfo, chips: int, config: TpuConfig | None
+        self,
+        *,
+        allocation: ClaimAllocation,
+        inventory: DiscoveredInventory,
+        devices: Sequence[DiscoveredDevice],
+        config: DriverConfig | None,
     ) -> TpuWorkers | None:
-        """The pod's worker identity, or None where the host's own applies (see the module docstring)."""
-        if host.single_host or chips != host.chips_on_host:
+        """The pod's worker identity, or None where the host's own applies (see the module docstring):
+        the TPU's ``claim_context.ClaimContextSource``."""
+        host = inventory.tpu_host
+        if host is None or host.single_host or len(devices) != host.chips_on_host:
             return None
-        if config is not None and config.worker_id is not None and config.worker_hostnames:
+        if isinstance(config, TpuConfig) and config.worker_id is not None and config.worker_hostnames:
             return None  # an explicit TpuConfig sets both: nothing to derive
         where = describe(allocation.ref)
         if len(allocation.pods) != 1:
