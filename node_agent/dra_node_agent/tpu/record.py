@@ -13,8 +13,9 @@ from dra_node_agent.discovery_config import DiscoveryConfig
 from dra_node_agent.tpu.container_env import TpuEnv
 from dra_node_agent.tpu.discovery import TpuBackend, google_tpu_present
 from dra_node_agent.tpu.health_probe import TpuHealthProbe
-from dra_node_agent.tpu.multihost import KubeWorkloads, PodEvents, TpuWorkerResolver
+from dra_node_agent.tpu.multihost import TpuWorkerResolver
 from dra_node_agent.tpu.status_data import TpuStatusData
+from dra_node_agent.tpu.workload_api import KubeWorkloads, PodEvents
 from dra_node_agent.vendor_record import ApiAccess, ProbeOptions, VendorRecord
 
 
