@@ -31,13 +31,16 @@ REPORTED = ("api", "operator", "devcluster")
 _GENERATED_SUFFIXES = ("_pb2.py", "_pb2_grpc.py", "_pb2.pyi", "_pb2_grpc.pyi")
 
 
-def _span(node: ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+_Sized = ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef
+
+
+def _span(node: _Sized) -> int:
     first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
     last = node.end_lineno if node.end_lineno is not None else node.lineno
     return last - first + 1
 
 
-def _qualified(tree: ast.Module) -> Iterator[tuple[str, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef]]:
+def _qualified(tree: ast.Module) -> Iterator[tuple[str, _Sized]]:
     """Every class and function in ``tree``, named by its dotted path within the module."""
     stack: list[tuple[str, ast.AST]] = [("", tree)]
     while stack:
@@ -60,13 +63,11 @@ def violations(path: Path, *, shown_as: str) -> list[str]:
         out.append(f"{shown_as}: module has {lines} lines (limit {MAX_MODULE_LINES})")
     for name, node in _qualified(ast.parse(text, filename=str(path))):
         size = _span(node)
-        if isinstance(node, ast.ClassDef):
-            if size > MAX_CLASS_LINES:
-                out.append(f"{shown_as}:{node.lineno}: class {name} has {size} lines (limit {MAX_CLASS_LINES})")
-        elif size > MAX_FUNCTION_LINES:
-            out.append(
-                f"{shown_as}:{node.lineno}: function {name} has {size} lines (limit {MAX_FUNCTION_LINES})"
-            )
+        kind, limit = (
+            ("class", MAX_CLASS_LINES) if isinstance(node, ast.ClassDef) else ("function", MAX_FUNCTION_LINES)
+        )
+        if size > limit:
+            out.append(f"{shown_as}:{node.lineno}: {kind} {name} has {size} lines (limit {limit})")
     return out
 
 

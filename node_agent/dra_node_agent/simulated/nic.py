@@ -35,7 +35,7 @@ from dra_node_agent.devices import (
     string_attr,
 )
 from dra_node_agent.pci import pci_device_dir, pcie_root, read_int
-from dra_node_agent.simulated.fakehw import FakePciFunction
+from dra_node_agent.simulated.faketree import FakePciFunction
 
 NIC_DRIVER = "nic.sim.accel-dra.dev"
 MELLANOX_VENDOR = 0x15B3
