@@ -199,7 +199,7 @@ async def _prepare_handler(
     """The driver's prepare handler, with the tools its vendor's record builds."""
     driver = backend.driver
     tools = await asyncio.to_thread(
-        prepare_tools.prepare_tools,
+        prepare_tools.tools_for,
         backend,
         settings=settings,
         access=ApiAccess(api=api, api_version=api_version, node_name=settings.node_name, driver=driver),

@@ -82,7 +82,7 @@ class PrepareTools:
     claim_context: ClaimContextSource[Any] | None
 
 
-def prepare_tools(
+def tools_for(
     backend: DiscoveryBackend, *, settings: Settings, access: ApiAccess, mps_root: Path
 ) -> PrepareTools:
     """The driver's tools as the agent's settings ask for them (MPS only with ``mps_support``)."""
