@@ -143,10 +143,10 @@ class ClaimSteps:
             )
             return ()
         await self._pauses.reached("prepare-started")
-        return await self._set_up_and_complete(claim, entry, plan, context)
+        return await self._set_up_and_complete(claim, entry=entry, plan=plan, context=context)
 
     async def _set_up_and_complete(
-        self, claim: ClaimRef, entry: cp.ClaimEntry, plan: PreparePlan, context: Any
+        self, claim: ClaimRef, *, entry: cp.ClaimEntry, plan: PreparePlan, context: Any
     ) -> tuple[PreparedDevice, ...]:
         """Steps 5 and 6 for a planned claim whose ``PrepareStarted`` entry is written."""
         store = self._store
