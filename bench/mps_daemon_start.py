@@ -16,8 +16,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from dra_node_agent.device_setup import MpsOptions
 from dra_node_agent.nvidia.cgroups import Hierarchy
-from dra_node_agent.nvidia.mps import MpsDaemons, MpsLimits, MpsOptions
+from dra_node_agent.nvidia.mps import MpsDaemons, MpsLimits
 from dra_node_agent.simulated.host_tools import install_simulated_mps_control
 
 PARENT = f"accel-dra-bench-{os.getpid()}"

@@ -10,9 +10,9 @@ import os
 from pathlib import Path
 from typing import Final
 
+from dra_node_agent.device_setup import MpsOptions
 from dra_node_agent.nvidia import tmpfs
 from dra_node_agent.nvidia.cgroups import Hierarchy, MemoryCgroups
-from dra_node_agent.nvidia.mps import MpsOptions
 
 PARENT: Final = f"accel-dra-test-{os.getpid()}"
 CGROUP_ROOT: Final = Path("/sys/fs/cgroup")

@@ -17,7 +17,7 @@ import errno
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import aiohttp
 import yaml
@@ -31,6 +31,10 @@ from yarl import URL
 from dra_api.names import RESOURCE_GROUP, RESOURCE_VERSIONS
 
 log = logging.getLogger(__name__)
+
+# The client as modules that only hand it on name it, so that only client modules import
+# kubernetes_asyncio (an import contract of each program).
+ApiClient: TypeAlias = client.ApiClient
 
 
 class UnsupportedServer(RuntimeError):

@@ -19,15 +19,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kubernetes_asyncio import client
-
-from dra_api.kube import UnsupportedServer, first_resource_version, make_api_client
+from dra_api.kube import ApiClient, UnsupportedServer, first_resource_version, make_api_client
 from dra_node_agent import prepare_tools
 from dra_node_agent.checkpoint_report import CorruptionReporter
 from dra_node_agent.claim_reader import ClaimReader
 from dra_node_agent.device_status import DeviceStatusWriter, KubeClaimStatusApi, StatusSupport
 from dra_node_agent.devices import DiscoveredInventory, DiscoveryBackend
-from dra_node_agent.discovery.detect import DiscoveryConfig, select_backends
+from dra_node_agent.discovery.detect import select_backends
+from dra_node_agent.discovery_config import DiscoveryConfig
 from dra_node_agent.driver_health import DriverHealth, attach_health
 from dra_node_agent.health import HealthSettings, TaintEffect
 from dra_node_agent.health.events import NodeEvents
@@ -38,7 +37,7 @@ from dra_node_agent.prepare import PrepareHandler
 from dra_node_agent.publisher import SlicePublisher
 from dra_node_agent.settings import Settings, SettingsError, describe
 from dra_node_agent.tpu.discovery import DEFAULT_TPU_ENV_FILE
-from dra_node_agent.tpu.multihost import KubeWorkloads, PodEvents, TpuWorkerResolver
+from dra_node_agent.vendor_record import ApiAccess
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +125,7 @@ async def _clean_up_stale_claims(handler: PrepareHandler, *, interval: float) ->
 async def _start_driver(
     *,
     settings: Settings,
-    api: client.ApiClient,
+    api: ApiClient,
     api_version: str,
     backend: DiscoveryBackend,
     status_support: StatusSupport,
@@ -153,40 +152,12 @@ async def _start_driver(
         support=status_support,
         vendor=await asyncio.to_thread(prepare_tools.status_data, backend),
     )
-    handler = PrepareHandler(
-        driver=driver,
-        node_name=settings.node_name,
+    handler = await _prepare_handler(
+        settings=settings,
+        api=api,
+        api_version=api_version,
+        backend=backend,
         inventory=inventory,
-        claims=ClaimReader(
-            api=api,
-            driver=driver,
-            api_version=api_version,
-            request_timeout=settings.claim_read_timeout,
-            attempts=settings.claim_read_attempts,
-        ),
-        state_dir=settings.checkpoint_dir(driver=driver),
-        cdi_dir=settings.cdi_dir,
-        proc_root=settings.proc_root,
-        max_prepared_claims=settings.max_prepared_claims,
-        tpu_workers=TpuWorkerResolver(
-            source=KubeWorkloads(api=api, api_version=api_version),
-            events=PodEvents(api=api, node_name=settings.node_name, component=driver),
-            driver=driver,
-            node_name=settings.node_name,
-        )
-        if driver == settings.tpu_driver_name
-        else None,
-        gpu_sharing=await asyncio.to_thread(prepare_tools.gpu_sharing, backend),
-        mps=await asyncio.to_thread(
-            prepare_tools.mps_daemons,
-            backend,
-            settings.checkpoint_dir(driver=driver) / "mps",
-            prepare_tools.mps_options(settings),
-        )
-        if settings.mps_support
-        else None,
-        dynamic_mig=await asyncio.to_thread(prepare_tools.mig_instances, backend),
-        vendor_env=await asyncio.to_thread(prepare_tools.vendor_env, backend),
         device_status=device_status,
     )
     # Listening before the first load, so a checkpoint found corrupt at start is reported too.
@@ -207,25 +178,80 @@ async def _start_driver(
         device_status=device_status,
     )
     if settings.health_enabled:
-        runtime.health = await attach_health(
-            backend=backend,
-            devices=inventory.devices,
-            slice_devices=lambda: runtime.inventory.slice_devices(),
-            publisher=publisher,
-            api=api,
-            api_version=api_version,
-            node_name=settings.node_name,
-            settings=HealthSettings(
-                poll_interval=settings.health_poll_interval,
-                recovery_period=settings.health_recovery_period,
-                taint_effect=TaintEffect(settings.health_taint_effect),
-            ),
-            ignored_xids=DEFAULT_IGNORED_XIDS | parse_xid_list(settings.additional_xids_to_ignore),
-        )
+        runtime.health = await _attach_health(runtime, settings=settings, api=api, api_version=api_version)
     if runtime.health is not None:
         device_status.use_health(runtime.health.monitor)
         runtime.health.monitor.add_change_listener(device_status.devices_changed)
     device_status.start()
+    await _serve(runtime, settings=settings)
+    return runtime
+
+
+async def _prepare_handler(
+    *,
+    settings: Settings,
+    api: ApiClient,
+    api_version: str,
+    backend: DiscoveryBackend,
+    inventory: DiscoveredInventory,
+    device_status: DeviceStatusWriter,
+) -> PrepareHandler:
+    """The driver's prepare handler, with the tools its vendor's record builds."""
+    driver = backend.driver
+    tools = await asyncio.to_thread(
+        prepare_tools.tools_for,
+        backend,
+        settings=settings,
+        access=ApiAccess(api=api, api_version=api_version, node_name=settings.node_name, driver=driver),
+        mps_root=settings.checkpoint_dir(driver=driver) / "mps",
+    )
+    return PrepareHandler(
+        driver=driver,
+        node_name=settings.node_name,
+        inventory=inventory,
+        claims=ClaimReader(
+            api=api,
+            driver=driver,
+            api_version=api_version,
+            request_timeout=settings.claim_read_timeout,
+            attempts=settings.claim_read_attempts,
+        ),
+        state_dir=settings.checkpoint_dir(driver=driver),
+        cdi_dir=settings.cdi_dir,
+        proc_root=settings.proc_root,
+        max_prepared_claims=settings.max_prepared_claims,
+        claim_context=tools.claim_context,
+        gpu_sharing=tools.gpu_sharing,
+        mps=tools.mps,
+        dynamic_mig=tools.dynamic_mig,
+        vendor_env=tools.vendor_env,
+        device_status=device_status,
+    )
+
+
+async def _attach_health(
+    runtime: DriverRuntime, *, settings: Settings, api: ApiClient, api_version: str
+) -> DriverHealth | None:
+    return await attach_health(
+        backend=runtime.backend,
+        devices=runtime.inventory.devices,
+        slice_devices=lambda: runtime.inventory.slice_devices(),
+        publisher=runtime.publisher,
+        api=api,
+        api_version=api_version,
+        node_name=settings.node_name,
+        settings=HealthSettings(
+            poll_interval=settings.health_poll_interval,
+            recovery_period=settings.health_recovery_period,
+            taint_effect=TaintEffect(settings.health_taint_effect),
+        ),
+        ignored_xids=DEFAULT_IGNORED_XIDS | parse_xid_list(settings.additional_xids_to_ignore),
+    )
+
+
+async def _serve(runtime: DriverRuntime, *, settings: Settings) -> None:
+    """Publish the pool, start the background loops, then serve the kubelet's plugin sockets."""
+    driver, publisher = runtime.backend.driver, runtime.publisher
     try:
         await publisher.publish(runtime.slice_devices(), runtime.inventory.slice_counter_sets())
     except Exception as exc:  # retried by the publisher's loop; the plugin must still serve unprepare
@@ -239,18 +265,18 @@ async def _start_driver(
     )
     runtime.tasks.append(
         asyncio.create_task(
-            _clean_up_stale_claims(handler, interval=STALE_CLEANUP_INTERVAL), name=f"stale-claims-{driver}"
+            _clean_up_stale_claims(runtime.handler, interval=STALE_CLEANUP_INTERVAL),
+            name=f"stale-claims-{driver}",
         )
     )
     runtime.plugin = await serve_plugin(
         driver=driver,
-        handler=handler,
+        handler=runtime.handler,
         registry_dir=settings.kubelet_registry_dir,
         plugins_dir=settings.kubelet_plugins_dir,
         instance=settings.instance or None,
         health=runtime.health.monitor.health_source() if runtime.health is not None else None,
     )
-    return runtime
 
 
 async def _stop_driver(runtime: DriverRuntime) -> None:
@@ -267,13 +293,11 @@ async def _stop_driver(runtime: DriverRuntime) -> None:
             await task
     if runtime.checkpoint_reporter is not None:
         await runtime.checkpoint_reporter.aclose()
-    if isinstance(runtime.handler.tpu_workers, TpuWorkerResolver):
-        await runtime.handler.tpu_workers.aclose()
+    if runtime.handler.claim_context is not None:
+        await runtime.handler.claim_context.aclose()
 
 
-async def _served_version(
-    api: client.ApiClient, *, stop: asyncio.Event, request_timeout_s: float
-) -> str | None:
+async def _served_version(api: ApiClient, *, stop: asyncio.Event, request_timeout_s: float) -> str | None:
     """The resource.k8s.io version to use, retried while the API server is unreachable: a node
     agent (re)started during an API outage waits for it rather than crash-looping, since the
     kubelet's growing restart back-off would delay it long after the API server is back.

@@ -18,10 +18,10 @@ import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from dra_node_agent.checkpoint import atomic_write_file, fsync_directory, remove_temp_files
-from dra_node_agent.devices import ContainerEdits, DiscoveredDevice, DiscoveredInventory, TpuWorkers
+from dra_node_agent.devices import ContainerEdits, DiscoveredDevice, DiscoveredInventory
 from dra_node_agent.opaqueconfig import DriverConfig
 
 log = logging.getLogger(__name__)
@@ -79,12 +79,17 @@ def minimum_cdi_version(spec: dict[str, Any]) -> str:
     return version
 
 
-class VendorEnv(Protocol):
+# The vendor's context of a claim (``claim_context``), which only its own environment reads.
+Context = TypeVar("Context", contravariant=True)
+
+
+class VendorEnv(Protocol[Context]):
     """The environment a vendor's runtime and libraries read in a claim's containers, beyond the
     edits discovery gave each device (``nvidia.container_env``, ``tpu.container_env``).
 
-    The core knows no vendor: the agent's wiring (``prepare_tools``) picks one per driver and hands
-    it to the writer. A driver without one (the simulated NIC driver) adds no environment.
+    The core knows no vendor: the agent's wiring reads it from the vendor's record
+    (``vendor_record``) and hands it to the writer. A driver without one (the simulated NIC driver)
+    adds no environment.
     """
 
     def device_env(
@@ -99,7 +104,7 @@ class VendorEnv(Protocol):
         inventory: DiscoveredInventory,
         node_name: str | None,
         config: DriverConfig | None,
-        workers: TpuWorkers | None,
+        context: Context | None,
     ) -> tuple[str, ...]:
         """Environment entries ("K=V") that every container of the claim gets."""
 
@@ -111,14 +116,15 @@ def build_claim_spec(
     inventory: DiscoveredInventory,
     node_name: str | None = None,
     config: DriverConfig | None = None,
-    workers: TpuWorkers | None = None,
-    vendor_env: VendorEnv | None = None,
+    context: Any = None,
+    vendor_env: VendorEnv[Any] | None = None,
 ) -> dict[str, Any]:
     """The CDI spec for one claim's devices of `inventory.driver` (pure; no I/O).
 
-    `vendor_env` adds the environment of the devices' vendor. `config` is the claim's validated
-    opaque config, if any, and `workers` the multi-host identity prepare derived from the pod's
-    Job; both are passed on to `vendor_env` (a TPU claim's environment depends on them).
+    `vendor_env` adds the environment of the devices' vendor. `config` is the claim's claim-wide
+    opaque config, if any, and `context` what the vendor learnt of the claim at prepare
+    (``claim_context``); both are passed on to `vendor_env` (a TPU claim's environment depends on
+    them).
 
     A simulated inventory's device nodes are named only when they exist on the host as character
     devices (``simulated_nodes_on_host``); otherwise its specs carry environment only (a runtime
@@ -151,7 +157,7 @@ def build_claim_spec(
     common = inventory.common_edits
     if vendor_env is not None:
         env = vendor_env.claim_env(
-            devices, inventory=inventory, node_name=node_name, config=config, workers=workers
+            devices, inventory=inventory, node_name=node_name, config=config, context=context
         )
         common = common.merged(ContainerEdits(env=env))
     if inventory.simulated and not inventory.simulated_nodes_on_host:
@@ -193,7 +199,7 @@ class CdiWriter:
         driver: str,
         cdi_dir: str | Path = DEFAULT_CDI_DIR,
         node_name: str | None = None,
-        vendor_env: VendorEnv | None = None,
+        vendor_env: VendorEnv[Any] | None = None,
     ):
         self.driver = driver
         self.cdi_dir = Path(cdi_dir)
@@ -210,7 +216,7 @@ class CdiWriter:
         devices: Sequence[DiscoveredDevice],
         inventory: DiscoveredInventory,
         config: DriverConfig | None = None,
-        workers: TpuWorkers | None = None,
+        context: Any = None,
     ) -> list[str]:
         """Write the claim's spec atomically; returns the CDI device IDs in `devices` order.
 
@@ -224,7 +230,7 @@ class CdiWriter:
             inventory=inventory,
             node_name=self.node_name,
             config=config,
-            workers=workers,
+            context=context,
             vendor_env=self.vendor_env,
         )
         self.cdi_dir.mkdir(parents=True, exist_ok=True)

@@ -131,7 +131,7 @@ def _check_before_start(settings: settings_module.Settings) -> None:
     profiles, the folders it writes, the kubeconfig (or the pod it runs in)."""
     from dra_api import kube
     from dra_node_agent.agent import discovery_config
-    from dra_node_agent.discovery.detect import simulated_profiles
+    from dra_node_agent.simulated.record import simulated_profiles
 
     try:
         simulated_profiles(discovery_config(settings))

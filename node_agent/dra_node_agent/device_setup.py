@@ -2,7 +2,8 @@
 
 The prepare pipeline is vendor-neutral: it knows these protocols, not their implementations. The
 NVIDIA package implements them (``nvidia.gpu_sharing``, ``nvidia.mps``, ``nvidia.dynamic_mig``);
-the agent's wiring (``prepare_tools``) builds them for a driver and hands them to ``PrepareHandler``.
+the vendor's record (``vendor_record``) builds them for a driver, and the agent's wiring
+(``prepare_tools``) hands them to ``PrepareHandler``.
 Methods that are not coroutines block, so prepare calls them in a thread.
 """
 
@@ -10,7 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from pathlib import Path
+from typing import Final, Protocol, TypeVar
 
 from dra_node_agent.devices import ContainerEdits, DiscoveredDevice, MigPlacement
 from dra_node_agent.opaqueconfig import MpsConfig
@@ -63,6 +65,19 @@ class MigInstances(Protocol):
     def live(self, parent_uuids: Sequence[str]) -> list[LiveInstance]: ...
 
     def destroy_live(self, instance: LiveInstance) -> None: ...
+
+
+_GIB: Final = 1 << 30
+
+
+@dataclass(frozen=True)
+class MpsOptions:
+    """How this node runs the MPS daemons: the agent's ``--mps-*`` and ``--cgroup-root`` flags."""
+
+    shm_size: int = _GIB  # bytes of each claim's shm tmpfs
+    memory_limit: int = _GIB  # bytes each claim's daemon and its servers may use
+    cgroup_parent: str = "accel-dra-mps"  # "": the daemons stay in the agent's cgroup
+    cgroup_root: Path = Path("/sys/fs/cgroup")
 
 
 # The daemon-wide settings of one claim, as the MPS tool computes and records them; prepare only

@@ -295,15 +295,6 @@ class TpuHostInfo:
 
 
 @dataclass(frozen=True)
-class TpuWorkers:
-    """The multi-host identity of one container: its worker index and every worker's hostname, in
-    index order (TPU_WORKER_ID, TPU_WORKER_HOSTNAMES); derived at prepare from the pod's Job."""
-
-    worker_id: int
-    hostnames: tuple[str, ...]
-
-
-@dataclass(frozen=True)
 class DiscoveredInventory:
     """Everything one backend found for one driver.
 
@@ -338,6 +329,12 @@ class DiscoveryBackend(Protocol):
 
     @property
     def driver(self) -> str: ...
+
+    @property
+    def vendor(self) -> str:
+        """The name of the vendor's record (``vendor_record``), which builds everything else the
+        vendor brings to these devices: discovery only discovers."""
+        ...
 
     async def discover(self) -> DiscoveredInventory: ...
 

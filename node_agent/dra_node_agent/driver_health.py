@@ -1,10 +1,10 @@
 """Health for one driver of the running agent, in one call: probe, monitor, republishing, taint support.
 
-``probe_for`` picks the probe that fits the discovery backend (NVML, TPU sysfs, or their simulated
-versions): the agent's wiring, since it knows every vendor and the health core knows none.
-``attach_health`` asks the API server whether it keeps device taints (otherwise unhealthy devices
-leave the slice), starts the monitor, and starts a task that republishes
-``monitor.decorate(slice_devices())`` through the publisher after every change.
+``probe_for`` asks the record of the backend's vendor (``vendors.record_for``) for the probe that
+fits its devices (NVML, TPU sysfs, or their simulated versions): the agent's wiring, since it knows
+every vendor and the health core knows none. ``attach_health`` asks the API server whether it keeps
+device taints (otherwise unhealthy devices leave the slice), starts the monitor, and starts a task
+that republishes ``monitor.decorate(slice_devices())`` through the publisher after every change.
 """
 
 from __future__ import annotations
@@ -14,27 +14,17 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from kubernetes_asyncio import client
-
+from dra_api.kube import ApiClient
+from dra_node_agent import vendors
 from dra_node_agent.devices import DiscoveredDevice, DiscoveryBackend
 from dra_node_agent.health.monitor import HealthMonitor, HealthSettings, republish_on_change
 from dra_node_agent.health.probe import HealthProbe
 from dra_node_agent.health.taint_support import server_keeps_device_taints
-from dra_node_agent.nvidia.discovery import NvmlBackend
-from dra_node_agent.nvidia.health_probe import DEFAULT_IGNORED_XIDS, NvmlHealthProbe
+from dra_node_agent.nvidia.health_probe import DEFAULT_IGNORED_XIDS
 from dra_node_agent.publisher import SlicePublisher
-from dra_node_agent.simulated.discovery import SimulatedBackend
-from dra_node_agent.simulated.health_probe import (
-    FAULTS_FOLDER,
-    FakeNvmlHealth,
-    FaultDirectory,
-    SimulatedNvmlProbe,
-)
-from dra_node_agent.tpu.discovery import TpuBackend
-from dra_node_agent.tpu.health_probe import TpuHealthProbe
+from dra_node_agent.vendor_record import ProbeOptions
 
 logger = logging.getLogger(__name__)
 
@@ -45,29 +35,9 @@ def probe_for(
     ignored_xids: Iterable[int] = DEFAULT_IGNORED_XIDS,
     temperature_limit: float | None = None,
 ) -> HealthProbe | None:
-    """A probe watching ``backend``'s devices; None for a backend this package does not know."""
-    if isinstance(backend, SimulatedBackend):
-        hardware = backend.hardware()
-        if hardware.nvml is not None:
-            nvml = FakeNvmlHealth.wrapping(hardware.nvml)
-            return SimulatedNvmlProbe(
-                faults=FaultDirectory(path=hardware.root / FAULTS_FOLDER, nvml=nvml),
-                nvml=nvml,
-                ignored_xids=ignored_xids,
-                temperature_limit=temperature_limit,
-            )
-        if backend.profile().tpu is not None:
-            return TpuHealthProbe(sysfs_root=hardware.root / "sys", dev_root=hardware.root / "dev")
-        return None  # the simulated NIC driver (a test stand-in) reports no health
-    if isinstance(backend, NvmlBackend):
-        return NvmlHealthProbe(
-            nvml=backend.nvml_module(), ignored_xids=ignored_xids, temperature_limit=temperature_limit
-        )
-    if isinstance(backend, TpuBackend):
-        sysfs: Path = getattr(backend, "_sysfs_root", Path("/sys"))
-        dev: Path = getattr(backend, "_dev_root", Path("/dev"))
-        return TpuHealthProbe(sysfs_root=sysfs, dev_root=dev)
-    return None
+    """A probe watching ``backend``'s devices; None where its vendor has none."""
+    options = ProbeOptions(ignored_xids=frozenset(ignored_xids), temperature_limit=temperature_limit)
+    return vendors.record_for(backend).health_probe(backend, options)
 
 
 @dataclass
@@ -94,7 +64,7 @@ async def attach_health(
     devices: Sequence[DiscoveredDevice],
     slice_devices: Callable[[], Sequence[Mapping[str, Any]]],
     publisher: SlicePublisher,
-    api: client.ApiClient,
+    api: ApiClient,
     api_version: str,
     node_name: str,
     settings: HealthSettings | None = None,

@@ -23,9 +23,10 @@ import time
 from pathlib import Path
 
 from dra_node_agent import prepare_tools
+from dra_node_agent.device_setup import MpsOptions
 from dra_node_agent.nvidia.cgroups import Hierarchy
 from dra_node_agent.nvidia.discovery import NvmlBackend
-from dra_node_agent.nvidia.mps import CONTAINER_PIPE_DIR, MpsDaemons, MpsLimits, MpsOptions, find_control_tool
+from dra_node_agent.nvidia.mps import CONTAINER_PIPE_DIR, MpsDaemons, MpsLimits, find_control_tool
 
 CLAIM = "0f3c4b1e-7a52-4d1c-9e0b-5c2d8e6f7a10"
 MULTI_CLAIM = "5b1e0c2d-3f4a-4b6c-8d9e-0a1b2c3d4e5f"

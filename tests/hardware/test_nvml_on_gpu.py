@@ -22,8 +22,9 @@ import pytest
 from dra_node_agent.cdi import build_claim_spec
 from dra_node_agent.devices import DiscoveredInventory, check_inventory
 from dra_node_agent.nvidia.container_env import NvidiaEnv
-from dra_node_agent.nvidia.discovery import NvmlBackend, possible_placements
+from dra_node_agent.nvidia.discovery import NvmlBackend
 from dra_node_agent.nvidia.health_probe import NvmlHealthProbe
+from dra_node_agent.nvidia.mig_discovery import possible_placements
 
 REPO = Path(__file__).resolve().parents[2]
 QUERY = "uuid,name,memory.total,pci.bus_id,driver_version,compute_cap,mig.mode.current"

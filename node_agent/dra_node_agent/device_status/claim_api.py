@@ -7,20 +7,37 @@ anyone else wrote is lost. Its verb is ``update``, so RBAC needs nothing for ``p
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any, Final, Protocol, TypeAlias
 
 import aiohttp
 from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
 
 from dra_api.kubeletapi.model import ClaimRef
 from dra_api.names import RESOURCE_GROUP
 
 PLURAL = "resourceclaims"
 
+# What the requests raise: an HTTP error (``status``, ``reason``, ``body``), or a failure to get an
+# answer at all. The writer knows them by these names, so that only client modules import the client.
+HttpError: TypeAlias = ApiException
+TRANSPORT_ERRORS: Final = (aiohttp.ClientError, TimeoutError)
+
+
+def error_message(exc: ApiException) -> str:
+    """The Status message of an API error, else its reason."""
+    try:
+        body = json.loads(exc.body or "{}")
+    except (TypeError, ValueError):
+        body = {}
+    message = body.get("message") if isinstance(body, dict) else None
+    return str(message or exc.reason or "")
+
 
 class ClaimStatusApi(Protocol):
-    """Raises ``ApiException`` for an HTTP error, ``aiohttp.ClientError``/``TimeoutError`` otherwise."""
+    """Raises ``HttpError`` for an HTTP error, one of ``TRANSPORT_ERRORS`` otherwise."""
 
     async def get(self, ref: ClaimRef) -> dict[str, Any]: ...
 

@@ -11,16 +11,19 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, TypeVar
 
 from dra_node_agent.checkpoint import CheckpointedDevice
-from dra_node_agent.devices import DiscoveredDevice, DiscoveredInventory, TpuWorkers
+from dra_node_agent.devices import DiscoveredDevice, DiscoveredInventory
 from dra_node_agent.opaqueconfig import DriverConfig
 
 MAX_DATA_BYTES: Final = 10 * 1024
 
+# The vendor's context of a claim (``claim_context``), which only its own data reads.
+Context = TypeVar("Context", contravariant=True)
 
-class VendorStatusData(Protocol):
+
+class VendorStatusData(Protocol[Context]):
     """What a vendor adds to the data of its prepared devices (pure, no I/O)."""
 
     def device_data(self, device: DiscoveredDevice, *, inventory: DiscoveredInventory) -> Mapping[str, Any]:
@@ -32,9 +35,9 @@ class VendorStatusData(Protocol):
         *,
         inventory: DiscoveredInventory,
         config: DriverConfig | None,
-        workers: TpuWorkers | None,
+        context: Context | None,
     ) -> Mapping[str, Any]:
-        """Fields every device of the claim gets; ``config`` and ``workers`` as prepare had them
+        """Fields every device of the claim gets; ``config`` and ``context`` as prepare had them
         (None after an agent restart, when only the checkpoint is left)."""
 
 
@@ -56,16 +59,16 @@ def claim_device_data(
     *,
     devices: Mapping[str, DiscoveredDevice],
     inventory: DiscoveredInventory,
-    vendor: VendorStatusData | None,
+    vendor: VendorStatusData[Any] | None,
     config: DriverConfig | None = None,
-    workers: TpuWorkers | None = None,
+    context: Any = None,
 ) -> dict[str, dict[str, Any]]:
     """The data of each prepared device of one claim, by device name. ``devices`` are the devices as
     prepare set them up (or as discovery has them now); one it lacks gets what the checkpoint says."""
     known = [devices[p.device] for p in prepared if p.device in devices]
     shared: Mapping[str, Any] = {}
     if vendor is not None and known:
-        shared = vendor.claim_data(known, inventory=inventory, config=config, workers=workers)
+        shared = vendor.claim_data(known, inventory=inventory, config=config, context=context)
     out: dict[str, dict[str, Any]] = {}
     for p in prepared:
         device = devices.get(p.device)

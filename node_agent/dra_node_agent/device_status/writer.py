@@ -14,13 +14,13 @@ not allocated (the API server keeps no entries then), or the server rejected the
 logged). What ends all of them: ``StatusSupport`` (the field is dropped, or RBAC refuses).
 
 After a restart ``seed`` takes the prepared claims from the checkpoint. Their data is rebuilt
-without what prepare alone knew (a TPU pod's worker identity), so data already on the server stays.
+without what prepare alone knew (the vendor's context of the claim: a TPU pod's worker identity),
+so data already on the server stays.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -28,15 +28,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final, Protocol
 
-import aiohttp
-from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import Counter
 
 from dra_api.aiotasks import BackgroundTasks
 from dra_api.kubeletapi.model import ClaimRef
 from dra_node_agent.checkpoint import CheckpointedDevice, ClaimEntry, ClaimState
 from dra_node_agent.claim_reader import describe
-from dra_node_agent.device_status.claim_api import ClaimStatusApi
+from dra_node_agent.device_status.claim_api import TRANSPORT_ERRORS, ClaimStatusApi, HttpError, error_message
 from dra_node_agent.device_status.conditions import readiness
 from dra_node_agent.device_status.data import VendorStatusData, claim_device_data
 from dra_node_agent.device_status.entries import (
@@ -47,7 +45,7 @@ from dra_node_agent.device_status.entries import (
     merged_entries,
 )
 from dra_node_agent.device_status.support import StatusSupport
-from dra_node_agent.devices import DiscoveredDevice, DiscoveredInventory, TpuWorkers
+from dra_node_agent.devices import DiscoveredDevice, DiscoveredInventory
 from dra_node_agent.health.state import DeviceHealthState
 from dra_node_agent.opaqueconfig import DriverConfig
 
@@ -111,7 +109,7 @@ class DeviceStatusWriter:
         driver: str,
         api: ClaimStatusApi,
         support: StatusSupport | None = None,
-        vendor: VendorStatusData | None = None,
+        vendor: VendorStatusData[Any] | None = None,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
         retry_delay: float = 0.5,
@@ -154,9 +152,10 @@ class DeviceStatusWriter:
         devices: Sequence[DiscoveredDevice],
         inventory: DiscoveredInventory,
         config: DriverConfig | None = None,
-        workers: TpuWorkers | None = None,
+        context: Any = None,
     ) -> None:
-        """A claim was prepared (``entry`` is PrepareCompleted); ``devices`` as prepare set them up."""
+        """A claim was prepared (``entry`` is PrepareCompleted); ``devices`` as prepare set them up,
+        ``config`` and ``context`` as prepare had them (``claim_context``)."""
         if not self.support.enabled(self.driver):
             return
         data = claim_device_data(
@@ -165,7 +164,7 @@ class DeviceStatusWriter:
             inventory=inventory,
             vendor=self._vendor,
             config=config,
-            workers=workers,
+            context=context,
         )
         self._prepared[entry.uid] = self._tracked(entry, data, data_known=True)
         self._removals.pop(entry.uid, None)
@@ -268,10 +267,10 @@ class DeviceStatusWriter:
             ref = target.ref
             try:
                 obj = await self._api.get(ref)
-            except ApiException as exc:
+            except HttpError as exc:
                 self._settle(exc, ref, uid)
                 return
-            except (aiohttp.ClientError, TimeoutError) as exc:
+            except TRANSPORT_ERRORS as exc:
                 raise _Transient(f"reading the claim: {type(exc).__name__} {exc}") from exc
             if (obj.get("metadata") or {}).get("uid") != ref.uid:
                 self._finished(uid, target)  # replaced under the same name: not ours any more
@@ -298,12 +297,12 @@ class DeviceStatusWriter:
                 status.pop("devices", None)
             try:
                 written = await self._api.replace_status(ref, {**obj, "status": status})
-            except ApiException as exc:
+            except HttpError as exc:
                 if exc.status == 409:
                     continue  # someone else wrote the claim meanwhile: read it again
                 self._settle(exc, ref, uid)
                 return
-            except (aiohttp.ClientError, TimeoutError) as exc:
+            except TRANSPORT_ERRORS as exc:
                 raise _Transient(f"writing the status: {type(exc).__name__} {exc}") from exc
             STATUS_WRITES.labels(self.driver, "written").inc()
             if desired and allocated_keys(written):
@@ -331,7 +330,7 @@ class DeviceStatusWriter:
             if d.key in allocated  # the API server accepts entries of allocated devices only
         ]
 
-    def _settle(self, exc: ApiException, ref: ClaimRef, uid: str) -> None:
+    def _settle(self, exc: HttpError, ref: ClaimRef, uid: str) -> None:
         """An HTTP error: retried (raises ``_Transient``) or the end of this claim's writes."""
         if exc.status in _RETRIED_STATUS:
             raise _Transient(f"{exc.status} {exc.reason}") from exc
@@ -342,7 +341,7 @@ class DeviceStatusWriter:
             return
         STATUS_WRITES.labels(self.driver, "error").inc()
         if exc.status == 403:
-            self.support.refused(self.driver, f"403 {_message(exc)}")
+            self.support.refused(self.driver, f"403 {error_message(exc)}")
             return
         if uid not in self._rejected:
             self._rejected.add(uid)
@@ -351,7 +350,7 @@ class DeviceStatusWriter:
                 describe(ref),
                 self.driver,
                 exc.status,
-                _message(exc),
+                error_message(exc),
             )
 
     def _finished(self, uid: str, target: _Prepared | _Removal) -> None:
@@ -374,13 +373,3 @@ class DeviceStatusWriter:
             ),
             data_known=data_known,
         )
-
-
-def _message(exc: ApiException) -> str:
-    """The Status message of an API error, else its reason."""
-    try:
-        body = json.loads(exc.body or "{}")
-    except (TypeError, ValueError):
-        body = {}
-    message = body.get("message") if isinstance(body, dict) else None
-    return str(message or exc.reason or "")

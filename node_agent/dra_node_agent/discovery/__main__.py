@@ -14,7 +14,8 @@ import sys
 import yaml
 
 from dra_node_agent.devices import check_inventory
-from dra_node_agent.discovery.detect import DiscoveryConfig, select_backends
+from dra_node_agent.discovery.detect import select_backends
+from dra_node_agent.discovery_config import DiscoveryConfig
 from dra_node_agent.simulated.discovery import available_profiles
 
 

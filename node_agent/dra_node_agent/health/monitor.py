@@ -25,9 +25,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from dataclasses import dataclass
 from typing import Any, Final
 
-from kubernetes_asyncio import client
-
 from dra_api.aiotasks import BackgroundTasks
+from dra_api.kube import ApiClient
 from dra_api.kubeletapi.model import DeviceHealth, HealthStatus
 from dra_node_agent.devices import DiscoveredDevice
 from dra_node_agent.health import metrics
@@ -87,7 +86,7 @@ class HealthMonitor:
         probe: HealthProbe,
         devices: Sequence[DiscoveredDevice],
         settings: HealthSettings | None = None,
-        api: client.ApiClient | None = None,
+        api: ApiClient | None = None,
         clock: Callable[[], float] = time.time,
         on_change: Callable[[], None] | None = None,
     ) -> None:

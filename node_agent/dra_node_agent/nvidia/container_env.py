@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from dra_node_agent.devices import DiscoveredDevice, DiscoveredInventory, TpuWorkers
+from dra_node_agent.devices import DiscoveredDevice, DiscoveredInventory
 from dra_node_agent.opaqueconfig import DriverConfig
 
 VISIBLE_DEVICES_VOID: Final = "NVIDIA_VISIBLE_DEVICES=void"
@@ -29,7 +29,7 @@ class NvidiaEnv:
         inventory: DiscoveredInventory,
         node_name: str | None,
         config: DriverConfig | None,
-        workers: TpuWorkers | None,
+        context: object,
     ) -> tuple[str, ...]:
         """``void`` for a claim with GPUs or MIG devices; nothing for one without, which leaves the
         variable to whatever else gives the container its devices."""

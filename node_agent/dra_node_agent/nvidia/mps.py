@@ -44,6 +44,7 @@ from typing import Any, Final
 
 from dra_api.kubeletapi.socketpaths import MAX_SOCKET_PATH_BYTES
 from dra_api.quantity import Quantity
+from dra_node_agent.device_setup import MpsOptions
 from dra_node_agent.devices import ContainerEdits, DiscoveredDevice, Mount
 from dra_node_agent.nvidia import mps_folders
 from dra_node_agent.nvidia.cgroups import CgroupError, MemoryCgroups
@@ -70,16 +71,6 @@ _LAUNCH: Final = (
 
 class MpsError(SharingError):
     """An MPS daemon that could not be started, configured or stopped; the message says why."""
-
-
-@dataclass(frozen=True)
-class MpsOptions:
-    """How this node runs the daemons: the agent's ``--mps-*`` and ``--cgroup-root`` flags."""
-
-    shm_size: int = GIB  # bytes of each claim's shm tmpfs
-    memory_limit: int = GIB  # bytes each claim's daemon and its servers may use
-    cgroup_parent: str = "accel-dra-mps"  # "": the daemons stay in the agent's cgroup
-    cgroup_root: Path = Path("/sys/fs/cgroup")
 
 
 @dataclass(frozen=True)

@@ -1,16 +1,23 @@
 """The steps of preparing and unpreparing one claim: checkpoint, plan, device set-up, CDI spec.
 
+This is the one place that orders the checkpoint, the device set-up and the CDI spec, and it does so
+under one lock per driver (``ClaimSteps.lock``): one claim's prepare, unprepare or clean-up at a
+time, and the start-up clean-up before any. No other module writes the checkpoint or a CDI spec
+(``set_up`` changes devices only, ``start_up`` runs from here), as dra-example-driver's device state
+does under its mutex.
+
 Prepare:
   1. already ``PrepareCompleted`` in the checkpoint -> the recorded answer, nothing re-written;
   2. GET the claim, check its UID, keep this driver's allocation results;
-  3. plan (``plan.Planner``); for a TPU claim with every chip of a host of a multi-host slice,
-     derive the pod's worker identity from its Job (``tpu.multihost``);
+  3. plan (``plan.Planner``), and work out the vendor's context of the claim (``claim_context``: for
+     a TPU claim with every chip of a host of a multi-host slice, the pod's worker identity);
   4. a ``PrepareStarted`` entry left by a crash -> roll its partial work back first;
   5. record ``PrepareStarted`` (written while the claim is read, the two slow steps overlapping),
-     set the devices up (``set_up.DeviceSetUp``; the devices are recorded first), write the claim's
-     CDI spec, record ``PrepareCompleted``; the checkpoint refuses a device held by another claim
-     (unless both use admin access) before a device is touched, and at the latest at
-     ``PrepareCompleted``, and a refused attempt leaves no trace;
+     set the devices up (``set_up.DeviceSetUp``; the devices are recorded first, a dynamic MIG
+     instance's UUID as soon as it exists), write the claim's CDI spec, record
+     ``PrepareCompleted``; the checkpoint refuses a device held by another claim (unless both use
+     admin access) before a device is touched, and at the latest at ``PrepareCompleted``, and a
+     refused attempt leaves no trace;
   6. answer with the CDI device IDs per result, and hand the prepared claim to the device status
      writer (``device_status``), which writes it in the background.
 Unprepare works from the checkpoint alone (the claim may be gone): tear down, remove the CDI spec,
@@ -26,6 +33,8 @@ import asyncio
 import dataclasses
 import logging
 from datetime import datetime
+from pathlib import Path
+from typing import Any
 
 from dra_api.kubeletapi.model import ClaimRef, PreparedDevice
 from dra_node_agent import checkpoint as cp
@@ -33,19 +42,20 @@ from dra_node_agent.cdi import CdiWriter, SpecTooLarge
 from dra_node_agent.claim_reader import ClaimAllocation, ClaimError, ClaimGone, ClaimSource, describe
 from dra_node_agent.device_setup import DeviceSetupError
 from dra_node_agent.device_status import DeviceStatusWriter
-from dra_node_agent.devices import TpuWorkers
+from dra_node_agent.devices import DiscoveredDevice
 from dra_node_agent.prepare.driver_node import DriverNode
 from dra_node_agent.prepare.errors import PrepareError
 from dra_node_agent.prepare.pause_points import PausePoints
 from dra_node_agent.prepare.plan import Planner, PreparePlan
 from dra_node_agent.prepare.records import answer, entry_ref
 from dra_node_agent.prepare.set_up import DeviceSetUp
+from dra_node_agent.prepare.start_up import clean_up_files, reconcile_mig, reconcile_mps
 
 logger = logging.getLogger(__name__)
 
 
 class ClaimSteps:
-    """Prepares and unprepares one claim at a time; the caller serialises calls."""
+    """Prepares and unprepares one driver's claims, one at a time under ``lock``."""
 
     def __init__(
         self,
@@ -55,7 +65,6 @@ class ClaimSteps:
         store: cp.CheckpointStore,
         cdi: CdiWriter,
         planner: Planner,
-        devices: DeviceSetUp,
         pauses: PausePoints,
         device_status: DeviceStatusWriter | None = None,
     ) -> None:
@@ -65,10 +74,36 @@ class ClaimSteps:
         self._store = store
         self._cdi = cdi
         self._planner = planner
-        self._devices = devices
         self._pauses = pauses
+        self.devices = DeviceSetUp(node, store.entries)
+        # The plugin serialises the kubelet's calls already; this keeps the order of checkpoint,
+        # set-up and spec whole when the steps are called otherwise (the stale-claim clean-up).
+        self.lock = asyncio.Lock()
+
+    async def start_up(self, *, state_dir: Path) -> None:
+        """Load the checkpoint and clean up what a crash or a reboot left behind; then tell the
+        device status writer of the claims prepared before."""
+        async with self.lock:
+            driver = self._node.driver
+            await asyncio.to_thread(
+                clean_up_files, driver=driver, state_dir=state_dir, store=self._store, cdi=self._cdi
+            )
+            if self._node.mps is not None:
+                await reconcile_mps(driver, self._store, self._node.mps)
+            if self._node.dynamic_mig is not None:
+                await reconcile_mig(self._node, self._store, self._node.dynamic_mig)
+            if self._status is not None:
+                try:
+                    prepared = await asyncio.to_thread(self._store.entries, cp.ClaimState.PREPARE_COMPLETED)
+                except cp.CheckpointCorrupt:
+                    prepared = []  # reported already; nothing can be unprepared either until it is fixed
+                self._status.seed(prepared, inventory=self._node.inventory)
 
     async def prepare(self, claim: ClaimRef) -> tuple[PreparedDevice, ...]:
+        async with self.lock:
+            return await self._prepare(claim)
+
+    async def _prepare(self, claim: ClaimRef) -> tuple[PreparedDevice, ...]:
         store = self._store
         existing = await asyncio.to_thread(store.get, claim.uid)
         if existing is not None and existing.state == cp.ClaimState.PREPARE_COMPLETED:
@@ -84,7 +119,7 @@ class ClaimSteps:
             if existing is not None:
                 # PrepareStarted from an interrupted attempt: undo what it may have done, then redo.
                 logger.info("%s: rolling back an interrupted prepare before redoing it", describe(claim))
-                await self._devices.roll_back(existing)
+                await self._roll_back(existing)
             entry = await asyncio.to_thread(store.begin, claim, ())
         except BaseException:
             reading.cancel()
@@ -97,7 +132,7 @@ class ClaimSteps:
         try:
             allocation = await reading
             plan = self._planner.plan(allocation)
-            workers = await self._tpu_workers(allocation, plan) if plan.results else None
+            context = await self._claim_context(allocation, plan) if plan.results else None
         except (ClaimError, PrepareError):
             await asyncio.to_thread(store.remove, claim.uid)  # nothing was done: forget it
             raise
@@ -108,16 +143,21 @@ class ClaimSteps:
             )
             return ()
         await self._pauses.reached("prepare-started")
+        return await self._set_up_and_complete(claim, entry=entry, plan=plan, context=context)
 
+    async def _set_up_and_complete(
+        self, claim: ClaimRef, *, entry: cp.ClaimEntry, plan: PreparePlan, context: Any
+    ) -> tuple[PreparedDevice, ...]:
+        """Steps 5 and 6 for a planned claim whose ``PrepareStarted`` entry is written."""
+        store = self._store
         try:
             if plan.touches_devices:
                 entry = await asyncio.to_thread(store.begin, claim, plan.results)
             try:
-                entry, devices = await self._devices.set_up(entry, plan)
+                entry, devices = await self._set_up(entry, plan)
             except PrepareError:
                 # Nothing of a failed set-up stays behind: undo what it did, forget the attempt.
-                await self._devices.roll_back(entry)
-                await asyncio.to_thread(store.remove, claim.uid)
+                await self._forget(entry)
                 raise
             await self._pauses.reached("devices-set-up")
 
@@ -127,12 +167,11 @@ class ClaimSteps:
                     claim_uid=claim.uid,
                     devices=devices,
                     inventory=self._node.inventory,
-                    config=plan.tpu_config,
-                    workers=workers,
+                    config=plan.claim_config,
+                    context=context,
                 )
             except SpecTooLarge as exc:
-                await self._devices.roll_back(entry)
-                await asyncio.to_thread(store.remove, claim.uid)
+                await self._forget(entry)
                 raise PrepareError(f"{describe(claim)}: {exc}") from exc
             await self._pauses.reached("cdi-written")
 
@@ -146,8 +185,7 @@ class ClaimSteps:
             done = await asyncio.to_thread(store.complete, claim.uid, prepared)
         except (cp.DeviceAlreadyPrepared, cp.CheckpointFull):
             # Another claim holds a device, or the checkpoint is at a bound: leave no trace of this attempt.
-            await self._devices.roll_back(entry)
-            await asyncio.to_thread(store.remove, claim.uid)
+            await self._forget(entry)
             raise
         logger.info(
             "prepared %s: %s",
@@ -160,42 +198,75 @@ class ClaimSteps:
                     done,
                     devices=devices,
                     inventory=self._node.inventory,
-                    config=plan.tpu_config,
-                    workers=workers,
+                    config=plan.claim_config,
+                    context=context,
                 )
             except Exception:  # the claim is prepared: a status bug must not fail it
                 logger.exception("recording the device status of %s failed", describe(claim))
         return answer(done)
 
-    async def _tpu_workers(self, allocation: ClaimAllocation, plan: PreparePlan) -> TpuWorkers | None:
-        """The multi-host worker identity of the claim's pod, when this is a TPU host of a multi-host
-        slice and the claim has all its chips; None keeps the host's own (see ``tpu.multihost``)."""
-        host = self._node.inventory.tpu_host
-        resolver = self._node.tpu_workers
-        if resolver is None or host is None:
+    async def _set_up(
+        self, entry: cp.ClaimEntry, plan: PreparePlan
+    ) -> tuple[cp.ClaimEntry, list[DiscoveredDevice]]:
+        """Set the devices up: dynamic MIG instances, whose UUIDs are recorded before anything names
+        them (a crash from here on leaves an entry that says what to destroy), then time slices and
+        the MPS daemon. Returns the entry and the devices as the CDI spec must name them."""
+        made = await self.devices.make_instances(entry, plan)
+        if made.uuids is not None:
+            uuids = made.uuids
+            recorded = [
+                dataclasses.replace(p, mig_uuid=uuids.get(p.device, p.mig_uuid)) for p in entry.devices
+            ]
+            entry = await asyncio.to_thread(self._store.begin, entry_ref(entry), recorded)
+        await self.devices.share(entry, made.devices, plan)
+        return entry, made.devices
+
+    async def _claim_context(self, allocation: ClaimAllocation, plan: PreparePlan) -> Any:
+        """The vendor's context of the claim (``claim_context``); None where it has none."""
+        source = self._node.claim_context
+        if source is None:
             return None
-        return await resolver.resolve(
-            allocation=allocation, host=host, chips=len(plan.devices), config=plan.tpu_config
+        return await source.resolve(
+            allocation=allocation,
+            inventory=self._node.inventory,
+            devices=plan.devices,
+            config=plan.claim_config,
         )
 
+    async def _roll_back(self, entry: cp.ClaimEntry, *, strict: bool = False) -> None:
+        """Tear the claim's devices down, then remove its CDI spec (``DeviceSetUp.tear_down`` says
+        what ``strict`` does)."""
+        await self.devices.tear_down(entry, strict=strict)
+        await asyncio.to_thread(self._cdi.remove_claim_spec, entry.uid)
+
+    async def _forget(self, entry: cp.ClaimEntry) -> None:
+        """Roll a failed attempt back and drop its entry: it leaves no trace."""
+        await self._roll_back(entry)
+        await asyncio.to_thread(self._store.remove, entry.uid)
+
     async def unprepare(self, claim: ClaimRef) -> None:
-        entry = await asyncio.to_thread(self._store.get, claim.uid)
-        if entry is None:
-            logger.debug("%s is not prepared here; unprepare is a no-op", describe(claim))
-            return
-        await self._pauses.reached("unprepare-started")
-        await self._devices.roll_back(entry, strict=True)
-        await asyncio.to_thread(self._store.remove, claim.uid)
-        if self._status is not None:
-            try:
-                self._status.unprepared(entry)
-            except Exception:  # the claim is unprepared: a status bug must not fail it
-                logger.exception("recording the device status of %s failed", describe(claim))
-        logger.info("unprepared %s", describe(claim))
+        async with self.lock:
+            entry = await asyncio.to_thread(self._store.get, claim.uid)
+            if entry is None:
+                logger.debug("%s is not prepared here; unprepare is a no-op", describe(claim))
+                return
+            await self._pauses.reached("unprepare-started")
+            await self._roll_back(entry, strict=True)
+            await asyncio.to_thread(self._store.remove, claim.uid)
+            if self._status is not None:
+                try:
+                    self._status.unprepared(entry)
+                except Exception:  # the claim is unprepared: a status bug must not fail it
+                    logger.exception("recording the device status of %s failed", describe(claim))
+            logger.info("unprepared %s", describe(claim))
 
     async def clean_up_stale(self, cutoff: datetime) -> list[str]:
         """Unprepare ``PrepareStarted`` entries from before ``cutoff`` whose claim is gone; returns
         their UIDs. Entries whose claim still exists are kept: the kubelet retries those."""
+        async with self.lock:
+            return await self._clean_up_stale(cutoff)
+
+    async def _clean_up_stale(self, cutoff: datetime) -> list[str]:
         removed: list[str] = []
         try:
             stale = await asyncio.to_thread(self._store.started_before, cutoff)
@@ -211,7 +282,7 @@ class ClaimSteps:
             except ClaimError:
                 continue  # exists but unusable, or the API is unreachable: decide later
             try:
-                await self._devices.roll_back(entry, strict=True)
+                await self._roll_back(entry, strict=True)
             except DeviceSetupError as exc:
                 logger.warning("stale claim %s: %s; trying again later", describe(ref), exc)
                 continue

@@ -1,27 +1,18 @@
 """One driver on this node as prepare sees it: what it publishes and the tools it sets devices up with.
 
 The planner, the device set-up and the claim steps share one ``DriverNode``, so a rediscovery
-(``use_inventory``) or a tool swapped in reaches all of them at once.
+(``use_inventory``) or a tool swapped in reaches all of them at once. The tools are the vendor's
+(its record, ``vendor_record``, builds them); prepare knows them only by their protocols.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
-from dra_node_agent.claim_reader import ClaimAllocation
+from dra_node_agent.claim_context import ClaimContextSource
 from dra_node_agent.device_setup import MigInstances, MpsControl, TimeSlicing
-from dra_node_agent.devices import DiscoveredDevice, DiscoveredInventory, TpuHostInfo, TpuWorkers
-from dra_node_agent.opaqueconfig import TpuConfig
-
-
-class TpuWorkerSource(Protocol):
-    """Multi-host TPU worker identity for a claim (``tpu.multihost.TpuWorkerResolver``); raises
-    ``ClaimError`` when it cannot be told right."""
-
-    async def resolve(
-        self, *, allocation: ClaimAllocation, host: TpuHostInfo, chips: int, config: TpuConfig | None
-    ) -> TpuWorkers | None: ...
+from dra_node_agent.devices import DiscoveredDevice, DiscoveredInventory
 
 
 @dataclass
@@ -35,8 +26,8 @@ class DriverNode:
     mps: MpsControl[Any] | None = None
     # Creates and destroys the instances of dynamic MIG placements (GPU drivers in that mode).
     dynamic_mig: MigInstances | None = None
-    # Derives the worker identity of a pod on a multi-host TPU slice from its Job (TPU drivers).
-    tpu_workers: TpuWorkerSource | None = None
+    # Works out the vendor's context of a claim (TPU drivers: a multi-host pod's worker identity).
+    claim_context: ClaimContextSource[Any] | None = None
     devices: dict[str, DiscoveredDevice] = field(init=False)
 
     def __post_init__(self) -> None:

@@ -1,14 +1,14 @@
 """NodePrepareResources / NodeUnprepareResources for one driver: the ``DRAHandler`` the plugin calls.
 
-It serialises the calls, runs each claim through ``claim_steps.ClaimSteps`` and maps what failed
-to the claim's error and a metric: errors stay per claim. A corrupt checkpoint refuses both calls,
-claim by claim. With a ``DeviceStatusWriter`` the claims it prepares get ``status.devices`` entries;
-at start it learns the claims prepared before from the checkpoint.
+It runs each claim through ``claim_steps.ClaimSteps``, which orders the checkpoint, the device
+set-up and the CDI spec under its lock, one claim at a time, and maps what failed to the claim's
+error and a metric: errors stay per claim. A corrupt checkpoint refuses both calls, claim by claim.
+With a ``DeviceStatusWriter`` the claims it prepares get ``status.devices`` entries; at start it
+learns the claims prepared before from the checkpoint.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -19,6 +19,7 @@ from typing import Any, Final
 from dra_api.kubeletapi.model import ClaimRef, PrepareResult
 from dra_node_agent import checkpoint as cp
 from dra_node_agent.cdi import CdiWriter, VendorEnv
+from dra_node_agent.claim_context import ClaimContextSource
 from dra_node_agent.claim_messages import ClaimMessageLimiter
 from dra_node_agent.claim_reader import ClaimError, ClaimSource, describe
 from dra_node_agent.device_setup import DeviceSetupError, MigInstances, MpsControl, TimeSlicing
@@ -26,13 +27,11 @@ from dra_node_agent.device_status import DeviceStatusWriter
 from dra_node_agent.devices import DiscoveredInventory
 from dra_node_agent.opaqueconfig import OpaqueConfigParser
 from dra_node_agent.prepare.claim_steps import ClaimSteps
-from dra_node_agent.prepare.driver_node import DriverNode, TpuWorkerSource
+from dra_node_agent.prepare.driver_node import DriverNode
 from dra_node_agent.prepare.errors import PrepareError
 from dra_node_agent.prepare.metrics import CHECKPOINT_ERRORS, OPERATION_ERRORS, PREPARE_SECONDS
 from dra_node_agent.prepare.pause_points import PausePoints
 from dra_node_agent.prepare.plan import Planner
-from dra_node_agent.prepare.set_up import DeviceSetUp
-from dra_node_agent.prepare.start_up import clean_up_files, reconcile_mig, reconcile_mps
 from dra_node_agent.tenant_text import one_line
 
 logger = logging.getLogger(__name__)
@@ -54,11 +53,11 @@ class PrepareHandler:
         cdi_dir: Path,
         proc_root: Path = Path("/proc"),
         config_parser: OpaqueConfigParser | None = None,
-        tpu_workers: TpuWorkerSource | None = None,
+        claim_context: ClaimContextSource[Any] | None = None,
         gpu_sharing: TimeSlicing | None = None,
         mps: MpsControl[Any] | None = None,
         dynamic_mig: MigInstances | None = None,
-        vendor_env: VendorEnv | None = None,
+        vendor_env: VendorEnv[Any] | None = None,
         device_status: DeviceStatusWriter | None = None,
         max_prepared_claims: int = cp.DEFAULT_MAX_CLAIMS,
     ) -> None:
@@ -73,7 +72,7 @@ class PrepareHandler:
             gpu_sharing=gpu_sharing,
             mps=mps,
             dynamic_mig=dynamic_mig,
-            tpu_workers=tpu_workers,
+            claim_context=claim_context,
         )
         self.store = cp.CheckpointStore(
             state_dir / CHECKPOINT_FILE,
@@ -82,19 +81,17 @@ class PrepareHandler:
             max_claims=max_prepared_claims,
         )
         self.cdi = CdiWriter(driver=driver, cdi_dir=cdi_dir, node_name=node_name, vendor_env=vendor_env)
-        self._devices = DeviceSetUp(self._node, self.store, self.cdi)
+        # The steps alone write the checkpoint and the CDI specs; the two are here for the agent
+        # (the checkpoint's path, its corruption reports) and for tests.
         self._steps = ClaimSteps(
             node=self._node,
             claims=claims,
             store=self.store,
             cdi=self.cdi,
             planner=Planner(self._node, config_parser or OpaqueConfigParser()),
-            devices=self._devices,
             pauses=PausePoints(state_dir),
             device_status=device_status,
         )
-        # The plugin serializes calls already; this keeps the handler safe when used directly.
-        self._lock = asyncio.Lock()
         # A claim that fails every retry logs its failure once, not once per retry.
         self.failure_log = ClaimMessageLimiter(kind="log")
 
@@ -116,8 +113,8 @@ class PrepareHandler:
         return self._node.dynamic_mig
 
     @property
-    def tpu_workers(self) -> TpuWorkerSource | None:
-        return self._node.tpu_workers
+    def claim_context(self) -> ClaimContextSource[Any] | None:
+        return self._node.claim_context
 
     @property
     def inventory(self) -> DiscoveredInventory:
@@ -126,7 +123,7 @@ class PrepareHandler:
     @property
     def device_setups(self) -> int:
         """Device set-ups done by this handler (a repeated prepare does none)."""
-        return self._devices.count
+        return self._steps.devices.count
 
     def set_inventory(self, inventory: DiscoveredInventory) -> None:
         """Use a newer discovery result for claims prepared from now on."""
@@ -134,92 +131,76 @@ class PrepareHandler:
 
     async def start(self) -> None:
         """Load the checkpoint and clean up what a crash or a reboot left behind."""
-        await asyncio.to_thread(
-            clean_up_files,
-            driver=self.driver,
-            state_dir=self.state_dir,
-            store=self.store,
-            cdi=self.cdi,
-        )
-        if self._node.mps is not None:
-            await reconcile_mps(self.driver, self.store, self._node.mps)
-        if self._node.dynamic_mig is not None:
-            await reconcile_mig(self._node, self.store, self._node.dynamic_mig)
-        if self.device_status is not None:
-            try:
-                prepared = await asyncio.to_thread(self.store.entries, cp.ClaimState.PREPARE_COMPLETED)
-            except cp.CheckpointCorrupt:
-                prepared = []  # reported already; nothing can be unprepared either until it is fixed
-            self.device_status.seed(prepared, inventory=self._node.inventory)
+        await self._steps.start_up(state_dir=self.state_dir)
 
     # --- DRAHandler ------------------------------------------------------------------------
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareResult]:
         results: dict[str, PrepareResult] = {}
-        async with self._lock:
-            for claim in claims:
-                began = time.perf_counter()
-                try:
-                    results[claim.uid] = PrepareResult(devices=await self._steps.prepare(claim))
-                except (PrepareError, ClaimError) as exc:
-                    results[claim.uid] = self._failed("prepare", claim, str(exc), reason="claim")
-                except cp.CheckpointCorrupt as exc:
-                    results[claim.uid] = self._failed(
-                        "prepare",
-                        claim,
-                        f"{describe(claim)}: refused, the checkpoint is corrupt: {exc}",
-                        reason="checkpoint-corrupt",
-                    )
-                except cp.DeviceAlreadyPrepared as exc:
-                    results[claim.uid] = self._failed(
-                        "prepare", claim, f"{describe(claim)}: refused: {exc}", reason="device-busy"
-                    )
-                except cp.CheckpointFull as exc:
-                    results[claim.uid] = self._failed(
-                        "prepare", claim, f"{describe(claim)}: refused: {exc}", reason="checkpoint-full"
-                    )
-                except OSError as exc:
-                    results[claim.uid] = self._failed(
-                        "prepare", claim, f"{describe(claim)}: writing state failed: {exc}", reason="io"
-                    )
-                except Exception as exc:  # a bug must fail this claim only, with a trace in the log
-                    logger.exception("prepare of %s failed unexpectedly", describe(claim))
-                    results[claim.uid] = self._failed(
-                        "prepare", claim, f"{describe(claim)}: {exc!r}", reason="internal"
-                    )
-                PREPARE_SECONDS.labels(self.driver, "prepare").observe(time.perf_counter() - began)
+        for claim in claims:
+            began = time.perf_counter()
+            results[claim.uid] = await self._prepare_one(claim)
+            PREPARE_SECONDS.labels(self.driver, "prepare").observe(time.perf_counter() - began)
         return results
+
+    async def _prepare_one(self, claim: ClaimRef) -> PrepareResult:
+        try:
+            return PrepareResult(devices=await self._steps.prepare(claim))
+        except (PrepareError, ClaimError) as exc:
+            return self._failed("prepare", claim, str(exc), reason="claim")
+        except cp.CheckpointCorrupt as exc:
+            return self._failed(
+                "prepare",
+                claim,
+                f"{describe(claim)}: refused, the checkpoint is corrupt: {exc}",
+                reason="checkpoint-corrupt",
+            )
+        except cp.DeviceAlreadyPrepared as exc:
+            return self._failed("prepare", claim, f"{describe(claim)}: refused: {exc}", reason="device-busy")
+        except cp.CheckpointFull as exc:
+            return self._failed(
+                "prepare", claim, f"{describe(claim)}: refused: {exc}", reason="checkpoint-full"
+            )
+        except OSError as exc:
+            return self._failed(
+                "prepare", claim, f"{describe(claim)}: writing state failed: {exc}", reason="io"
+            )
+        except Exception as exc:  # a bug must fail this claim only, with a trace in the log
+            logger.exception("prepare of %s failed unexpectedly", describe(claim))
+            return self._failed("prepare", claim, f"{describe(claim)}: {exc!r}", reason="internal")
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
         errors: dict[str, str] = {}
-        async with self._lock:
-            for claim in claims:
-                began = time.perf_counter()
-                try:
-                    await self._steps.unprepare(claim)
-                    errors[claim.uid] = ""
-                    self.failure_log.forget(claim.uid)
-                except cp.CheckpointCorrupt as exc:
-                    errors[claim.uid] = self._failed(
-                        "unprepare",
-                        claim,
-                        f"{describe(claim)}: refused, the checkpoint is corrupt: {exc}",
-                        reason="checkpoint-corrupt",
-                    ).error
-                except OSError as exc:
-                    errors[claim.uid] = self._failed(
-                        "unprepare", claim, f"{describe(claim)}: removing state failed: {exc}", reason="io"
-                    ).error
-                except DeviceSetupError as exc:
-                    # The entry stays: the kubelet retries, and the reset with it.
-                    errors[claim.uid] = self._failed(
-                        "unprepare",
-                        claim,
-                        f"{describe(claim)}: undoing its device set-up failed: {exc}",
-                        reason="device",
-                    ).error
-                PREPARE_SECONDS.labels(self.driver, "unprepare").observe(time.perf_counter() - began)
+        for claim in claims:
+            began = time.perf_counter()
+            errors[claim.uid] = await self._unprepare_one(claim)
+            PREPARE_SECONDS.labels(self.driver, "unprepare").observe(time.perf_counter() - began)
         return errors
+
+    async def _unprepare_one(self, claim: ClaimRef) -> str:
+        try:
+            await self._steps.unprepare(claim)
+        except cp.CheckpointCorrupt as exc:
+            return self._failed(
+                "unprepare",
+                claim,
+                f"{describe(claim)}: refused, the checkpoint is corrupt: {exc}",
+                reason="checkpoint-corrupt",
+            ).error
+        except OSError as exc:
+            return self._failed(
+                "unprepare", claim, f"{describe(claim)}: removing state failed: {exc}", reason="io"
+            ).error
+        except DeviceSetupError as exc:
+            # The entry stays: the kubelet retries, and the reset with it.
+            return self._failed(
+                "unprepare",
+                claim,
+                f"{describe(claim)}: undoing its device set-up failed: {exc}",
+                reason="device",
+            ).error
+        self.failure_log.forget(claim.uid)
+        return ""
 
     def _failed(self, operation: str, claim: ClaimRef, message: str, *, reason: str) -> PrepareResult:
         OPERATION_ERRORS.labels(self.driver, operation, reason).inc()
@@ -244,5 +225,4 @@ class PrepareHandler:
         still exists are kept: the kubelet retries those. Returns the UIDs cleaned up.
         """
         cutoff = datetime.now(UTC) - timedelta(seconds=older_than)
-        async with self._lock:
-            return await self._steps.clean_up_stale(cutoff)
+        return await self._steps.clean_up_stale(cutoff)

@@ -18,6 +18,7 @@ from dra_node_agent.claim_reader import AllocatedDevice, ClaimAllocation, descri
 from dra_node_agent.device_setup import DeviceSetupError
 from dra_node_agent.devices import ContainerEdits, DiscoveredDevice
 from dra_node_agent.opaqueconfig import (
+    DriverConfig,
     GoogleTpuConfig,
     GpuConfig,
     MpsConfig,
@@ -44,8 +45,9 @@ class PreparePlan:
     results: tuple[cp.CheckpointedDevice, ...]
     # The distinct devices the results use, with the container edits their configs add.
     devices: tuple[DiscoveredDevice, ...]
-    # The claim-wide `tpu.google.com` TpuConfig, if any: it becomes container-wide environment.
-    tpu_config: TpuConfig | None
+    # The claim's claim-wide config, if any (a `tpu.google.com` TpuConfig): the vendor's container
+    # environment and device status read it, with the vendor's context of the claim.
+    claim_config: DriverConfig | None
     # The settings of the claim's MPS daemon (as the MPS tool computed them), if it asks for one.
     mps_limits: object | None
 
@@ -113,7 +115,7 @@ class Planner:
         planned: list[cp.CheckpointedDevice] = []
         devices: dict[str, DiscoveredDevice] = {}
         claim_env: dict[str, str] = {}
-        tpu_configs: dict[TpuConfig, str] = {}
+        claim_configs: dict[DriverConfig, str] = {}
         mps_configs: list[tuple[MpsConfig, list[str]]] = []
         mps_devices: dict[str, DiscoveredDevice] = {}
         for result in allocation.devices:
@@ -134,7 +136,7 @@ class Planner:
                 device=device,
                 where=where,
                 claim_env=claim_env,
-                tpu_configs=tpu_configs,
+                claim_configs=claim_configs,
             )
             if sharing is not None and sharing.mps is not None:
                 same = next((pair for pair in mps_configs if pair[0] == sharing.mps), None)
@@ -145,19 +147,19 @@ class Planner:
                 mps_devices.setdefault(device.name, device)
             planned.append(_record(result, device, sharing, where=where))
             devices.setdefault(device.name, device)
-        if len(tpu_configs) > 1:
+        if len(claim_configs) > 1:
             # Its settings become container-wide environment: two values would leave the outcome to
             # the order in which the runtime applies CDI devices.
             raise PrepareError(
                 f"{where}: conflicting TPU configs within the claim: the {TpuConfig.GROUP} TpuConfig "
-                f"entries {', '.join(sorted(tpu_configs.values()))} differ, but they apply to the whole "
+                f"entries {', '.join(sorted(claim_configs.values()))} differ, but they apply to the whole "
                 "container"
             )
         mps_limits = self._mps_limits(allocation, mps_configs, list(mps_devices.values()), devices)
         return PreparePlan(
             results=tuple(planned),
             devices=tuple(devices.values()),
-            tpu_config=next(iter(tpu_configs), None),
+            claim_config=next(iter(claim_configs), None),
             mps_limits=mps_limits,
         )
 
@@ -203,7 +205,7 @@ class Planner:
         device: DiscoveredDevice,
         where: str,
         claim_env: dict[str, str],
-        tpu_configs: dict[TpuConfig, str],
+        claim_configs: dict[DriverConfig, str],
     ) -> tuple[DiscoveredDevice, Sharing | None]:
         """Carry out the config that applies to one device: the device, with the edits it adds, and
         the sharing a GpuConfig asks for on it (set up later, by ``set_up.DeviceSetUp``).
@@ -229,7 +231,7 @@ class Planner:
             if isinstance(config, GoogleTpuConfig):
                 env.extend(config.env())
             elif isinstance(config, TpuConfig):
-                tpu_configs.setdefault(config, entry.where)
+                claim_configs.setdefault(config, entry.where)
             elif isinstance(config, GpuConfig) and config.sharing is not None:
                 sharing = config.sharing
                 if sharing.time_slice_interval is not None and self._node.gpu_sharing is None:

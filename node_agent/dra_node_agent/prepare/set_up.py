@@ -1,25 +1,28 @@
 """Device set-up for a planned claim, and its undoing.
 
-Set-up creates a dynamic MIG placement's instance (recorded with its UUID before the CDI spec
-names it), sets a GpuConfig's time slice and starts its MPS daemon, through the tools of
-``device_setup``. Roll-back undoes all of it and removes the claim's CDI spec; it must be safe on
+Set-up creates a dynamic MIG placement's instance, sets a GpuConfig's time slice and starts its MPS
+daemon, through the tools of ``device_setup``. Tear-down undoes all of it; it must be safe on
 devices that were never set up, since a crash can come at any step.
+
+This module changes devices and nothing else: it reads the checkpoint (what other claims hold) but
+never writes it, nor a CDI spec. ``claim_steps`` orders its steps with the checkpoint's and the
+spec's, so it runs in two: ``make_instances`` (after which the steps record each instance's UUID,
+before anything names it), then ``share``.
 
 Set-up touches only what the claim holds. A result with admin access observes its device, which
 other claims may hold: the planner refuses sharing for it, and a dynamic MIG placement it observes
 must already have its instance (a claim that holds the placement made it), which it never creates
-nor destroys. Roll-back never destroys an instance another recorded claim holds.
+nor destroys. Tear-down never destroys an instance another recorded claim holds.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from dra_node_agent import checkpoint as cp
-from dra_node_agent.cdi import CdiWriter
 from dra_node_agent.claim_reader import describe
 from dra_node_agent.device_setup import DeviceSetupError
 from dra_node_agent.devices import DiscoveredDevice
@@ -32,46 +35,33 @@ from dra_node_agent.prepare.records import entry_ref
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class Instances:
+    """What ``make_instances`` did: the devices as the CDI spec must name them (a dynamic MIG device
+    with its instance's UUID and nodes), and the instances' UUIDs by device name (None: the claim
+    has no dynamic MIG placement, so there is nothing to record)."""
+
+    devices: list[DiscoveredDevice]
+    uuids: dict[str, str] | None
+
+
 class DeviceSetUp:
     """Sets the devices of one driver's claims up and tears them down."""
 
-    def __init__(self, node: DriverNode, store: cp.CheckpointStore, cdi: CdiWriter) -> None:
+    def __init__(self, node: DriverNode, recorded: Callable[[], list[cp.ClaimEntry]]) -> None:
         self._node = node
-        self._store = store
-        self._cdi = cdi
+        # The checkpoint's entries (blocking; read in a thread): what the other claims hold.
+        self._recorded = recorded
         self.count = 0
 
-    async def set_up(
-        self, entry: cp.ClaimEntry, plan: PreparePlan
-    ) -> tuple[cp.ClaimEntry, list[DiscoveredDevice]]:
-        """Dynamic MIG instances, then the time slices and the MPS daemon the claim's GpuConfig asks
-        for. Returns the entry and the devices as the CDI spec must name them (a dynamic MIG device
-        with its instance's UUID and nodes)."""
+    async def make_instances(self, entry: cp.ClaimEntry, plan: PreparePlan) -> Instances:
+        """The first step of a set-up: create the instance of each dynamic MIG placement. A placement
+        the claim only observes (admin access) gets the instance that is there, or an error."""
         self.count += 1
         DEVICE_SETUPS.labels(self._node.driver).inc()
-        entry, ready = await self._set_up_migs(entry, plan)
-        await self._set_up_time_slices(entry, ready)
-        if plan.mps_limits is not None:
-            assert self._node.mps is not None
-            try:
-                await self._node.mps.start(entry.uid, plan.mps_limits)
-            except DeviceSetupError as exc:
-                requests = sorted({p.request for p in entry.devices if p.mps})
-                raise PrepareError(
-                    f"{describe(entry_ref(entry))}: request {', '.join(requests)}: GpuConfig "
-                    f"sharing.strategy MPS: {exc}"
-                ) from exc
-        return entry, ready
-
-    async def _set_up_migs(
-        self, entry: cp.ClaimEntry, plan: PreparePlan
-    ) -> tuple[cp.ClaimEntry, list[DiscoveredDevice]]:
-        """Create the instance of each dynamic MIG placement and record its UUID before the CDI spec
-        names it, so a crash from here on leaves an entry that says what to destroy. A placement
-        the claim only observes (admin access) gets the instance that is there, or an error."""
         devices = plan.devices
         if not any(d.mig_placement is not None for d in devices):
-            return entry, list(devices)
+            return Instances(devices=list(devices), uuids=None)
         mig = self._node.dynamic_mig
         assert mig is not None  # the planner refused such devices without it
         ready: list[DiscoveredDevice] = []
@@ -97,9 +87,23 @@ class DeviceSetUp:
                 raise PrepareError(f"{where}: {exc}") from exc
             uuids[device.name] = instance.uuid
             ready.append(await asyncio.to_thread(mig.edits, device, instance))
-        recorded = [dataclasses.replace(p, mig_uuid=uuids.get(p.device, p.mig_uuid)) for p in entry.devices]
-        entry = await asyncio.to_thread(self._store.begin, entry_ref(entry), recorded)
-        return entry, ready
+        return Instances(devices=ready, uuids=uuids)
+
+    async def share(
+        self, entry: cp.ClaimEntry, devices: Sequence[DiscoveredDevice], plan: PreparePlan
+    ) -> None:
+        """The second step: the time slices, then the MPS daemon the claim's GpuConfig asks for."""
+        await self._set_up_time_slices(entry, devices)
+        if plan.mps_limits is not None:
+            assert self._node.mps is not None
+            try:
+                await self._node.mps.start(entry.uid, plan.mps_limits)
+            except DeviceSetupError as exc:
+                requests = sorted({p.request for p in entry.devices if p.mps})
+                raise PrepareError(
+                    f"{describe(entry_ref(entry))}: request {', '.join(requests)}: GpuConfig "
+                    f"sharing.strategy MPS: {exc}"
+                ) from exc
 
     async def _set_up_time_slices(self, entry: cp.ClaimEntry, devices: Sequence[DiscoveredDevice]) -> None:
         wanted = {p.device: p for p in entry.devices if p.time_slice is not None}
@@ -107,7 +111,7 @@ class DeviceSetUp:
             return
         sharing = self._node.gpu_sharing
         assert sharing is not None  # the planner refused time-slicing without it
-        others = await asyncio.to_thread(self._store.entries)
+        others = await asyncio.to_thread(self._recorded)
         for other in others:
             if other.uid == entry.uid:
                 continue
@@ -137,19 +141,18 @@ class DeviceSetUp:
                     f"sharing.timeSlicingConfig.interval {interval} could not be applied: {exc}"
                 ) from exc
 
-    async def roll_back(self, entry: cp.ClaimEntry, *, strict: bool = False) -> None:
-        """Tear down and remove the CDI spec. A device that cannot be reset raises ``DeviceSetupError``
-        when ``strict`` (unprepare, which the kubelet retries); otherwise it is logged and left."""
+    async def tear_down(self, entry: cp.ClaimEntry, *, strict: bool = False) -> None:
+        """Undo the set-up. A device that cannot be reset raises ``DeviceSetupError`` when ``strict``
+        (unprepare, which the kubelet retries); otherwise it is logged and left."""
         try:
             await self._tear_down(entry)
         except DeviceSetupError as exc:
             if strict:
                 raise
             logger.warning("%s: undoing its device set-up failed: %s", describe(entry_ref(entry)), exc)
-        await asyncio.to_thread(self._cdi.remove_claim_spec, entry.uid)
 
     async def _tear_down(self, entry: cp.ClaimEntry) -> None:
-        """Undo ``set_up``; must be safe on devices that were never set up (a reset to Default is).
+        """Undo the set-up; must be safe on devices that were never set up (a reset to Default is).
 
         A GPU's time slice goes back to Default when no other recorded claim holds it with one.
         """
@@ -160,7 +163,7 @@ class DeviceSetUp:
         sharing = self._node.gpu_sharing
         if not sliced or sharing is None:
             return
-        others = await asyncio.to_thread(self._store.entries)
+        others = await asyncio.to_thread(self._recorded)
         still_used = {
             held.device
             for other in others
@@ -182,7 +185,7 @@ class DeviceSetUp:
         holds, nor one this claim only observed (an admin-access entry of an older agent)."""
         if not any(p.dynamic_mig for p in entry.devices):
             return
-        others = await asyncio.to_thread(self._store.entries)
+        others = await asyncio.to_thread(self._recorded)
         held_elsewhere = {
             held.device
             for other in others

@@ -19,12 +19,13 @@ import uuid as uuidlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import yaml
 
 from dra_api.names import GPU_DRIVER, TPU_DRIVER
 from dra_node_agent.devices import DiscoveredInventory
+from dra_node_agent.nvidia import record as nvidia_record
 from dra_node_agent.nvidia.discovery import (
     ARCHITECTURE_NAMES,
     BRAND_NAMES,
@@ -32,15 +33,8 @@ from dra_node_agent.nvidia.discovery import (
     NvmlBackend,
 )
 from dra_node_agent.simulated import container_tools
-from dra_node_agent.simulated.fakehw import (
-    FakeGpu,
-    FakeMig,
-    FakeMigProfile,
-    FakeNvml,
-    FakePciFunction,
-    write_nvidia_nodes,
-    write_pci_tree,
-)
+from dra_node_agent.simulated.fakehw import FakeGpu, FakeMig, FakeMigProfile, FakeNvml, write_nvidia_nodes
+from dra_node_agent.simulated.faketree import FakePciFunction, write_pci_tree
 from dra_node_agent.simulated.host_tools import install_simulated_mps_control
 from dra_node_agent.simulated.migtables import MIG_TABLES
 from dra_node_agent.simulated.nic import (
@@ -51,7 +45,9 @@ from dra_node_agent.simulated.nic import (
     nic_pci_functions,
     valid_if_name,
 )
+from dra_node_agent.tpu import record as tpu_record
 from dra_node_agent.tpu.discovery import GENERATIONS, GOOGLE_VENDOR, TpuBackend, validate_topology
+from dra_node_agent.vendor_record import VendorRecord
 
 PROFILE_PACKAGE = "dra_node_agent.profiles"
 NVIDIA_VENDOR = 0x10DE
@@ -201,89 +197,103 @@ def _parse_nvidia(p: _Reader, raw: Any) -> NvidiaProfile:
     section = p.mapping(raw, "nvidia", {"driverVersion", "cudaDriverVersion", "migProfiles", "gpus"})
     mig_profiles: dict[str, FakeMigProfile] = {}
     for i, item in enumerate(p.sequence(section.get("migProfiles", []), "nvidia.migProfiles")):
-        where = f"nvidia.migProfiles[{i}]"
-        fields = {"name", "index", "id", "slices", "memoryMiB", "multiprocessors", "copyEngines",
-                  "decoders", "encoders", "jpeg", "ofa"}  # fmt: skip
-        m = p.mapping(item, where, fields)
-        mig_profiles[p.string(m.get("name"), f"{where}.name")] = FakeMigProfile(
-            index=p.integer(m.get("index"), f"{where}.index"),
-            id=p.integer(m.get("id"), f"{where}.id"),
-            slices=p.integer(m.get("slices"), f"{where}.slices"),
-            memory_mib=p.integer(m.get("memoryMiB"), f"{where}.memoryMiB"),
-            multiprocessors=p.integer(m.get("multiprocessors"), f"{where}.multiprocessors"),
-            copy_engines=p.integer(m.get("copyEngines", 0), f"{where}.copyEngines"),
-            decoders=p.integer(m.get("decoders", 0), f"{where}.decoders"),
-            encoders=p.integer(m.get("encoders", 0), f"{where}.encoders"),
-            jpeg=p.integer(m.get("jpeg", 0), f"{where}.jpeg"),
-            ofa=p.integer(m.get("ofa", 0), f"{where}.ofa"),
-        )
-    brands = {v: k for k, v in BRAND_NAMES.items()}
-    architectures = {v: k for k, v in ARCHITECTURE_NAMES.items()}
-    groups = []
-    for i, item in enumerate(p.sequence(section.get("gpus"), "nvidia.gpus")):
-        where = f"nvidia.gpus[{i}]"
-        fields = {"productName", "count", "brand", "architecture", "computeCapability", "memoryMiB",
-                  "pciBusIds", "pcieRoots", "numaNodes", "migCapable", "migEnabled", "mig"}  # fmt: skip
-        g = p.mapping(item, where, fields)
-        count = p.integer(g.get("count"), f"{where}.count")
-        brand = p.string(g.get("brand", "Nvidia"), f"{where}.brand")
-        if brand not in brands:
-            raise p.fail(f"{where}.brand", f"unknown brand {brand!r}")
-        architecture = p.string(g.get("architecture"), f"{where}.architecture")
-        if architecture not in architectures:
-            raise p.fail(f"{where}.architecture", f"unknown architecture {architecture!r}")
-        cc_text = p.string(g.get("computeCapability"), f"{where}.computeCapability")
-        major, _, minor = cc_text.partition(".")
-        if not (major.isdigit() and minor.isdigit()):
-            raise p.fail(f"{where}.computeCapability", "must look like '9.0'")
-        bus_ids = tuple(
-            p.string(b, f"{where}.pciBusIds")
-            for b in p.sequence(g.get("pciBusIds"), f"{where}.pciBusIds", count)
-        )
-        raw_roots = g.get("pcieRoots")
-        roots: tuple[str | None, ...] = (None,) * count
-        if raw_roots is not None:
-            roots = tuple(
-                p.string(r, f"{where}.pcieRoots") for r in p.sequence(raw_roots, f"{where}.pcieRoots", count)
-            )
-        numa = tuple(
-            p.integer(n, f"{where}.numaNodes")
-            for n in p.sequence(g.get("numaNodes", [-1] * count), f"{where}.numaNodes", count)
-        )
-        layouts: list[tuple[tuple[str, int], ...]] = []
-        for j, layout in enumerate(p.sequence(g.get("mig", []), f"{where}.mig")):
-            entries = []
-            for k, entry in enumerate(p.sequence(layout, f"{where}.mig[{j}]")):
-                e = p.mapping(entry, f"{where}.mig[{j}][{k}]", {"profile", "start"})
-                name = p.string(e.get("profile"), f"{where}.mig[{j}][{k}].profile")
-                if name not in mig_profiles:
-                    raise p.fail(f"{where}.mig[{j}][{k}].profile", f"unknown MIG profile {name!r}")
-                entries.append((name, p.integer(e.get("start"), f"{where}.mig[{j}][{k}].start")))
-            layouts.append(tuple(entries))
-        if len(layouts) > count:
-            raise p.fail(f"{where}.mig", f"{len(layouts)} layouts for {count} GPUs")
-        groups.append(
-            GpuGroup(
-                product_name=p.string(g.get("productName"), f"{where}.productName"),
-                count=count,
-                brand=brands[brand],
-                architecture=architectures[architecture],
-                compute_capability=(int(major), int(minor)),
-                memory_mib=p.integer(g.get("memoryMiB"), f"{where}.memoryMiB"),
-                pci_bus_ids=bus_ids,
-                pcie_roots=roots,
-                numa_nodes=numa,
-                mig_capable=bool(g.get("migCapable", bool(layouts) or bool(g.get("migEnabled")))),
-                mig_enabled=bool(g.get("migEnabled", False)),
-                mig_layouts=tuple(layouts),
-            )
-        )
+        name, profile = _parse_mig_profile(p, item, where=f"nvidia.migProfiles[{i}]")
+        mig_profiles[name] = profile
+    groups = [
+        _parse_gpu_group(p, item, where=f"nvidia.gpus[{i}]", mig_profiles=mig_profiles)
+        for i, item in enumerate(p.sequence(section.get("gpus"), "nvidia.gpus"))
+    ]
     return NvidiaProfile(
         driver_version=p.string(section.get("driverVersion"), "nvidia.driverVersion"),
         cuda_driver_version=p.integer(section.get("cudaDriverVersion"), "nvidia.cudaDriverVersion"),
         mig_profiles=mig_profiles,
         gpus=tuple(groups),
     )
+
+
+def _parse_mig_profile(p: _Reader, item: Any, *, where: str) -> tuple[str, FakeMigProfile]:
+    fields = {"name", "index", "id", "slices", "memoryMiB", "multiprocessors", "copyEngines",
+              "decoders", "encoders", "jpeg", "ofa"}  # fmt: skip
+    m = p.mapping(item, where, fields)
+    return p.string(m.get("name"), f"{where}.name"), FakeMigProfile(
+        index=p.integer(m.get("index"), f"{where}.index"),
+        id=p.integer(m.get("id"), f"{where}.id"),
+        slices=p.integer(m.get("slices"), f"{where}.slices"),
+        memory_mib=p.integer(m.get("memoryMiB"), f"{where}.memoryMiB"),
+        multiprocessors=p.integer(m.get("multiprocessors"), f"{where}.multiprocessors"),
+        copy_engines=p.integer(m.get("copyEngines", 0), f"{where}.copyEngines"),
+        decoders=p.integer(m.get("decoders", 0), f"{where}.decoders"),
+        encoders=p.integer(m.get("encoders", 0), f"{where}.encoders"),
+        jpeg=p.integer(m.get("jpeg", 0), f"{where}.jpeg"),
+        ofa=p.integer(m.get("ofa", 0), f"{where}.ofa"),
+    )
+
+
+def _parse_gpu_group(
+    p: _Reader, item: Any, *, where: str, mig_profiles: Mapping[str, FakeMigProfile]
+) -> GpuGroup:
+    brands = {v: k for k, v in BRAND_NAMES.items()}
+    architectures = {v: k for k, v in ARCHITECTURE_NAMES.items()}
+    fields = {"productName", "count", "brand", "architecture", "computeCapability", "memoryMiB",
+              "pciBusIds", "pcieRoots", "numaNodes", "migCapable", "migEnabled", "mig"}  # fmt: skip
+    g = p.mapping(item, where, fields)
+    count = p.integer(g.get("count"), f"{where}.count")
+    brand = p.string(g.get("brand", "Nvidia"), f"{where}.brand")
+    if brand not in brands:
+        raise p.fail(f"{where}.brand", f"unknown brand {brand!r}")
+    architecture = p.string(g.get("architecture"), f"{where}.architecture")
+    if architecture not in architectures:
+        raise p.fail(f"{where}.architecture", f"unknown architecture {architecture!r}")
+    cc_text = p.string(g.get("computeCapability"), f"{where}.computeCapability")
+    major, _, minor = cc_text.partition(".")
+    if not (major.isdigit() and minor.isdigit()):
+        raise p.fail(f"{where}.computeCapability", "must look like '9.0'")
+    bus_ids = tuple(
+        p.string(b, f"{where}.pciBusIds") for b in p.sequence(g.get("pciBusIds"), f"{where}.pciBusIds", count)
+    )
+    raw_roots = g.get("pcieRoots")
+    roots: tuple[str | None, ...] = (None,) * count
+    if raw_roots is not None:
+        roots = tuple(
+            p.string(r, f"{where}.pcieRoots") for r in p.sequence(raw_roots, f"{where}.pcieRoots", count)
+        )
+    numa = tuple(
+        p.integer(n, f"{where}.numaNodes")
+        for n in p.sequence(g.get("numaNodes", [-1] * count), f"{where}.numaNodes", count)
+    )
+    layouts = _parse_mig_layouts(p, g.get("mig", []), where=f"{where}.mig", mig_profiles=mig_profiles)
+    if len(layouts) > count:
+        raise p.fail(f"{where}.mig", f"{len(layouts)} layouts for {count} GPUs")
+    return GpuGroup(
+        product_name=p.string(g.get("productName"), f"{where}.productName"),
+        count=count,
+        brand=brands[brand],
+        architecture=architectures[architecture],
+        compute_capability=(int(major), int(minor)),
+        memory_mib=p.integer(g.get("memoryMiB"), f"{where}.memoryMiB"),
+        pci_bus_ids=bus_ids,
+        pcie_roots=roots,
+        numa_nodes=numa,
+        mig_capable=bool(g.get("migCapable", bool(layouts) or bool(g.get("migEnabled")))),
+        mig_enabled=bool(g.get("migEnabled", False)),
+        mig_layouts=tuple(layouts),
+    )
+
+
+def _parse_mig_layouts(
+    p: _Reader, raw: Any, *, where: str, mig_profiles: Mapping[str, FakeMigProfile]
+) -> list[tuple[tuple[str, int], ...]]:
+    layouts: list[tuple[tuple[str, int], ...]] = []
+    for j, layout in enumerate(p.sequence(raw, where)):
+        entries = []
+        for k, entry in enumerate(p.sequence(layout, f"{where}[{j}]")):
+            e = p.mapping(entry, f"{where}[{j}][{k}]", {"profile", "start"})
+            name = p.string(e.get("profile"), f"{where}[{j}][{k}].profile")
+            if name not in mig_profiles:
+                raise p.fail(f"{where}[{j}][{k}].profile", f"unknown MIG profile {name!r}")
+            entries.append((name, p.integer(e.get("start"), f"{where}[{j}][{k}].start")))
+        layouts.append(tuple(entries))
+    return layouts
 
 
 def _parse_tpu(p: _Reader, raw: Any) -> TpuProfile:
@@ -419,11 +429,14 @@ def tpu_pci_functions(profile: TpuProfile) -> list[FakePciFunction]:
 
 @dataclass
 class SimulatedHardware:
-    """What the simulated backend built: the fake tree root and, for NVIDIA, the fake NVML."""
+    """What the simulated backend built: the fake tree root and, for NVIDIA, the fake NVML; the
+    vendor's real backend that runs over them, and that vendor's record (None for the simulated
+    NIC driver, which brings nothing beyond its devices)."""
 
     root: Path
     nvml: FakeNvml | None = None
     backend: NvmlBackend | TpuBackend | SimulatedNicBackend | None = field(default=None, repr=False)
+    vendor: VendorRecord[Any] | None = field(default=None, repr=False)
     char_devices: bool = False
     """Whether the fake /dev holds character devices (the agent may mknod), which a container
     runtime can inject as it would the real ones."""
@@ -437,6 +450,9 @@ class SimulatedBackend:
     is where a simulated host of a multi-host slice gets its WORKER_ID and SLICE_ID, so hardware and
     simulation share one code path (None: no file, a host whose slice identity is unknown).
     """
+
+    # The record that builds the rest of what this vendor brings (``simulated.record``).
+    vendor: Final = "simulated"
 
     def __init__(
         self,
@@ -492,18 +508,6 @@ class SimulatedBackend:
                 inventory = dataclasses.replace(inventory, common_edits=inventory.common_edits.merged(tools))
         return inventory
 
-    def nvml_backend(self) -> NvmlBackend | None:
-        """The NVML backend run over the fake NVML (None for TPU and NIC profiles); blocking, as it
-        builds the fake hardware on first use."""
-        backend = self.hardware().backend
-        return backend if isinstance(backend, NvmlBackend) else None
-
-    def tpu_backend(self) -> TpuBackend | None:
-        """The TPU backend run over the fake sysfs (None for NVIDIA and NIC profiles); blocking, as
-        it builds the fake hardware on first use."""
-        backend = self.hardware().backend
-        return backend if isinstance(backend, TpuBackend) else None
-
     def hardware(self) -> SimulatedHardware:
         """Build the fake hardware on first use (blocking file writes)."""
         with self._lock:
@@ -553,7 +557,9 @@ class SimulatedBackend:
                 simulated=True,
                 dynamic_mig=self._dynamic_mig,
             )
-            return SimulatedHardware(root=root, nvml=nvml, backend=backend, char_devices=char_devices)
+            return SimulatedHardware(
+                root=root, nvml=nvml, backend=backend, vendor=nvidia_record.RECORD, char_devices=char_devices
+            )
         if profile.nic is not None:
             # NICs have no device nodes here: their CDI specs carry environment only.
             write_pci_tree(root, nic_pci_functions(profile.nic))
@@ -575,7 +581,9 @@ class SimulatedBackend:
             host_dev_dir=str(root / "dev") if char_devices else "/dev",
             simulated=True,
         )
-        return SimulatedHardware(root=root, backend=backend, char_devices=char_devices)
+        return SimulatedHardware(
+            root=root, backend=backend, vendor=tpu_record.RECORD, char_devices=char_devices
+        )
 
 
 def _char_device(path: Path) -> bool:

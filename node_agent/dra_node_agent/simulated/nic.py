@@ -21,6 +21,7 @@ import re
 import uuid as uuidlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 from dra_api.names import STANDARD_ATTRIBUTE_DOMAIN
 from dra_node_agent.devices import (
@@ -34,7 +35,7 @@ from dra_node_agent.devices import (
     string_attr,
 )
 from dra_node_agent.pci import pci_device_dir, pcie_root, read_int
-from dra_node_agent.simulated.fakehw import FakePciFunction
+from dra_node_agent.simulated.faketree import FakePciFunction
 
 NIC_DRIVER = "nic.sim.accel-dra.dev"
 MELLANOX_VENDOR = 0x15B3
@@ -83,6 +84,10 @@ def nic_pci_functions(profile: NicProfile) -> list[FakePciFunction]:
 class SimulatedNicBackend:
     """Discovery of a NIC profile's NICs over the fake sysfs tree at ``sysfs_root`` (written by
     the simulated backend); UUIDs derive from the node name, as for simulated GPUs."""
+
+    # No record of its own: it runs inside the simulated backend, whose record builds nothing for it
+    # (no health probe, no tools, no environment).
+    vendor: Final = "simulated-nic"
 
     def __init__(self, *, driver: str, profile: NicProfile, sysfs_root: Path, node_name: str) -> None:
         self._driver = driver

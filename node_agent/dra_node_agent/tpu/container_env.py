@@ -10,9 +10,10 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from dra_node_agent.devices import DiscoveredDevice, DiscoveredInventory, TpuHostInfo, TpuWorkers
+from dra_node_agent.devices import DiscoveredDevice, DiscoveredInventory, TpuHostInfo
 from dra_node_agent.opaqueconfig import DriverConfig, TpuConfig
 from dra_node_agent.tpu.discovery import GENERATIONS, chips_per_host_bounds, host_topology
+from dra_node_agent.tpu.workers import TpuWorkers
 
 TPU_RUNTIME_METRICS_FIRST_PORT = 8431
 _ENV_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_]")
@@ -135,7 +136,8 @@ def tpu_device_env(*, device: DiscoveredDevice, claim_uid: str) -> str:
 
 
 class TpuEnv:
-    """The CDI writer's ``VendorEnv`` for TPU drivers. An inventory without a TPU host (no chips
+    """The CDI writer's ``VendorEnv`` for TPU drivers; its context of a claim is the pod's
+    ``TpuWorkers`` (``multihost.TpuWorkerResolver``). An inventory without a TPU host (no chips
     found) gets no environment."""
 
     def device_env(
@@ -152,7 +154,7 @@ class TpuEnv:
         inventory: DiscoveredInventory,
         node_name: str | None,
         config: DriverConfig | None,
-        workers: TpuWorkers | None,
+        context: TpuWorkers | None,
     ) -> tuple[str, ...]:
         if inventory.tpu_host is None:
             return ()
@@ -163,5 +165,5 @@ class TpuEnv:
             node_name=node_name,
             # Prepare passes the claim's tpu.google.com TpuConfig, the one that shapes these.
             config=config if isinstance(config, TpuConfig) else None,
-            workers=workers,
+            workers=context,
         )

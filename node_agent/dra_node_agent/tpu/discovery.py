@@ -18,6 +18,7 @@ import uuid as uuidlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 from dra_api.names import STANDARD_ATTRIBUTE_DOMAIN, TPU_DRIVER
 from dra_node_agent.devices import (
@@ -186,6 +187,9 @@ class TpuBackend:
     `node_name` seeds the chip UUIDs so different nodes publish different ones.
     """
 
+    # The record that builds the rest of what this vendor brings (``tpu.record``).
+    vendor: Final = "tpu"
+
     def __init__(
         self,
         *,
@@ -214,6 +218,14 @@ class TpuBackend:
     @property
     def driver(self) -> str:
         return self._driver
+
+    @property
+    def sysfs_root(self) -> Path:
+        return self._sysfs_root
+
+    @property
+    def dev_root(self) -> Path:
+        return self._dev_root
 
     async def discover(self) -> DiscoveredInventory:
         return await asyncio.to_thread(self.discover_sync)

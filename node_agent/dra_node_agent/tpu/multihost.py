@@ -5,8 +5,8 @@ the slice do not fit together.
 (a single-host slice keeps ``TPU_WORKER_ID=0``/``localhost``) whose TpuConfig does not set both
 worker fields already. It GETs the claim's pod and, for a pod of an Indexed Job (a JobSet's child
 Jobs are Indexed Jobs), the Job, and returns ``TpuWorkers`` from them (``tpu.workers``). The reads
-use the agent's own client (kubernetes_asyncio, non-blocking); RBAC: ``get`` on pods and jobs, which
-only the TPU install grants (its ``accel-dra-node-agent-tpu-workloads`` role).
+use the agent's own client (kubernetes_asyncio, non-blocking, in ``tpu.workload_api``); RBAC: ``get``
+on pods and jobs, which only the TPU install grants (its ``accel-dra-node-agent-tpu-workloads`` role).
 
 What prepare does with the outcome:
 - a pod that is not in an Indexed Job: the host's own identity (tpu-env WORKER_ID), as before;
@@ -29,20 +29,15 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, Protocol
 
-import aiohttp
-from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
-
 from dra_api.aiotasks import BackgroundTasks
-from dra_api.names import RESOURCE_GROUP
 from dra_node_agent.claim_messages import ClaimMessageLimiter
 from dra_node_agent.claim_reader import ClaimAllocation, describe
-from dra_node_agent.devices import TpuHostInfo, TpuWorkers
-from dra_node_agent.health.events import event_body
-from dra_node_agent.opaqueconfig import TpuConfig
+from dra_node_agent.devices import DiscoveredDevice, DiscoveredInventory, TpuHostInfo
+from dra_node_agent.opaqueconfig import DriverConfig, TpuConfig
 from dra_node_agent.tpu.workers import (
     PublishedHost,
     SliceWorkload,
+    TpuWorkers,
     WorkloadError,
     job_of_pod,
     published_hosts,
@@ -71,74 +66,6 @@ class PodEventSink(Protocol):
     async def record(self, *, workload: SliceWorkload, type: str, reason: str, message: str) -> None: ...
 
 
-class KubeWorkloads:
-    """``WorkloadSource`` over the API server."""
-
-    def __init__(self, *, api: client.ApiClient, api_version: str) -> None:
-        self._api = api
-        self._core = client.CoreV1Api(api)
-        self._custom = client.CustomObjectsApi(api)
-        self._api_version = api_version
-
-    async def pod(self, namespace: str, name: str) -> Mapping[str, Any]:
-        obj = await self._read(f"pod {namespace}/{name}", self._core.read_namespaced_pod(name, namespace))
-        result: dict[str, Any] = self._api.sanitize_for_serialization(obj)
-        return result
-
-    async def job(self, namespace: str, name: str) -> Mapping[str, Any]:
-        read = self._custom.get_namespaced_custom_object("batch", "v1", namespace, "jobs", name)
-        return dict(await self._read(f"Job {namespace}/{name}", read))
-
-    async def resource_slices(self, driver: str) -> list[Mapping[str, Any]]:
-        listing = self._custom.list_cluster_custom_object(
-            RESOURCE_GROUP, self._api_version, "resourceslices", field_selector=f"spec.driver={driver}"
-        )
-        body = await self._read(f"ResourceSlices of {driver}", listing)
-        return list(body.get("items") or [])
-
-    @staticmethod
-    async def _read(what: str, call: Any) -> Any:
-        try:
-            return await call
-        except ApiException as exc:
-            raise WorkloadError(f"reading {what} failed: {exc.status} {exc.reason}") from exc
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise WorkloadError(f"reading {what} failed: {exc!r}") from exc
-
-
-class PodEvents:
-    """Writes core/v1 Events about pods (``kubectl describe pod`` shows them); logs failures."""
-
-    def __init__(self, *, api: client.ApiClient, node_name: str, component: str) -> None:
-        self._core = client.CoreV1Api(api)
-        self._node_name = node_name
-        self._component = component
-        self.written = 0
-
-    async def record(self, *, workload: SliceWorkload, type: str, reason: str, message: str) -> None:
-        involved = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "namespace": workload.namespace,
-            "name": workload.pod,
-            "uid": workload.pod_uid,
-        }
-        body = event_body(
-            involved=involved,
-            namespace=workload.namespace,
-            type=type,
-            reason=reason,
-            message=message,
-            component=self._component,
-            host=self._node_name,
-        )
-        try:
-            await self._core.create_namespaced_event(workload.namespace, body)
-            self.written += 1
-        except Exception as exc:  # an Event is best effort; prepare has answered already
-            logger.warning("cannot record %s Event %s on pod %s: %s", type, reason, workload.pod, exc)
-
-
 class TpuWorkerResolver:
     """Worker identity for the claims of one TPU driver on this node (see the module docstring)."""
 
@@ -154,12 +81,19 @@ class TpuWorkerResolver:
         self._checks = BackgroundTasks()
 
     async def resolve(
-        self, *, allocation: ClaimAllocation, host: TpuHostInfo, chips: int, config: TpuConfig | None
+        self,
+        *,
+        allocation: ClaimAllocation,
+        inventory: DiscoveredInventory,
+        devices: Sequence[DiscoveredDevice],
+        config: DriverConfig | None,
     ) -> TpuWorkers | None:
-        """The pod's worker identity, or None where the host's own applies (see the module docstring)."""
-        if host.single_host or chips != host.chips_on_host:
+        """The pod's worker identity, or None where the host's own applies (see the module docstring):
+        the TPU's ``claim_context.ClaimContextSource``."""
+        host = inventory.tpu_host
+        if host is None or host.single_host or len(devices) != host.chips_on_host:
             return None
-        if config is not None and config.worker_id is not None and config.worker_hostnames:
+        if isinstance(config, TpuConfig) and config.worker_id is not None and config.worker_hostnames:
             return None  # an explicit TpuConfig sets both: nothing to derive
         where = describe(allocation.ref)
         if len(allocation.pods) != 1:

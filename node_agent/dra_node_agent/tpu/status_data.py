@@ -7,9 +7,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dra_node_agent.devices import DiscoveredDevice, DiscoveredInventory, TpuWorkers
+from dra_node_agent.devices import DiscoveredDevice, DiscoveredInventory
 from dra_node_agent.opaqueconfig import DriverConfig, TpuConfig
 from dra_node_agent.tpu.container_env import multihost_worker
+from dra_node_agent.tpu.workers import TpuWorkers
 
 
 class TpuStatusData:
@@ -25,7 +26,7 @@ class TpuStatusData:
         *,
         inventory: DiscoveredInventory,
         config: DriverConfig | None,
-        workers: TpuWorkers | None,
+        context: TpuWorkers | None,
     ) -> Mapping[str, Any]:
         host = inventory.tpu_host
         if host is None:
@@ -34,7 +35,7 @@ class TpuStatusData:
             host=host,
             chips=len(devices),
             config=config if isinstance(config, TpuConfig) else None,
-            workers=workers,
+            workers=context,
         )
         if identity is None:
             return {}

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from dra_node_agent.claim_reader import ClaimError
-from dra_node_agent.devices import TpuHostInfo, TpuWorkers
+from dra_node_agent.devices import TpuHostInfo
 
 COMPLETION_INDEX: Final = "batch.kubernetes.io/job-completion-index"
 JOB_NAME_LABELS: Final = ("batch.kubernetes.io/job-name", "job-name")
@@ -46,6 +46,17 @@ WORKER_HOSTNAMES_VAR: Final = "TPU_WORKER_HOSTNAMES"
 
 class WorkloadError(ClaimError):
     """The pod's Job cannot give it a correct worker identity; prepare fails (the kubelet retries)."""
+
+
+@dataclass(frozen=True)
+class TpuWorkers:
+    """The multi-host identity of one container: its worker index and every worker's hostname, in
+    index order (TPU_WORKER_ID, TPU_WORKER_HOSTNAMES); derived at prepare from the pod's Job. It is
+    the TPU's context of a claim (``claim_context``): prepare hands it, unread, to ``TpuEnv`` and
+    ``TpuStatusData``."""
+
+    worker_id: int
+    hostnames: tuple[str, ...]
 
 
 @dataclass(frozen=True)

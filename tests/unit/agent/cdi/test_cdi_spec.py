@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from dra_node_agent.cdi import CdiWriter, build_claim_spec, minimum_cdi_version
-from dra_node_agent.devices import DiscoveredInventory, TpuHostInfo, TpuWorkers
+from dra_node_agent.devices import DiscoveredInventory, TpuHostInfo
 from dra_node_agent.nvidia.container_env import NvidiaEnv
 from dra_node_agent.nvidia.discovery import NvmlBackend
 from dra_node_agent.opaqueconfig import TpuConfig
@@ -21,6 +21,7 @@ from dra_node_agent.simulated.discovery import SimulatedBackend
 from dra_node_agent.simulated.fakehw import FakeGpu, FakeNvml
 from dra_node_agent.tpu.container_env import TpuEnv, multihost_worker, tpu_claim_env
 from dra_node_agent.tpu.discovery import TpuBackend
+from dra_node_agent.tpu.workers import TpuWorkers
 
 SYSFS = Path(__file__).parents[3] / "fixtures" / "sysfs"
 UID = "5f0c2e5a-8d8c-4c8e-9d55-1a2b3c4d5e6f"

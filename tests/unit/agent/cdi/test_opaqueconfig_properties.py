@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dra_node_agent.cdi import MAX_ENV_ENTRY_BYTES, SpecTooLarge, build_claim_spec
-from dra_node_agent.devices import DiscoveredDevice, DiscoveredInventory, TpuHostInfo, TpuWorkers, string_attr
+from dra_node_agent.devices import DiscoveredDevice, DiscoveredInventory, TpuHostInfo, string_attr
 from dra_node_agent.opaqueconfig import (
     MAX_CONFIG_BYTES_PER_CLAIM,
     MAX_CONFIGS_PER_CLAIM,
@@ -27,6 +27,7 @@ from dra_node_agent.opaqueconfig import (
     TpuConfig,
 )
 from dra_node_agent.tpu.container_env import TpuEnv, tpu_claim_env
+from dra_node_agent.tpu.workers import TpuWorkers
 
 GPU = "gpu.nvidia.com"
 TPU = "tpu.google.com"
@@ -248,6 +249,6 @@ def test_an_environment_entry_too_long_for_linux_fails_the_spec() -> None:
             claim_uid="0a1b2c3d-0000-4000-8000-000000000001",
             devices=[chip],
             inventory=inventory,
-            workers=TpuWorkers(worker_id=0, hostnames=names),
+            context=TpuWorkers(worker_id=0, hostnames=names),
             vendor_env=TpuEnv(),
         )

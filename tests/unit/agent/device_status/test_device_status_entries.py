@@ -10,10 +10,11 @@ from dra_node_agent.checkpoint import CheckpointedDevice
 from dra_node_agent.device_status.conditions import MAX_CONDITIONS, Readiness, readiness, ready_condition
 from dra_node_agent.device_status.data import MAX_DATA_BYTES, bounded, claim_device_data
 from dra_node_agent.device_status.entries import DesiredEntry, EntryKey, allocated_keys, merged_entries
-from dra_node_agent.devices import DiscoveredDevice, DiscoveredInventory, TpuHostInfo, TpuWorkers, int_attr
+from dra_node_agent.devices import DiscoveredDevice, DiscoveredInventory, TpuHostInfo, int_attr
 from dra_node_agent.health.state import DeviceHealthState, Observation, ProblemKind
 from dra_node_agent.opaqueconfig import TpuConfig
 from dra_node_agent.tpu.status_data import TpuStatusData
+from dra_node_agent.tpu.workers import TpuWorkers
 from tests.unit.agent.device_status.fakeserver import GPU, NODE, OTHER, claim
 
 NOW = "2026-11-26T17:00:00Z"
@@ -179,7 +180,7 @@ def test_tpu_data_has_the_chip_index_and_on_a_multi_host_slice_the_worker_identi
         devices=chips,
         inventory=inventory,
         vendor=TpuStatusData(),
-        workers=TpuWorkers(worker_id=1, hostnames=("w-0.s", "w-1.s")),
+        context=TpuWorkers(worker_id=1, hostnames=("w-0.s", "w-1.s")),
     )
     assert (derived["accel0"]["workerId"], derived["accel0"]["workerHostnames"]) == (1, ["w-0.s", "w-1.s"])
     configured = claim_device_data(

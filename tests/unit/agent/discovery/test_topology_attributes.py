@@ -12,11 +12,13 @@ import pytest
 from dra_node_agent import prepare_tools
 from dra_node_agent.cdi import build_claim_spec
 from dra_node_agent.devices import check_inventory
-from dra_node_agent.discovery.detect import DiscoveryConfig, select_backends
+from dra_node_agent.discovery.detect import select_backends
+from dra_node_agent.discovery_config import DiscoveryConfig
 from dra_node_agent.driver_health import probe_for
 from dra_node_agent.nvidia.discovery import NvmlBackend
 from dra_node_agent.simulated.discovery import ProfileError, SimulatedBackend, load_profile, parse_profile
-from dra_node_agent.simulated.fakehw import FakeGpu, FakeNvml, FakePciFunction, write_pci_tree
+from dra_node_agent.simulated.fakehw import FakeGpu, FakeNvml
+from dra_node_agent.simulated.faketree import FakePciFunction, write_pci_tree
 from dra_node_agent.simulated.nic import NIC_DRIVER
 
 ROOT = "resource.kubernetes.io/pcieRoot"

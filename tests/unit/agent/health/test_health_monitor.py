@@ -15,7 +15,7 @@ from dra_node_agent.health.monitor import HealthMonitor, HealthSettings, republi
 from dra_node_agent.health.state import State
 from dra_node_agent.health.taints import TaintEffect, rfc3339
 from dra_node_agent.nvidia.health_probe import NvmlHealthProbe
-from dra_node_agent.simulated.fakehw import FakePciFunction, write_pci_tree
+from dra_node_agent.simulated.faketree import FakePciFunction, write_pci_tree
 from dra_node_agent.simulated.health_probe import FakeNvmlHealth
 from dra_node_agent.tpu.discovery import TpuBackend
 from dra_node_agent.tpu.health_probe import TpuHealthProbe

@@ -11,16 +11,10 @@ import pynvml
 import pytest
 
 from dra_node_agent.devices import check_inventory
-from dra_node_agent.nvidia.discovery import NvmlBackend, find_nvml_library, mig_profile_name
-from dra_node_agent.simulated.fakehw import (
-    FakeGpu,
-    FakeMig,
-    FakeMigProfile,
-    FakeNvml,
-    FakePciFunction,
-    write_nvidia_nodes,
-    write_pci_tree,
-)
+from dra_node_agent.nvidia.discovery import NvmlBackend, find_nvml_library
+from dra_node_agent.nvidia.mig_discovery import mig_profile_name
+from dra_node_agent.simulated.fakehw import FakeGpu, FakeMig, FakeMigProfile, FakeNvml, write_nvidia_nodes
+from dra_node_agent.simulated.faketree import FakePciFunction, write_pci_tree
 
 H100_MEMORY = 81559 << 20
 A100_MEMORY = 40960 << 20

@@ -22,8 +22,9 @@ from pathlib import Path
 
 import pytest
 
+from dra_node_agent.device_setup import MpsOptions
 from dra_node_agent.devices import Attribute, DiscoveredDevice
-from dra_node_agent.nvidia.mps import MpsDaemons, MpsError, MpsLimits, MpsOptions, resolve_limits
+from dra_node_agent.nvidia.mps import MpsDaemons, MpsError, MpsLimits, resolve_limits
 from dra_node_agent.opaqueconfig import MpsConfig
 from dra_node_agent.simulated.host_tools import install_simulated_mps_control
 from tests import mps_cgroup

@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from dra_node_agent.devices import MAX_ATTRIBUTES_AND_CAPACITIES, check_inventory
-from dra_node_agent.discovery.detect import DiscoveryConfig, select_backends
+from dra_node_agent.discovery.detect import select_backends
+from dra_node_agent.discovery_config import DiscoveryConfig
 from dra_node_agent.nvidia.discovery import NvmlBackend
 from dra_node_agent.simulated.discovery import (
     ProfileError,

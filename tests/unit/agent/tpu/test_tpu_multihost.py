@@ -217,7 +217,7 @@ async def make_host(tmp_path: Path, *, profile: str, node: str, env_file: Path |
         state_dir=tmp_path / node / "state",
         cdi_dir=tmp_path / node / "cdi",
         proc_root=tmp_path / node / "proc",
-        tpu_workers=resolver,
+        claim_context=resolver,
         vendor_env=TpuEnv(),
     )
     await handler.start()

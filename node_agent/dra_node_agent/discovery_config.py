@@ -1,0 +1,66 @@
+"""What the agent's settings decide about discovery, as every vendor's record reads it.
+
+Each vendor's record (``vendor_record``) builds its discovery backends from a ``DiscoveryConfig``;
+``discovery.detect`` asks every record which of them run on this node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+from dra_api.names import GPU_DRIVER, TPU_DRIVER
+
+AUTO: Final = "auto"
+BACKEND_CHOICES: Final = (AUTO, "nvidia", "tpu")
+
+
+@dataclass(frozen=True)
+class DiscoveryConfig:
+    """What the agent's Settings decide about discovery.
+
+    node_name: this node; seeds simulated and TPU UUIDs.
+    backends: "auto" (detect), or any of "nvidia", "tpu" to force them on.
+    simulated_profiles: profile names or paths; when set, only simulated backends run (at most one
+        per driver: GPU, TPU, and the simulated NIC driver a `nic:` profile names).
+    gpu_driver / tpu_driver: the driver names devices are published under.
+    driver_root: where the NVIDIA driver's files live (/run/nvidia/driver for a containerised driver).
+    host_driver_root: the same as the container runtime sees it (the host side of CDI driver mounts).
+    cdi_hook_path: the host's nvidia-cdi-hook, for NVIDIA's hooks in GPU specs; None for none.
+    dev_root / sysfs_root / proc_root: the host's /dev, /sys and /proc as the agent sees them.
+    host_dev_dir: the host's /dev as the container runtime sees it (device paths in CDI specs).
+    tpu_topology: the TPU slice topology when the host does not say (e.g. "4x4x4" for a multi-host slice).
+    tpu_env_path: the Cloud TPU `tpu-env` file (simulated TPU hosts read it too); None to ignore.
+    simulation_dir: where simulated fake trees are written (a temporary directory if None).
+    dynamic_mig: MIG-enabled GPUs publish their placements, instances made at prepare.
+    """
+
+    node_name: str
+    backends: tuple[str, ...] = (AUTO,)
+    simulated_profiles: tuple[str, ...] = ()
+    gpu_driver: str = GPU_DRIVER
+    tpu_driver: str = TPU_DRIVER
+    driver_root: str = "/"
+    host_driver_root: str = "/"
+    cdi_hook_path: str | None = None
+    dev_root: str = "/dev"
+    dynamic_mig: bool = False
+    sysfs_root: str = "/sys"
+    proc_root: str = "/proc"
+    host_dev_dir: str = "/dev"
+    tpu_topology: str | None = None
+    tpu_env_path: str | None = "/etc/tpu/tpu-env"
+    simulation_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        unknown = [b for b in self.backends if b not in BACKEND_CHOICES]
+        if unknown:
+            raise ValueError(
+                f"discovery backends: unknown backend {unknown[0]!r} (choose from {BACKEND_CHOICES})"
+            )
+
+    def selects(self, backend: str, *, detected: Callable[[], bool]) -> bool:
+        """Whether ``backend`` ("nvidia", "tpu") runs here: forced on by name, or with "auto" when
+        ``detected()`` finds its hardware (blocking; called only then)."""
+        return backend in self.backends or (AUTO in self.backends and detected())
