@@ -111,7 +111,7 @@ class ClaimReconciler:
             after_s=settings.scheduler_reserve_after_s,
             ended=lambda outcome: metrics.reservations.labels(outcome).inc(),
         )
-        writer = ClaimStatusWriter(api=api, model=model, on_claim_event=self.on_claim_event)
+        writer = ClaimStatusWriter(api=api, model=model, on_claim_event=self.took_own_write)
         self.writer = writer
         self.index_check = PlacerIndexCheck(
             model=model, placer=placer, metrics=metrics, events=self.events, api=api
@@ -127,7 +127,7 @@ class ClaimReconciler:
             waits=self.waits,
             reservations=self.reservations,
             index_check=self.index_check,
-            on_claim_event=self.on_claim_event,
+            on_claim_event=self.took_own_write,
             clock=clock,
             compiler=compiler,
             mark_later=lambda delay, key: self.queue.mark_later(delay, key),
@@ -168,6 +168,16 @@ class ClaimReconciler:
         self.queue.mark(key)
 
     def on_claim_event(self, obj: Mapping[str, Any], *, deleted: bool) -> None:
+        """A claim as a watch or a listing brings it: into the model, and queued for a look."""
+        self._take(obj, deleted=deleted, requeue=True)
+
+    def took_own_write(self, obj: Mapping[str, Any], *, deleted: bool) -> None:
+        """A claim as the server answered one of our own writes: into the model (so that it never
+        lags what we wrote), but not queued again: the task that wrote it has done its look, and
+        the watch's copy of the same version is then not news."""
+        self._take(obj, deleted=deleted, requeue=False)
+
+    def _take(self, obj: Mapping[str, Any], *, deleted: bool, requeue: bool) -> None:
         key = claim_key_of(obj)
         before = self.model.claims.get(key)
         held_before = before is not None and before.status.allocation is not None
@@ -198,7 +208,8 @@ class ClaimReconciler:
             if held_before and result.status.allocation is None:
                 self.waits.parked_helped()
                 self.retry_failing()  # devices were freed
-        self.mark(key)
+        if requeue:
+            self.mark(key)
         self.waits.recheck()
         self._verify_after_event()
 
