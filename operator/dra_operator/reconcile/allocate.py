@@ -20,7 +20,6 @@ import logging
 import re
 from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
 
 from dra_api.model import ResourceClaim
 from dra_api.names import OPERATOR_FINALIZER
@@ -32,6 +31,7 @@ from dra_operator.metrics import Metrics
 from dra_operator.placement import Outcome, OutOfBudget, Placement, Placer, Unallocatable
 from dra_operator.planner import SPREAD, truncate
 from dra_operator.reconcile.backoff import SearchBackoff
+from dra_operator.reconcile.book import ClaimBook, Failure
 from dra_operator.reconcile.claimchecks import validate_claim
 from dra_operator.reconcile.contention import Crowded, SchedulerDemand
 from dra_operator.reconcile.placerindex import PlacerIndexCheck
@@ -87,12 +87,6 @@ class DevicesTaken(Exception):
         super().__init__(", ".join(f"{'/'.join(d)} (held by {k})" for d, k in sorted(self.taken.items())))
 
 
-@dataclass
-class Failure:
-    reason: str
-    message: str
-
-
 class ClaimAllocator:
     def __init__(
         self,
@@ -110,7 +104,7 @@ class ClaimAllocator:
         on_claim_event: ClaimInput,
         clock: Callable[[], float],
         compiler: Callable[[str], object] | None,
-        searches: SearchBackoff | None = None,
+        book: ClaimBook | None = None,
         mark_later: Callable[[float, ClaimKey], None] | None = None,
         slot_released: Callable[[], AbstractAsyncContextManager[None]] | None = None,
     ) -> None:
@@ -127,15 +121,18 @@ class ClaimAllocator:
         self.on_claim_event = on_claim_event
         self.clock = clock
         self.compiler = compiler
-        self.searches = searches or SearchBackoff(
-            base=settings.allocation_search_backoff_s, cap=settings.allocation_search_backoff_max_s
+        book = book if book is not None else ClaimBook()
+        self.searches = SearchBackoff(
+            base=settings.allocation_search_backoff_s,
+            cap=settings.allocation_search_backoff_max_s,
+            searches=book.searches,
         )
         self.mark_later = mark_later or (lambda delay, key: None)
         # While a claim's search runs in a worker thread its task gives its write slot up, so that
         # hard claims waiting there do not hold back the writes of the others.
         self.slot_released = slot_released or contextlib.nullcontext
-        # Claims that cannot be allocated now, with what they were last told (said once).
-        self.failing: dict[ClaimKey, Failure] = {}
+        # The claim book's claims that cannot be allocated now, with what they were last told.
+        self.failing: dict[ClaimKey, Failure] = book.failures
         self._class_reports: dict[str, tuple[str, int, str]] = {}
         self._known_drivers: tuple[int, frozenset[str]] = (-1, frozenset())
 

@@ -54,6 +54,7 @@ from dra_operator.metrics import Metrics
 from dra_operator.placement import Outcome, Placer
 from dra_operator.reconcile.allocate import ClaimAllocator, DevicesTaken
 from dra_operator.reconcile.backoff import Backoff
+from dra_operator.reconcile.book import ClaimBook
 from dra_operator.reconcile.ownership import allocated_by_us, is_ours
 from dra_operator.reconcile.placerindex import PlacerIndexCheck
 from dra_operator.reconcile.release import ClaimReleaser
@@ -101,15 +102,20 @@ class ClaimReconciler:
         # await, and the event loop runs one task at a time.
         self._writes = asyncio.Semaphore(settings.max_concurrent_writes)
         self._tasks = BackgroundTasks()
-        self.backoff = Backoff()
+        # What the operator keeps about each claim beyond the model: its parts below keep theirs here.
+        self.book = ClaimBook()
+        self.backoff = Backoff(failures=self.book.retries)
         self._log_throttle = LogThrottle()
-        self.waits = SchedulerWaits(model=model, settings=settings, classes=self.classes, queue=self.queue)
+        self.waits = SchedulerWaits(
+            model=model, settings=settings, classes=self.classes, queue=self.queue, book=self.book
+        )
         self.reservations = NodeReservations(
             api=api,
             model=model,
             queue=self.queue,
             after_s=settings.scheduler_reserve_after_s,
             ended=lambda outcome: metrics.reservations.labels(outcome).inc(),
+            book=self.book,
         )
         writer = ClaimStatusWriter(api=api, model=model, on_claim_event=self.took_own_write)
         self.writer = writer
@@ -132,6 +138,7 @@ class ClaimReconciler:
             compiler=compiler,
             mark_later=lambda delay, key: self.queue.mark_later(delay, key),
             slot_released=self._slot_released,
+            book=self.book,
         )
         self.releaser = ClaimReleaser(
             model=model,
@@ -141,6 +148,7 @@ class ClaimReconciler:
             writer=writer,
             queue=self.queue,
             refetch=self._refetch,
+            book=self.book,
         )
         self.relister = Relister(model=model, api=api, metrics=metrics, inputs=self)
         self.synced = self.relister.synced
@@ -154,11 +162,11 @@ class ClaimReconciler:
 
     def failing(self) -> frozenset[object]:
         """Claims that cannot be allocated now (waiting for kube-scheduler is not failing)."""
-        return frozenset(k for k in self.allocator.failing if k not in self.waits.waiting)
+        return frozenset(k for k in self.book.failures if k not in self.book.waiting)
 
     def waiting(self) -> frozenset[object]:
         """Claims giving way to kube-scheduler now."""
-        return frozenset(self.waits.waiting)
+        return frozenset(self.book.waiting)
 
     def longest_wait(self) -> float:
         """Seconds the claim that has waited longest for kube-scheduler has waited so far; 0 if none."""
@@ -185,12 +193,8 @@ class ClaimReconciler:
             self.model.remove_claim(
                 key, resource_version=str((obj.get("metadata") or {}).get("resourceVersion", ""))
             )
-            self.allocator.failing.pop(key, None)
-            self.releaser.was_reserved.discard(key)
-            self.waits.forget(key)
-            self.reservations.gone(key)
-            self.backoff.forget(key)
-            self.allocator.searches.forget(key)
+            self.reservations.gone(key)  # its rules deleted, then everything about it forgotten
+            self.book.forget(key)
             if held_before:
                 self.waits.parked_helped()
                 self.retry_failing()
@@ -204,7 +208,7 @@ class ClaimReconciler:
             if result.status.allocation is not None or result.metadata.deletion_timestamp is not None:
                 self.waits.stop(key)
             if result.status.reserved_for:
-                self.releaser.was_reserved.add(key)
+                self.book.reserved_by_pods.add(key)
             if held_before and result.status.allocation is None:
                 self.waits.parked_helped()
                 self.retry_failing()  # devices were freed
@@ -228,7 +232,7 @@ class ClaimReconciler:
             self.index_check.check(found_by="check")
 
     def retry_failing(self) -> None:
-        self.queue.mark_all(list(self.allocator.failing))
+        self.queue.mark_all(list(self.book.failures))
 
     def on_pod_change(self) -> None:
         """A pod changed (created, bound, deleted, ...): what kube-scheduler has yet to place may

@@ -15,6 +15,7 @@ from dra_operator.clustermodel import ClaimKey, ClusterModel
 from dra_operator.events import EventSink
 from dra_operator.kubeapi import Conflict, Gone, KubeApi
 from dra_operator.metrics import Metrics
+from dra_operator.reconcile.book import ClaimBook
 from dra_operator.reconcile.ownership import allocated_by_us, generated_from_template
 from dra_operator.reconcile.status import ClaimStatusWriter, describe_allocation, involved
 from dra_operator.reconcile.workqueue import ClaimQueue
@@ -35,6 +36,7 @@ class ClaimReleaser:
         writer: ClaimStatusWriter,
         queue: ClaimQueue,
         refetch: Callable[[ClaimKey], Awaitable[None]],
+        book: ClaimBook | None = None,
     ) -> None:
         self.model = model
         self.api = api
@@ -43,9 +45,9 @@ class ClaimReleaser:
         self.writer = writer
         self.queue = queue
         self.refetch = refetch
-        # Claims a pod has reserved: a template claim among them is deallocated when no pod
-        # reserves it any more (a claim never reserved is waiting for its first pod).
-        self.was_reserved: set[ClaimKey] = set()
+        # The claim book's claims a pod has reserved: a template claim among them is deallocated
+        # when no pod reserves it any more (a claim never reserved is waiting for its first pod).
+        self.was_reserved: set[ClaimKey] = (book if book is not None else ClaimBook()).reserved_by_pods
 
     async def _deallocate(self, claim: ResourceClaim) -> ResourceClaim | None:
         current = await self.writer.clear_allocation(claim)
