@@ -17,7 +17,6 @@ import dataclasses
 import datetime
 import functools
 import logging
-import re
 from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 
@@ -31,7 +30,7 @@ from dra_operator.metrics import Metrics
 from dra_operator.placement import Outcome, OutOfBudget, Placement, Placer, Unallocatable
 from dra_operator.planner import SPREAD, truncate
 from dra_operator.reconcile.backoff import SearchBackoff
-from dra_operator.reconcile.book import ClaimBook, Failure
+from dra_operator.reconcile.book import ClaimBook
 from dra_operator.reconcile.claimchecks import validate_claim
 from dra_operator.reconcile.contention import Crowded, SchedulerDemand
 from dra_operator.reconcile.placerindex import PlacerIndexCheck
@@ -58,8 +57,6 @@ logger = logging.getLogger(__name__)
 
 RESERVED_REASON = "NodeReserved"
 SEARCH_EXHAUSTED_REASON = "SearchBudgetExhausted"
-
-_CLASS_SELECTOR_ERROR = re.compile(r"class (\S+): selector #(\d+) on device \S+:")
 
 
 def _age_seconds(created: str, *, now: float) -> float | None:
@@ -132,7 +129,7 @@ class ClaimAllocator:
         # hard claims waiting there do not hold back the writes of the others.
         self.slot_released = slot_released or contextlib.nullcontext
         # The claim book's claims that cannot be allocated now, with what they were last told.
-        self.failing: dict[ClaimKey, Failure] = book.failures
+        self.failing: dict[ClaimKey, Unallocatable] = book.failures
         self._class_reports: dict[str, tuple[str, int, str]] = {}
         self._known_drivers: tuple[int, frozenset[str]] = (-1, frozenset())
 
@@ -417,7 +414,7 @@ class ClaimAllocator:
             self.reservations.gone(key)  # it cannot use the node either
         self.metrics.allocation_failures.labels(why.reason).inc()
         previous = self.failing.get(key)
-        self.failing[key] = Failure(why.reason, why.message)
+        self.failing[key] = why
         if (
             previous is not None
             and previous.message == why.message
@@ -441,14 +438,13 @@ class ClaimAllocator:
     async def _report_class_selector(self, why: Unallocatable) -> None:
         """A class selector that fails on devices (the API server only checks that it compiles)
         is the class's problem too: say so on the DeviceClass, once per class and error."""
-        match = _CLASS_SELECTOR_ERROR.match(why.message)
-        if match is None:
+        fault = why.class_selector
+        if fault is None:
             return
-        name, index = match.group(1), int(match.group(2))
+        name, index, error = fault.class_name, fault.index, fault.detail
         cls = self.model.classes.get(name)
         if cls is None or index >= len(cls.selectors):
             return
-        error = why.message[match.end() :].strip()
         signature = (cls.metadata.resource_version, index, error)
         if self._class_reports.get(name) == signature:
             return
@@ -469,7 +465,7 @@ class ClaimAllocator:
     async def report_invalid(self, invalid: InvalidClaim) -> None:
         if invalid.key in self.failing and self.failing[invalid.key].message == invalid.message:
             return
-        self.failing[invalid.key] = Failure("InvalidClaim", invalid.message)
+        self.failing[invalid.key] = Unallocatable(reason="InvalidClaim", message=invalid.message)
         self.metrics.allocation_failures.labels("InvalidClaim").inc()
         self.events.post(
             involved={

@@ -14,17 +14,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from dra_operator.clustermodel import ClaimKey
+from dra_operator.placement import Unallocatable
 
 if TYPE_CHECKING:
     from dra_operator.reconcile.reservation import Reservation
-
-
-@dataclass(slots=True)
-class Failure:
-    """What a claim that cannot be allocated was last told (said once while it stays the same)."""
-
-    reason: str
-    message: str
 
 
 @dataclass(slots=True)
@@ -54,8 +47,9 @@ class Search:
 
 @dataclass(slots=True)
 class ClaimBook:
-    failures: dict[ClaimKey, Failure] = field(default_factory=dict)
-    """Claims that cannot be allocated now, with what they were last told."""
+    failures: dict[ClaimKey, Unallocatable] = field(default_factory=dict)
+    """Claims that cannot be allocated now, with what they were last told (said once while it
+    stays the same): the placement's own answer, kept as it came."""
     retries: dict[ClaimKey, int] = field(default_factory=dict)
     """Attempts in a row that failed (API errors, races): the back-off's exponent."""
     searches: dict[ClaimKey, Search] = field(default_factory=dict)
