@@ -62,6 +62,7 @@ from dra_operator.reconcile.relist import Relister
 from dra_operator.reconcile.reservation import NodeReservations
 from dra_operator.reconcile.schedulerwait import SchedulerWaits
 from dra_operator.reconcile.status import ClaimStatusWriter
+from dra_operator.reconcile.tell import ClaimTeller
 from dra_operator.reconcile.workqueue import ClaimQueue
 from dra_operator.settings import Settings
 
@@ -128,7 +129,6 @@ class ClaimReconciler:
             api=api,
             settings=settings,
             metrics=metrics,
-            events=self.events,
             writer=writer,
             waits=self.waits,
             reservations=self.reservations,
@@ -139,6 +139,20 @@ class ClaimReconciler:
             mark_later=lambda delay, key: self.queue.mark_later(delay, key),
             slot_released=self._slot_released,
             book=self.book,
+        )
+        self.teller = ClaimTeller(
+            model=model,
+            book=self.book,
+            waits=self.waits,
+            reservations=self.reservations,
+            searches=self.allocator.searches,
+            writer=writer,
+            events=self.events,
+            metrics=metrics,
+            settings=settings,
+            api_version=lambda: api.api_version,
+            clock=clock,
+            mark_later=lambda delay, key: self.queue.mark_later(delay, key),
         )
         self.releaser = ClaimReleaser(
             model=model,
@@ -440,7 +454,7 @@ class ClaimReconciler:
     async def reconcile(self, key: ClaimKey) -> None:
         invalid = self.model.invalid_claims.get(key)
         if invalid is not None:
-            await self.allocator.report_invalid(invalid)
+            self.teller.invalid(invalid)
             return
         claim = self.model.claims.get(key)
         if claim is None:
@@ -460,4 +474,6 @@ class ClaimReconciler:
             if ours_by_finalizer:
                 await self.writer.patch_meta(claim, finalizer=False, condition=None)
             return
-        await self.allocator.allocate(claim)
+        outcome = await self.allocator.allocate(claim)
+        if outcome is not None:
+            await self.teller.apply(outcome)
