@@ -461,12 +461,12 @@ class ClaimReconciler:
             return
         ours_by_finalizer = OPERATOR_FINALIZER in claim.metadata.finalizers
         if claim.metadata.deletion_timestamp is not None:
-            if ours_by_finalizer:
-                await self.releaser.release_deleted(claim)
+            if ours_by_finalizer and (released := await self.releaser.release_deleted(claim)):
+                await self.teller.apply(released)
             return
         if claim.status.allocation is not None:
-            if ours_by_finalizer:
-                await self.releaser.maintain_allocated(claim)
+            if ours_by_finalizer and (released := await self.releaser.maintain_allocated(claim)):
+                await self.teller.apply(released)
             return
         if not is_ours(claim, ownership=self.settings.ownership, classes=self.classes):
             self.waits.stop(key)

@@ -82,7 +82,16 @@ class BudgetUsed:
     found: OutOfBudget
 
 
-ClaimOutcome = Allocated | Refused | GivingWay | Reserved | BudgetUsed
+@dataclass(frozen=True, slots=True)
+class Released:
+    """The claim's devices were given back, and why."""
+
+    claim: ResourceClaim
+    allocation: AllocationResult
+    why: str
+
+
+ClaimOutcome = Allocated | Refused | GivingWay | Reserved | BudgetUsed | Released
 
 
 def age_seconds(created: str, *, now: float) -> float | None:
@@ -146,6 +155,9 @@ class ClaimTeller:
                 await self._reserved(outcome)
             case BudgetUsed():
                 await self._budget_used(outcome)
+            case Released(claim=claim, allocation=allocation, why=why):
+                text = describe_allocation(allocation, None).replace("allocated", "released", 1)
+                self._post(claim, type_="Normal", reason="Deallocated", message=f"{text} ({why})")
 
     def _post(self, claim: ResourceClaim, *, type_: str, reason: str, message: str) -> None:
         self.events.post(
