@@ -9,7 +9,6 @@ server then refuses them with 409 Conflict when the object changed since it was 
 from __future__ import annotations
 
 import asyncio
-import datetime
 import json
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
@@ -21,6 +20,7 @@ import aiohttp
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from dra_api import times
 from dra_api.names import MANAGED_BY_VALUE, RESOURCE_GROUP
 
 logger = logging.getLogger(__name__)
@@ -144,7 +144,7 @@ async def _collect(pages: AsyncGenerator[Listing, None]) -> Listing:
 
 
 def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return times.rfc3339()
 
 
 class KubeApi:

@@ -8,12 +8,11 @@ the claim: its condition, an Event, a log line, each once while it stays the sam
 
 from __future__ import annotations
 
-import datetime
-import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from dra_api import times
 from dra_api.model import AllocationResult, ResourceClaim
 from dra_api.names import OPERATOR_FINALIZER
 from dra_operator.clustermodel import ClaimKey, ClusterModel, InvalidClaim
@@ -95,19 +94,9 @@ ClaimOutcome = Allocated | Refused | GivingWay | Reserved | BudgetUsed | Release
 
 
 def age_seconds(created: str, *, now: float) -> float | None:
-    stamp = _stamp_seconds(created)
+    """How old a creationTimestamp is at ``now`` (seconds since the epoch); None if unreadable."""
+    stamp = times.parse(created)
     return None if stamp is None else max(0.0, now - stamp)
-
-
-@functools.lru_cache(maxsize=256)
-def _stamp_seconds(created: str) -> float | None:
-    """Seconds since the epoch of a creationTimestamp. Memoised: strptime is slow, and the claims
-    of a burst were created within a few seconds of each other (stamps have whole seconds)."""
-    try:
-        stamp = datetime.datetime.strptime(created, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
-    except ValueError:
-        return None
-    return stamp.timestamp()
 
 
 class ClaimTeller:
