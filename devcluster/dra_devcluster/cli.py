@@ -16,8 +16,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import NoReturn
 
+from dra_api.oneline import OneLineParser
 from dra_devcluster.binaries import (
     BINARY_NAMES,
     CONTAINERD_VERSION,
@@ -58,10 +58,8 @@ class _UsageError(Exception):
     """A bad argument found after parsing (a folder that cannot be created): one line."""
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        # One line, like every other error of the command (argparse's own adds the usage).
-        self.exit(2, f"{PROG}: {message} (see '{self.prog} --help')\n")
+class _Parser(OneLineParser):
+    program = PROG
 
 
 def _node_count(text: str) -> int:

@@ -13,8 +13,9 @@ import asyncio
 import logging
 import sys
 from collections.abc import Sequence
-from typing import Final, NoReturn
+from typing import Final
 
+from dra_api.oneline import OneLineParser
 from dra_node_agent import lean_imports
 from dra_node_agent import settings as settings_module
 from dra_node_agent.tenant_text import one_line
@@ -42,10 +43,7 @@ resource.k8s.io version this driver speaks. Each error is one line on stderr. An
 cannot be reached is retried, at start-up too, with a warning per attempt."""
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        # One line, like every other error of the command (argparse's own adds the usage).
-        self.exit(2, f"{self.prog}: {message} (see '{self.prog} --help')\n")
+_Parser = OneLineParser
 
 
 def build_parser() -> argparse.ArgumentParser:

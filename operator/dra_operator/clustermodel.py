@@ -8,7 +8,6 @@ free for a moment and could be given to a second claim.
 
 from __future__ import annotations
 
-import datetime
 import logging
 import time
 from collections import defaultdict
@@ -16,6 +15,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
+from dra_api import times
 from dra_api.model import (
     AllocationResult,
     DeviceClass,
@@ -103,12 +103,8 @@ def newer_or_equal(new: str, old: str) -> bool:
 
 
 def parse_time(text: str) -> float | None:
-    """Seconds since the epoch of an RFC 3339 UTC time as the API server writes it; None if not one."""
-    try:
-        stamp = datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
-    except ValueError:
-        return None
-    return stamp.timestamp()
+    """Seconds since the epoch of an RFC 3339 time as the API server writes it; None if not one."""
+    return times.parse(text)
 
 
 ARRIVAL_AGE_S = 10.0

@@ -9,7 +9,6 @@ server then refuses them with 409 Conflict when the object changed since it was 
 from __future__ import annotations
 
 import asyncio
-import datetime
 import json
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
@@ -21,6 +20,7 @@ import aiohttp
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from dra_api.events import event_body
 from dra_api.names import MANAGED_BY_VALUE, RESOURCE_GROUP
 
 logger = logging.getLogger(__name__)
@@ -141,10 +141,6 @@ async def _collect(pages: AsyncGenerator[Listing, None]) -> Listing:
         items.extend(page.items)
         version = page.resource_version
     return Listing(items, version)
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class KubeApi:
@@ -548,23 +544,15 @@ class KubeApi:
 
     async def post_event(self, *, involved: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
         """A core/v1 Event about ``involved`` (apiVersion, kind, name, namespace, uid)."""
-        namespace = str(involved.get("namespace") or "default")
-        now = _now()
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{involved.get('name', 'object')}.", "namespace": namespace},
-            "involvedObject": {k: v for k, v in involved.items() if v},
-            "type": type_,
-            "reason": reason,
-            "message": message[:1024],
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-            "source": {"component": COMPONENT},
-            "reportingComponent": COMPONENT,
-            "reportingInstance": self.instance[:128],
-        }
+        body = event_body(
+            involved=involved,
+            type_=type_,
+            reason=reason,
+            message=message,
+            component=COMPONENT,
+            instance=self.instance,
+        )
+        namespace = body["metadata"]["namespace"]
         # An Event is an explanation, not state: losing one must not fail the reconcile.
         try:
             # The reply is not turned into a V1Event (its timestamps go through dateutil): at one

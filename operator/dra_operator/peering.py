@@ -34,6 +34,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from dra_api import times
 from dra_api.names import PROJECT_DOMAIN
 from dra_operator.kubeapi import Expired, KubeApi, WatchInactive, error_text
 
@@ -59,13 +60,7 @@ class PeeringTimes:
 
 def parse_time(text: str) -> float | None:
     """A Kopf ``lastseen`` (ISO 8601, with or without a zone) as a Unix time; None if unreadable."""
-    try:
-        parsed = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=datetime.UTC)
-    return parsed.timestamp()
+    return times.parse(text)
 
 
 def _live_peers(peers: Mapping[str, Any], *, identity: str, now: float) -> list[tuple[int, float]]:

@@ -25,6 +25,15 @@ class Placement:
 
 
 @dataclass(frozen=True, slots=True)
+class ClassSelectorFault:
+    """A DeviceClass's selector that fails on devices: the class's problem, not only the claim's."""
+
+    class_name: str
+    index: int
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
 class Unallocatable:
     """Why the claims cannot be allocated now. ``reason`` is a short CamelCase word for Events and
     metrics; ``message`` says what to change."""
@@ -33,6 +42,8 @@ class Unallocatable:
     message: str
     spent_s: float | None = None
     """What the placement cost (CPU seconds), when it was searched in a worker thread."""
+    class_selector: ClassSelectorFault | None = None
+    """The class selector that failed, when that is why."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,9 +15,10 @@ import os
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import Any
 
 from dra_api.names import GPU_CLASS, GPU_DRIVER, MIG_CLASS, TPU_CLASS, TPU_DRIVER
+from dra_api.oneline import OneLineParser
 
 ENV_PREFIX = "DRA_OPERATOR_"
 
@@ -438,10 +439,8 @@ a metrics port that cannot be bound. Each error is one line on stderr. Once runn
 retries an API server that goes away instead of exiting."""
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        # One line, like every other error of the command (argparse's own adds the usage).
-        raise ValueError(f"{message} (see '{self.prog} --help')")
+class _Parser(OneLineParser):
+    error_class = ValueError
 
 
 def parse(argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> Settings:

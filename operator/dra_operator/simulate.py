@@ -16,7 +16,7 @@ import json
 import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NoReturn, TextIO
+from typing import Any, TextIO
 
 import yaml
 
@@ -29,6 +29,7 @@ from dra_api.model import (
     ResourceClaim,
     ResourceSlice,
 )
+from dra_api.oneline import OneLineParser
 from dra_operator.allocator import FeatureGates
 from dra_operator.cel import CelCompileError, WorkBudget, compile_selector
 from dra_operator.planner import (
@@ -51,9 +52,8 @@ class InputError(Exception):
     """Bad input or flags: one line for stderr."""
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise InputError(f"{message} (see '{PROG} --help')")
+class _Parser(OneLineParser):
+    error_class = InputError
 
 
 def build_parser() -> argparse.ArgumentParser:

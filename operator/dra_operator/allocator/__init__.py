@@ -52,7 +52,12 @@ from dra_operator.allocator.allocator import (
     evaluate_selector,
 )
 from dra_operator.allocator.constraints import constraint_text
-from dra_operator.allocator.errors import AllocationError, AllocationTimeout, FailedAllocationOnNode
+from dra_operator.allocator.errors import (
+    AllocationError,
+    AllocationTimeout,
+    FailedAllocationOnNode,
+    SelectorFailed,
+)
 from dra_operator.allocator.feasibility import Shortfall
 from dra_operator.allocator.gates import GATE_FIELDS, FeatureGates, KubernetesGates
 from dra_operator.allocator.pools import DeviceEntry, Pool, PoolID, SliceEntry, SliceIndex
@@ -80,6 +85,7 @@ __all__ = [
     "Pool",
     "PoolID",
     "RequestFunnel",
+    "SelectorFailed",
     "SharedDeviceID",
     "Shortfall",
     "SliceEntry",

@@ -41,7 +41,12 @@ from dra_operator.allocator.constraints import (
     constraint_text,
     lookup_attribute,
 )
-from dra_operator.allocator.errors import AllocationError, AllocationTimeout, FailedAllocationOnNode
+from dra_operator.allocator.errors import (
+    AllocationError,
+    AllocationTimeout,
+    FailedAllocationOnNode,
+    SelectorFailed,
+)
 from dra_operator.allocator.feasibility import DistinctValues, Need, SameValue, Shortfall, shortfall
 from dra_operator.allocator.gates import FeatureGates
 from dra_operator.allocator.pools import DeviceEntry, Pool, PoolID, SliceEntry, SliceIndex
@@ -236,8 +241,11 @@ def _short_counters(
     ]
 
 
-def evaluate_selector(*, prefix: str, index: int, expression: str | None, entry: DeviceEntry) -> bool:
-    """Evaluate one selector on a device; errors are fatal, worded as upstream's."""
+def evaluate_selector(
+    *, prefix: str, index: int, expression: str | None, entry: DeviceEntry, class_name: str | None = None
+) -> bool:
+    """Evaluate one selector on a device; errors are fatal, worded as upstream's (those on the
+    device are :class:`SelectorFailed`, naming ``class_name`` for a class's selector)."""
     if expression is None:
         raise AllocationError(
             f"{prefix}: selector #{index}: CEL expression empty (unsupported selector type?)"
@@ -248,13 +256,19 @@ def evaluate_selector(*, prefix: str, index: int, expression: str | None, entry:
         raise AllocationError(f"{prefix}: selector #{index}: CEL compile error: {exc}") from exc
     where = f"{prefix}: selector #{index} on device {device_id_text(entry.id)}: CEL runtime error"
     if entry.unsupported_attribute is not None:
-        raise AllocationError(
-            f"{where}: attribute {entry.unsupported_attribute}: unsupported attribute value"
+        detail = f"CEL runtime error: attribute {entry.unsupported_attribute}: unsupported attribute value"
+        raise SelectorFailed(
+            f"{where}: {detail[len('CEL runtime error: ') :]}",
+            class_name=class_name,
+            index=index,
+            detail=detail,
         )
     try:
         return bool(compiled.matches(entry.cel_input))
     except CelRuntimeError as exc:
-        raise AllocationError(f"{where}: {exc}") from exc
+        raise SelectorFailed(
+            f"{where}: {exc}", class_name=class_name, index=index, detail=f"CEL runtime error: {exc}"
+        ) from exc
 
 
 def class_matches(device_class: DeviceClass, entry: DeviceEntry) -> bool:
@@ -268,7 +282,11 @@ def class_matches(device_class: DeviceClass, entry: DeviceEntry) -> bool:
         found = True
         for i, selector in enumerate(device_class.selectors):
             if not evaluate_selector(
-                prefix=f"class {device_class.name}", index=i, expression=selector.cel, entry=entry
+                prefix=f"class {device_class.name}",
+                index=i,
+                expression=selector.cel,
+                entry=entry,
+                class_name=device_class.name,
             ):
                 found = False
                 break

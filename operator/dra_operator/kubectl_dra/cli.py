@@ -17,10 +17,11 @@ import os
 import sys
 from collections.abc import Collection, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 import yaml
 
+from dra_api.oneline import OneLineParser
 from dra_operator.settings import PLACEMENT_POLICIES, add_search_budget_argument
 
 # The subcommands' modules, the client and the allocator are imported when a command needs them:
@@ -46,9 +47,9 @@ class UsageError(Exception):
     """A bad argument or configuration, an unknown object, an unreachable server: one line."""
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{message}; see '{self.prog} --help'")
+class _Parser(OneLineParser):
+    error_class = UsageError
+    hint = "; see '{prog} --help'"  # kubectl's words
 
 
 def _common(parser: argparse.ArgumentParser, *, namespaced: bool) -> None:

@@ -186,7 +186,9 @@ class PlannerPlacer:
 
 def _outcome(outcome: PlanOutcome) -> Outcome:
     if isinstance(outcome, PlanError):
-        return Unallocatable(reason=outcome.reason, message=outcome.message[:1024])
+        return Unallocatable(
+            reason=outcome.reason, message=outcome.message[:1024], class_selector=outcome.class_selector
+        )
     if isinstance(outcome, NotPlaced):
         # A node ruled out by invalid pools is upstream's error case: the driver's slices need
         # fixing, so the reason says so (the message still explains every node).

@@ -28,9 +28,11 @@ from dra_operator.allocator import (
     Allocator,
     FailedAllocationOnNode,
     FeatureGates,
+    SelectorFailed,
     SliceIndex,
 )
 from dra_operator.cel import BudgetExhausted, CelCompileError, WorkBudget, charged_to, compile_selector
+from dra_operator.placement import ClassSelectorFault
 from dra_operator.planner.demand import Demand, DemandKey, demand_of, request_specs
 from dra_operator.planner.explain import Explanation, NodeAttempt, explain, explain_unfinished
 from dra_operator.planner.index import FreeDeviceIndex, exclusive_devices
@@ -72,6 +74,17 @@ class PlanError:
 
     message: str
     reason: str = "AllocationError"
+    class_selector: ClassSelectorFault | None = None
+    """The DeviceClass selector that failed on a device, when that is the error."""
+
+    @classmethod
+    def of(cls, exc: AllocationError) -> PlanError:
+        fault = (
+            ClassSelectorFault(class_name=exc.class_name, index=exc.index, detail=exc.detail)
+            if isinstance(exc, SelectorFailed) and exc.class_name is not None
+            else None
+        )
+        return cls(str(exc), class_selector=fault)
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,7 +343,7 @@ class Planner:
             )
             return None
         except AllocationError as exc:
-            return PlanError(str(exc))
+            return PlanError.of(exc)
         if results is None:
             search.attempts.append(
                 NodeAttempt(
@@ -351,7 +364,7 @@ class Planner:
         try:
             explanation = explain(planner=self, claims=claims, attempts=search.attempts, fixed=fixed)
         except AllocationError as exc:  # the funnel evaluates selectors too: errors stay errors
-            return PlanError(str(exc))
+            return PlanError.of(exc)
         invalid = tuple((a.node, pool) for a in search.attempts for pool in a.invalid_pools)
         return NotPlaced(explanation=explanation, tried=len(search.attempts), invalid_pools=invalid)
 

@@ -11,16 +11,25 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Hashable
+from typing import Any
+
+from dra_operator.reconcile.book import Search
 
 
 class Backoff:
     def __init__(
-        self, *, base: float = 0.5, cap: float = 60.0, clock: Callable[[], float] = time.monotonic
+        self,
+        *,
+        base: float = 0.5,
+        cap: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+        failures: dict[Any, int] | None = None,
     ) -> None:
         self.base = base
         self.cap = cap
         self.clock = clock
-        self._failures: dict[Hashable, int] = {}
+        # Failed attempts in a row per claim: the claim book's, when the reconciler gives it.
+        self._failures: dict[Any, int] = {} if failures is None else failures
         self._paused_until = 0.0
 
     def failed(self, key: Hashable, *, retry_after: float | None = None) -> tuple[int, float]:
@@ -65,60 +74,70 @@ class SearchBackoff:
 
     COOLDOWN_FACTOR = 10.0
 
-    def __init__(self, *, base: float, cap: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        *,
+        base: float,
+        cap: float,
+        clock: Callable[[], float] = time.monotonic,
+        searches: dict[Any, Search] | None = None,
+    ) -> None:
         self.base = base
         self.cap = cap
         self.clock = clock
-        self._off_loop: set[Hashable] = set()
-        self._exhausted: dict[Hashable, tuple[int, float]] = {}  # key -> (searches used up, due at)
-        self._cooling: dict[Hashable, float] = {}  # key -> when its next search may start
-        self._deferred: set[Hashable] = set()  # cooling claims that something asked for meanwhile
+        # Per claim: the claim book's, when the reconciler gives it.
+        self._searches: dict[Any, Search] = {} if searches is None else searches
+
+    def _of(self, key: Hashable) -> Search:
+        found = self._searches.get(key)
+        if found is None:
+            found = self._searches[key] = Search()
+        return found
 
     def off_loop(self, key: Hashable) -> bool:
         """Whether the claim's placement goes straight to a worker thread."""
-        return key in self._off_loop
+        found = self._searches.get(key)
+        return found is not None and found.off_loop
 
     def went_off_loop(self, key: Hashable) -> None:
-        self._off_loop.add(key)
+        self._of(key).off_loop = True
 
     def exhausted(self, key: Hashable) -> tuple[int, float]:
         """Record a search that used its whole budget: (how many have, seconds until the next)."""
-        count = self._exhausted.get(key, (0, 0.0))[0] + 1
-        delay = min(self.cap, self.base * 2 ** (count - 1))
-        self._exhausted[key] = (count, self.clock() + delay)
-        return count, delay
+        search = self._of(key)
+        search.exhausted += 1
+        delay = min(self.cap, self.base * 2 ** (search.exhausted - 1))
+        search.due_at = self.clock() + delay
+        return search.exhausted, delay
 
     def found_no_room(self, key: Hashable, *, spent_s: float) -> None:
         """A search in a thread that cost ``spent_s`` found no room: cool down before the next."""
-        self._cooling[key] = self.clock() + self.COOLDOWN_FACTOR * spent_s
+        self._of(key).cooling_until = self.clock() + self.COOLDOWN_FACTOR * spent_s
 
     def waiting(self, key: Hashable) -> bool:
         """Whether the claim must not be searched yet (its back-off is running)."""
-        found = self._exhausted.get(key)
-        return found is not None and self.clock() < found[1]
+        found = self._searches.get(key)
+        return found is not None and found.exhausted > 0 and self.clock() < found.due_at
 
     def defer(self, key: Hashable) -> float | None:
         """Whether the claim is cooling down: None when it may be searched now; else, the first time
         it is asked for meanwhile, the seconds until it may be (to come back then), and 0.0 after."""
-        until = self._cooling.get(key)
-        if until is None:
+        search = self._searches.get(key)
+        if search is None or not search.cooling_until:
             return None
-        left = until - self.clock()
+        left = search.cooling_until - self.clock()
         if left <= 0:
-            del self._cooling[key]
-            self._deferred.discard(key)
+            search.cooling_until = 0.0
+            search.deferred = False
             return None
-        if key in self._deferred:
+        if search.deferred:
             return 0.0
-        self._deferred.add(key)
+        search.deferred = True
         return left
 
     def forget(self, key: Hashable) -> None:
         """The claim was allocated or deleted."""
-        self._off_loop.discard(key)
-        self._exhausted.pop(key, None)
-        self._cooling.pop(key, None)
-        self._deferred.discard(key)
+        self._searches.pop(key, None)
 
     def __len__(self) -> int:
-        return len(self._off_loop | self._exhausted.keys())
+        return sum(1 for s in self._searches.values() if s.off_loop or s.exhausted)

@@ -54,6 +54,7 @@ from dra_operator.metrics import Metrics
 from dra_operator.placement import Outcome, Placer
 from dra_operator.reconcile.allocate import ClaimAllocator, DevicesTaken
 from dra_operator.reconcile.backoff import Backoff
+from dra_operator.reconcile.book import ClaimBook
 from dra_operator.reconcile.ownership import allocated_by_us, is_ours
 from dra_operator.reconcile.placerindex import PlacerIndexCheck
 from dra_operator.reconcile.release import ClaimReleaser
@@ -61,6 +62,7 @@ from dra_operator.reconcile.relist import Relister
 from dra_operator.reconcile.reservation import NodeReservations
 from dra_operator.reconcile.schedulerwait import SchedulerWaits
 from dra_operator.reconcile.status import ClaimStatusWriter
+from dra_operator.reconcile.tell import ClaimTeller
 from dra_operator.reconcile.workqueue import ClaimQueue
 from dra_operator.settings import Settings
 
@@ -101,17 +103,22 @@ class ClaimReconciler:
         # await, and the event loop runs one task at a time.
         self._writes = asyncio.Semaphore(settings.max_concurrent_writes)
         self._tasks = BackgroundTasks()
-        self.backoff = Backoff()
+        # What the operator keeps about each claim beyond the model: its parts below keep theirs here.
+        self.book = ClaimBook()
+        self.backoff = Backoff(failures=self.book.retries)
         self._log_throttle = LogThrottle()
-        self.waits = SchedulerWaits(model=model, settings=settings, classes=self.classes, queue=self.queue)
+        self.waits = SchedulerWaits(
+            model=model, settings=settings, classes=self.classes, queue=self.queue, book=self.book
+        )
         self.reservations = NodeReservations(
             api=api,
             model=model,
             queue=self.queue,
             after_s=settings.scheduler_reserve_after_s,
             ended=lambda outcome: metrics.reservations.labels(outcome).inc(),
+            book=self.book,
         )
-        writer = ClaimStatusWriter(api=api, model=model, on_claim_event=self.on_claim_event)
+        writer = ClaimStatusWriter(api=api, model=model, on_claim_event=self.took_own_write)
         self.writer = writer
         self.index_check = PlacerIndexCheck(
             model=model, placer=placer, metrics=metrics, events=self.events, api=api
@@ -122,16 +129,30 @@ class ClaimReconciler:
             api=api,
             settings=settings,
             metrics=metrics,
-            events=self.events,
             writer=writer,
             waits=self.waits,
             reservations=self.reservations,
             index_check=self.index_check,
-            on_claim_event=self.on_claim_event,
+            on_claim_event=self.took_own_write,
             clock=clock,
             compiler=compiler,
             mark_later=lambda delay, key: self.queue.mark_later(delay, key),
             slot_released=self._slot_released,
+            book=self.book,
+        )
+        self.teller = ClaimTeller(
+            model=model,
+            book=self.book,
+            waits=self.waits,
+            reservations=self.reservations,
+            searches=self.allocator.searches,
+            writer=writer,
+            events=self.events,
+            metrics=metrics,
+            settings=settings,
+            api_version=lambda: api.api_version,
+            clock=clock,
+            mark_later=lambda delay, key: self.queue.mark_later(delay, key),
         )
         self.releaser = ClaimReleaser(
             model=model,
@@ -141,6 +162,7 @@ class ClaimReconciler:
             writer=writer,
             queue=self.queue,
             refetch=self._refetch,
+            book=self.book,
         )
         self.relister = Relister(model=model, api=api, metrics=metrics, inputs=self)
         self.synced = self.relister.synced
@@ -154,11 +176,11 @@ class ClaimReconciler:
 
     def failing(self) -> frozenset[object]:
         """Claims that cannot be allocated now (waiting for kube-scheduler is not failing)."""
-        return frozenset(k for k in self.allocator.failing if k not in self.waits.waiting)
+        return frozenset(k for k in self.book.failures if k not in self.book.waiting)
 
     def waiting(self) -> frozenset[object]:
         """Claims giving way to kube-scheduler now."""
-        return frozenset(self.waits.waiting)
+        return frozenset(self.book.waiting)
 
     def longest_wait(self) -> float:
         """Seconds the claim that has waited longest for kube-scheduler has waited so far; 0 if none."""
@@ -168,6 +190,16 @@ class ClaimReconciler:
         self.queue.mark(key)
 
     def on_claim_event(self, obj: Mapping[str, Any], *, deleted: bool) -> None:
+        """A claim as a watch or a listing brings it: into the model, and queued for a look."""
+        self._take(obj, deleted=deleted, requeue=True)
+
+    def took_own_write(self, obj: Mapping[str, Any], *, deleted: bool) -> None:
+        """A claim as the server answered one of our own writes: into the model (so that it never
+        lags what we wrote), but not queued again: the task that wrote it has done its look, and
+        the watch's copy of the same version is then not news."""
+        self._take(obj, deleted=deleted, requeue=False)
+
+    def _take(self, obj: Mapping[str, Any], *, deleted: bool, requeue: bool) -> None:
         key = claim_key_of(obj)
         before = self.model.claims.get(key)
         held_before = before is not None and before.status.allocation is not None
@@ -175,12 +207,8 @@ class ClaimReconciler:
             self.model.remove_claim(
                 key, resource_version=str((obj.get("metadata") or {}).get("resourceVersion", ""))
             )
-            self.allocator.failing.pop(key, None)
-            self.releaser.was_reserved.discard(key)
-            self.waits.forget(key)
-            self.reservations.gone(key)
-            self.backoff.forget(key)
-            self.allocator.searches.forget(key)
+            self.reservations.gone(key)  # its rules deleted, then everything about it forgotten
+            self.book.forget(key)
             if held_before:
                 self.waits.parked_helped()
                 self.retry_failing()
@@ -194,11 +222,12 @@ class ClaimReconciler:
             if result.status.allocation is not None or result.metadata.deletion_timestamp is not None:
                 self.waits.stop(key)
             if result.status.reserved_for:
-                self.releaser.was_reserved.add(key)
+                self.book.reserved_by_pods.add(key)
             if held_before and result.status.allocation is None:
                 self.waits.parked_helped()
                 self.retry_failing()  # devices were freed
-        self.mark(key)
+        if requeue:
+            self.mark(key)
         self.waits.recheck()
         self._verify_after_event()
 
@@ -217,7 +246,7 @@ class ClaimReconciler:
             self.index_check.check(found_by="check")
 
     def retry_failing(self) -> None:
-        self.queue.mark_all(list(self.allocator.failing))
+        self.queue.mark_all(list(self.book.failures))
 
     def on_pod_change(self) -> None:
         """A pod changed (created, bound, deleted, ...): what kube-scheduler has yet to place may
@@ -425,19 +454,19 @@ class ClaimReconciler:
     async def reconcile(self, key: ClaimKey) -> None:
         invalid = self.model.invalid_claims.get(key)
         if invalid is not None:
-            await self.allocator.report_invalid(invalid)
+            self.teller.invalid(invalid)
             return
         claim = self.model.claims.get(key)
         if claim is None:
             return
         ours_by_finalizer = OPERATOR_FINALIZER in claim.metadata.finalizers
         if claim.metadata.deletion_timestamp is not None:
-            if ours_by_finalizer:
-                await self.releaser.release_deleted(claim)
+            if ours_by_finalizer and (released := await self.releaser.release_deleted(claim)):
+                await self.teller.apply(released)
             return
         if claim.status.allocation is not None:
-            if ours_by_finalizer:
-                await self.releaser.maintain_allocated(claim)
+            if ours_by_finalizer and (released := await self.releaser.maintain_allocated(claim)):
+                await self.teller.apply(released)
             return
         if not is_ours(claim, ownership=self.settings.ownership, classes=self.classes):
             self.waits.stop(key)
@@ -445,4 +474,6 @@ class ClaimReconciler:
             if ours_by_finalizer:
                 await self.writer.patch_meta(claim, finalizer=False, condition=None)
             return
-        await self.allocator.allocate(claim)
+        outcome = await self.allocator.allocate(claim)
+        if outcome is not None:
+            await self.teller.apply(outcome)

@@ -15,8 +15,10 @@ from dra_operator.clustermodel import ClaimKey, ClusterModel
 from dra_operator.events import EventSink
 from dra_operator.kubeapi import Conflict, Gone, KubeApi
 from dra_operator.metrics import Metrics
+from dra_operator.reconcile.book import ClaimBook
 from dra_operator.reconcile.ownership import allocated_by_us, generated_from_template
-from dra_operator.reconcile.status import ClaimStatusWriter, describe_allocation, involved
+from dra_operator.reconcile.status import ClaimStatusWriter, involved
+from dra_operator.reconcile.tell import Released
 from dra_operator.reconcile.workqueue import ClaimQueue
 
 logger = logging.getLogger(__name__)
@@ -35,6 +37,7 @@ class ClaimReleaser:
         writer: ClaimStatusWriter,
         queue: ClaimQueue,
         refetch: Callable[[ClaimKey], Awaitable[None]],
+        book: ClaimBook | None = None,
     ) -> None:
         self.model = model
         self.api = api
@@ -43,16 +46,16 @@ class ClaimReleaser:
         self.writer = writer
         self.queue = queue
         self.refetch = refetch
-        # Claims a pod has reserved: a template claim among them is deallocated when no pod
-        # reserves it any more (a claim never reserved is waiting for its first pod).
-        self.was_reserved: set[ClaimKey] = set()
+        # The claim book's claims a pod has reserved: a template claim among them is deallocated
+        # when no pod reserves it any more (a claim never reserved is waiting for its first pod).
+        self.was_reserved: set[ClaimKey] = (book if book is not None else ClaimBook()).reserved_by_pods
 
     async def _deallocate(self, claim: ResourceClaim) -> ResourceClaim | None:
         current = await self.writer.clear_allocation(claim)
         self.metrics.deallocations.inc()
         return current
 
-    async def release_deleted(self, claim: ResourceClaim) -> None:
+    async def release_deleted(self, claim: ResourceClaim) -> Released | None:
         """A deleted claim we allocated: deallocate it once no pod uses it, then let it go."""
         reserved = [
             r
@@ -62,23 +65,19 @@ class ClaimReleaser:
         if reserved:
             if len(reserved) != len(claim.status.reserved_for):
                 await self.writer.set_reserved_for(claim, [r.to_json() for r in reserved])
-            return  # a pod still uses it: never pulled from under a running pod
+            return None  # a pod still uses it: never pulled from under a running pod
         current: ResourceClaim | None = claim
+        released: Released | None = None
         if claim.status.allocation is not None:
             current = await self._deallocate(claim)
             if current is None:
-                return
-            text = describe_allocation(claim.status.allocation, None).replace("allocated", "released", 1)
-            self.events.post(
-                involved=involved(claim, api_version=self.api.api_version),
-                type_="Normal",
-                reason="Deallocated",
-                message=f"{text} (claim deleted)",
-            )
+                return None
+            released = Released(claim=claim, allocation=claim.status.allocation, why="claim deleted")
         if current is not None:
             await self.writer.patch_meta(current, finalizer=False, condition=None)
+        return released
 
-    async def maintain_allocated(self, claim: ResourceClaim) -> None:
+    async def maintain_allocated(self, claim: ResourceClaim) -> Released | None:
         """An allocated claim of ours: drop stale reservations; deallocate a template claim that
         its pod no longer uses."""
         key = ClaimKey(claim.namespace, claim.name)
@@ -91,7 +90,7 @@ class ClaimReleaser:
             logger.info("claim %s: removing reservations of pods that are gone", key)
             updated = await self.writer.set_reserved_for(claim, [r.to_json() for r in live])
             if updated is None:
-                return
+                return None
             claim = updated
         if not claim.status.reserved_for and key in self.was_reserved and generated_from_template(claim):
             assert claim.status.allocation is not None
@@ -100,13 +99,8 @@ class ClaimReleaser:
             self.was_reserved.discard(key)
             if current is not None:
                 await self.writer.patch_meta(current, finalizer=False, condition=None)
-            self.events.post(
-                involved=involved(claim, api_version=self.api.api_version),
-                type_="Normal",
-                reason="Deallocated",
-                message=describe_allocation(allocation, None).replace("allocated", "released", 1)
-                + " (no pod uses the claim any more)",
-            )
+            return Released(claim=claim, allocation=allocation, why="no pod uses the claim any more")
+        return None
 
     async def _consumer_gone(self, claim: ResourceClaim, name: str, uid: str, resource: str) -> bool:
         """Whether a reservedFor pod is gone, replaced (other UID) or finished. The pod watch may

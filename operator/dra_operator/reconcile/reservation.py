@@ -49,6 +49,7 @@ from dra_operator.clustermodel import ClaimKey, ClusterModel, DeviceID, parse_ti
 from dra_operator.kubeapi import Conflict, KubeApi, NotActive, error_text
 from dra_operator.planner.demand import DemandKey, key_of
 from dra_operator.planner.index import key_matches
+from dra_operator.reconcile.book import ClaimBook
 from dra_operator.reconcile.workqueue import ClaimQueue
 
 logger = logging.getLogger(__name__)
@@ -198,6 +199,7 @@ class NodeReservations:
         queue: ClaimQueue,
         after_s: float,
         ended: Callable[[str], None] = lambda outcome: None,
+        book: ClaimBook | None = None,
     ) -> None:
         self.api = api
         self.ended = ended
@@ -206,9 +208,11 @@ class NodeReservations:
         self.queue = queue
         self.after_s = after_s
         """How long a claim gives way before a node is reserved for it; negative: never."""
-        self.by_claim: dict[ClaimKey, Reservation] = {}
+        book = book if book is not None else ClaimBook()
+        # The claim book's: the reservation of each claim, and the nodes tried for it.
+        self.by_claim: dict[ClaimKey, Reservation] = book.reservations
         self._tasks = BackgroundTasks()
-        self._tried: dict[ClaimKey, set[str]] = {}
+        self._tried: dict[ClaimKey, set[str]] = book.tried_nodes
 
     @property
     def enabled(self) -> bool:

@@ -11,11 +11,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Collection
-from dataclasses import dataclass
 
 from dra_api.model import AllocationResult
 from dra_operator.cel import BudgetExhausted, WorkBudget, charged_to
 from dra_operator.clustermodel import ClaimKey, ClusterModel, DeviceID
+from dra_operator.reconcile.book import ClaimBook, Wait
 from dra_operator.reconcile.contention import (
     PARKED_RETRY_WINDOW_S,
     Clearance,
@@ -38,16 +38,6 @@ UNFINISHED_RECHECK_S = 1.0
 """When a claim whose check against the waiting pods ran out of its slice is checked again."""
 """Claims waiting for kube-scheduler are placed again this long after a change of pods, claims or
 devices: one try for a burst of changes."""
-
-
-@dataclass
-class Wait:
-    """A claim that gave way to kube-scheduler, from its first wait until it is allocated."""
-
-    since: float
-    """time.monotonic() of the first wait."""
-    announced: bool = False
-    """Whether its condition and Event were written (once per claim, not per try)."""
 
 
 def reserved_message(*, demand: SchedulerDemand, node: str, devices: list[str], rules: list[str]) -> str:
@@ -91,17 +81,24 @@ def waiting_message(*, demand: SchedulerDemand, crowded: Crowded) -> str:
 
 class SchedulerWaits:
     def __init__(
-        self, *, model: ClusterModel, settings: Settings, classes: tuple[str, ...], queue: ClaimQueue
+        self,
+        *,
+        model: ClusterModel,
+        settings: Settings,
+        classes: tuple[str, ...],
+        queue: ClaimQueue,
+        book: ClaimBook | None = None,
     ) -> None:
         self.model = model
         self.settings = settings
         self.classes = classes
         self.queue = queue
         self.clearance = Clearance()
-        self.waits: dict[ClaimKey, Wait] = {}
-        # Claims giving way to kube-scheduler now: placed again on every change (they stay in the
-        # set meanwhile), until allocated, unallocatable, deleted or no longer ours.
-        self.waiting: set[ClaimKey] = set()
+        book = book if book is not None else ClaimBook()
+        # The claim book's: the waits since the first time, and the claims giving way now (placed
+        # again on every change, until allocated, unallocatable, deleted or no longer ours).
+        self.waits: dict[ClaimKey, Wait] = book.waits
+        self.waiting: set[ClaimKey] = book.waiting
         self._recheck_timer: asyncio.TimerHandle | None = None
         # When devices were last freed or slices, classes or nodes changed (time.monotonic()):
         # what sends parked pods back to kube-scheduler. -inf until then: nothing did yet.

@@ -8,11 +8,11 @@ returns goes through the reconciler's claim input at once, so the model never la
 
 from __future__ import annotations
 
-import datetime
 import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from dra_api import times
 from dra_api.model import AllocationResult, ResourceClaim
 from dra_api.names import OPERATOR_FINALIZER, PROJECT_DOMAIN
 from dra_operator.clustermodel import ClaimKey, ClusterModel
@@ -27,7 +27,7 @@ ClaimInput = Callable[..., None]
 
 def now_stamp() -> str:
     """Now, as the API server writes times."""
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return times.rfc3339()
 
 
 def condition_json(*, status: str, reason: str, message: str, now: str | None = None) -> str:

@@ -20,11 +20,11 @@ from dra_operator.clustermodel import ClaimKey, ClusterModel
 from dra_operator.metrics import Metrics
 from dra_operator.planner import PlannerPlacer
 from dra_operator.reconcile import reservation, schedulerwait
-from dra_operator.reconcile.allocate import RESERVED_REASON
 from dra_operator.reconcile.claims import ClaimReconciler
 from dra_operator.reconcile.reservation import RESERVED_FOR_LABEL, choose_target
 from dra_operator.reconcile.schedulerwait import WAITING_REASON
 from dra_operator.reconcile.status import CONDITION_ANNOTATION
+from dra_operator.reconcile.tell import RESERVED_REASON
 from dra_operator.settings import Settings
 
 from . import helpers as h
