@@ -38,6 +38,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from dra_api import times
 from dra_api.kubeletapi.model import ClaimRef  # the checkpoint records claims as kubelet names them
 from dra_api.names import PROJECT_DOMAIN
 
@@ -255,7 +256,7 @@ def _check_entry_size(entry: ClaimEntry) -> None:
 
 
 def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+    return times.rfc3339()
 
 
 def _canonical(value: Any) -> bytes:

@@ -25,11 +25,11 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any, Final, Protocol
 
 from prometheus_client import Counter
 
+from dra_api import times
 from dra_api.aiotasks import BackgroundTasks
 from dra_api.kubeletapi.model import ClaimRef
 from dra_node_agent.checkpoint import CheckpointedDevice, ClaimEntry, ClaimState
@@ -90,10 +90,6 @@ class _Removal:
 
 class _Transient(Exception):
     """Worth another try later."""
-
-
-def _rfc3339(timestamp: float) -> str:
-    return datetime.fromtimestamp(int(timestamp), tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _ref(entry: ClaimEntry) -> ClaimRef:
@@ -286,7 +282,9 @@ class DeviceStatusWriter:
             desired = self._desired(target, allocated)
             remove = target.keys if isinstance(target, _Removal) else frozenset()
             current = current_entries(obj)
-            entries = merged_entries(current, desired=desired, remove=remove, now=_rfc3339(self._clock()))
+            entries = merged_entries(
+                current, desired=desired, remove=remove, now=times.rfc3339(self._clock())
+            )
             if entries == current:
                 self._finished(uid, target)
                 return

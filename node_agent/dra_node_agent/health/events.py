@@ -3,47 +3,17 @@
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime
 from typing import Any, Final
 
 from kubernetes_asyncio import client
+
+from dra_api.events import event_body
 
 logger = logging.getLogger(__name__)
 
 COMPONENT: Final = "accel-dra-node-agent"
 # Node events live in "default", where kubelet writes its own.
 EVENT_NAMESPACE: Final = "default"
-MAX_MESSAGE: Final = 1024
-
-
-def event_body(
-    *,
-    involved: dict[str, str],
-    namespace: str,
-    type: str,
-    reason: str,
-    message: str,
-    component: str,
-    host: str,
-) -> Any:
-    """A core/v1 Event about ``involved``, reported by ``component`` on node ``host`` (typed ``Any``:
-    the client takes the plain dict where its signature names its model class)."""
-    now = datetime.now(tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    return {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {"generateName": f"{involved['name']}.", "namespace": namespace},
-        "involvedObject": involved,
-        "type": type,
-        "reason": reason,
-        "message": message[:MAX_MESSAGE],
-        "source": {"component": component, "host": host},
-        "reportingComponent": component,
-        "reportingInstance": host,
-        "firstTimestamp": now,
-        "lastTimestamp": now,
-        "count": 1,
-    }
 
 
 class NodeEvents:
@@ -73,13 +43,15 @@ class NodeEvents:
             uid = await self._uid()
             if uid is not None:
                 involved["uid"] = uid
-            body = event_body(
+            # The client takes the plain dict where its signature names its model class.
+            body: Any = event_body(
                 involved=involved,
                 namespace=EVENT_NAMESPACE,
-                type=type,
+                type_=type,
                 reason=reason,
                 message=message,
                 component=self._component,
+                instance=self._node_name,
                 host=self._node_name,
             )
             await self._core.create_namespaced_event(EVENT_NAMESPACE, body)

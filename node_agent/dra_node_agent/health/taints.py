@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Final
 
+from dra_api.times import rfc3339
 from dra_node_agent.health.state import Problem
 
 MAX_TAINTS_PER_DEVICE: Final = 16  # resource.k8s.io/v1 validation limit (4 before 1.35)
@@ -23,10 +23,6 @@ _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 class TaintEffect(StrEnum):
     NO_SCHEDULE = "NoSchedule"
     NO_EXECUTE = "NoExecute"
-
-
-def rfc3339(timestamp: float) -> str:
-    return datetime.fromtimestamp(int(timestamp), tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def label_value(raw: str) -> str:

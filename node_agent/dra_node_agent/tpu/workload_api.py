@@ -13,8 +13,8 @@ import aiohttp
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from dra_api.events import event_body
 from dra_api.names import RESOURCE_GROUP
-from dra_node_agent.health.events import event_body
 from dra_node_agent.tpu.workers import SliceWorkload, WorkloadError
 
 logger = logging.getLogger(__name__)
@@ -72,13 +72,15 @@ class PodEvents:
             "name": workload.pod,
             "uid": workload.pod_uid,
         }
-        body = event_body(
+        # The client takes the plain dict where its signature names its model class.
+        body: Any = event_body(
             involved=involved,
             namespace=workload.namespace,
-            type=type,
+            type_=type,
             reason=reason,
             message=message,
             component=self._component,
+            instance=self._node_name,
             host=self._node_name,
         )
         try:

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from dra_api.kubeletapi.model import ClaimRef, DeviceHealth, HealthStatus, PrepareResult
+from dra_api.times import rfc3339
 from dra_devcluster import LocalCluster
 from dra_devcluster.kubelet import HealthStream, HealthStreamEnded, KubeletPluginClient
 from dra_node_agent.health import (
@@ -22,7 +23,6 @@ from dra_node_agent.health import (
     republish_on_change,
     server_keeps_device_taints,
 )
-from dra_node_agent.health.taints import rfc3339
 from dra_node_agent.nvidia.health_probe import NvmlHealthProbe
 from dra_node_agent.plugin import serve_plugin
 from dra_node_agent.publisher import SlicePublisher

@@ -11,9 +11,10 @@ import pytest
 from prometheus_client import REGISTRY
 
 from dra_api.kubeletapi.model import HealthStatus
+from dra_api.times import rfc3339
 from dra_node_agent.health.monitor import HealthMonitor, HealthSettings, republish_on_change
 from dra_node_agent.health.state import State
-from dra_node_agent.health.taints import TaintEffect, rfc3339
+from dra_node_agent.health.taints import TaintEffect
 from dra_node_agent.nvidia.health_probe import NvmlHealthProbe
 from dra_node_agent.simulated.faketree import FakePciFunction, write_pci_tree
 from dra_node_agent.simulated.health_probe import FakeNvmlHealth

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from dra_api.times import rfc3339
 from dra_node_agent.health.state import Problem, ProblemKind
-from dra_node_agent.health.taints import TaintEffect, decorate_devices, label_value, render_taints, rfc3339
+from dra_node_agent.health.taints import TaintEffect, decorate_devices, label_value, render_taints
 
 
 def problem(kind: ProblemKind, value: str, first: float) -> Problem:
