@@ -447,7 +447,8 @@ class Chaos:
             allocated = [c for c in items if device_ids(c)]
             return len(allocated) >= capacity and any(_label(c) == "standalone" for c in allocated)
 
-        full = await self._poll_claims(full_with_ours, within=90.0)
+        # Polls end as soon as the cluster is there; the windows only bound a machine under load.
+        full = await self._poll_claims(full_with_ours, within=240.0)
         if full is None:
             self.report.actions["race not staged"] += 1
             return
@@ -466,7 +467,7 @@ class Chaos:
             waiting = any(_owner_name(c) == target_pod and not device_ids(c) for c in items)
             return waiting and bool(ours(items))
 
-        staged = await self._poll_claims(target_waiting, within=30.0)
+        staged = await self._poll_claims(target_waiting, within=120.0)
         if staged is None:
             self.report.actions["race not staged"] += 1
             return
