@@ -64,13 +64,13 @@ from dra_api.names import GPU_DRIVER, OPERATOR_FINALIZER
 from dra_devcluster.cluster import node_object
 from dra_node_agent.publisher import PoolDesign, chunk_pool
 from dra_node_agent.simulated.discovery import load_profile
-from dra_operator.deviceclasses import desired_classes
+from dra_operator.base.settings import Settings
+from dra_operator.claims.status import CONDITION_ANNOTATION, condition_json
 from dra_operator.kubectl_dra import cli
 from dra_operator.kubectl_dra.claims_command import claim_rows, render_claims
 from dra_operator.kubectl_dra.cluster import PAGE_SIZE, ClusterObjects, needs_nodes
 from dra_operator.kubectl_dra.devices import device_rows, render_devices
-from dra_operator.reconcile.status import CONDITION_ANNOTATION, condition_json
-from dra_operator.settings import Settings
+from dra_operator.upkeep.deviceclasses import desired_classes
 
 GROUP, VERSION = "resource.k8s.io", "v1"
 CREATED = "2025-06-01T10:00:00Z"

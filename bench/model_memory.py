@@ -56,15 +56,15 @@ from dra_api.names import OPERATOR_FINALIZER
 from dra_devcluster.cluster import node_object
 from dra_node_agent.publisher import PoolDesign, chunk_pool, plan_pool
 from dra_node_agent.simulated.discovery import load_profile
-from dra_operator.clustermodel import ClaimKey, ClusterModel
-from dra_operator.deviceclasses import desired_classes
-from dra_operator.handlers import _plain
-from dra_operator.kubeapi import Listing
-from dra_operator.metrics import Metrics
-from dra_operator.placement import Placement
+from dra_operator.base.settings import Settings
+from dra_operator.claims.relist import Relister
+from dra_operator.client.kubeapi import Listing
+from dra_operator.model.cluster import ClaimKey, ClusterModel
+from dra_operator.model.metrics import Metrics
 from dra_operator.planner import PlannerPlacer
-from dra_operator.reconcile.relist import Relister
-from dra_operator.settings import Settings
+from dra_operator.planner.placement import Placement
+from dra_operator.upkeep.deviceclasses import desired_classes
+from dra_operator.watch.handlers import _plain
 
 NAMESPACE = "mem"
 CREATED = "2025-01-01T00:00:00Z"

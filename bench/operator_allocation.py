@@ -737,7 +737,7 @@ def start_operator(kubeconfig: Path, *, writes: int) -> subprocess.Popen[bytes]:
                     else []
                 ),
                 "-m",
-                "dra_operator.cli",
+                "dra_operator.entry.cli",
                 "run",
                 f"--kubeconfig={kubeconfig}",
                 f"--metrics-port={port}",

@@ -613,7 +613,7 @@ def operator_process(
                 [
                     sys.executable,
                     "-m",
-                    "dra_operator.cli",
+                    "dra_operator.entry.cli",
                     "run",
                     f"--kubeconfig={kubeconfig}",
                     f"--metrics-port={free_port()}",

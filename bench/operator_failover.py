@@ -86,7 +86,7 @@ class Instance:
         args = [
             sys.executable,
             "-m",
-            "dra_operator.cli",
+            "dra_operator.entry.cli",
             "run",
             f"--kubeconfig={kubeconfig or cluster.kubeconfig}",
             f"--metrics-port={self.port}",

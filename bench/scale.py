@@ -998,7 +998,7 @@ class Scale:
                 [
                     sys.executable,
                     "-m",
-                    "dra_operator.cli",
+                    "dra_operator.entry.cli",
                     "simulate",
                     "-f",
                     str(exported),

@@ -2,9 +2,9 @@
 
 The console script ``kubectl-dra`` makes ``kubectl dra devices|claims|explain`` work when it is on
 PATH. It lives in the operator's package because it reads the cluster as the operator does (one
-list per kind through :class:`dra_operator.kubeapi.KubeApi`, in the served resource.k8s.io version)
+list per kind through :class:`dra_operator.client.kubeapi.KubeApi`, in the served resource.k8s.io version)
 and explains claims with the operator's own planner and allocator (through
-:func:`dra_operator.simulate.plan`), so its text is the text the operator writes. It never writes to
+:func:`dra_operator.entry.simulate.plan`), so its text is the text the operator writes. It never writes to
 the cluster.
 
 Modules: :mod:`.cluster` (reading the cluster into typed objects), :mod:`.devices`, :mod:`.claims`

@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dra_api import times
+from dra_operator.base.settings import Ownership
 from dra_operator.kubectl_dra.cluster import ClaimObject, ClusterObjects, node_of
 from dra_operator.kubectl_dra.output import NONE, as_list, dump, human_age, joined, table
-from dra_operator.reconcile.ownership import allocated_by_us, is_ours, request_classes
-from dra_operator.settings import Ownership
+from dra_operator.model.ownership import allocated_by_us, is_ours, request_classes
 
 OPERATOR = "operator"
 SCHEDULER = "scheduler"

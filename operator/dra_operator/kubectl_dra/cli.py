@@ -9,10 +9,8 @@ server that cannot be reached or refuses the lists. Errors are one line on stder
 from __future__ import annotations
 
 import argparse
-import asyncio
 import datetime
 import gc
-import json
 import os
 import sys
 from collections.abc import Collection, Sequence
@@ -22,14 +20,12 @@ from typing import TYPE_CHECKING, TextIO
 import yaml
 
 from dra_api.oneline import OneLineParser
-from dra_operator.settings import PLACEMENT_POLICIES, add_search_budget_argument
+from dra_operator.base.settings import PLACEMENT_POLICIES, add_search_budget_argument
 
 # The subcommands' modules, the client and the allocator are imported when a command needs them:
 # importing all of them took about 1.5 s of every run (--help included), and only explain needs the
 # planner and allocator, only devices the CEL evaluator.
 if TYPE_CHECKING:
-    from kubernetes_asyncio.client.exceptions import ApiException
-
     from dra_operator.kubectl_dra.cluster import ClusterObjects
 
 # What each command lists: a large cluster's slices and nodes are most of the bytes, and a command
@@ -165,17 +161,6 @@ def context_namespace(path: str | None, context: str | None) -> str:
     return "default"
 
 
-def _server_error(exc: ApiException) -> str:
-    text = str(exc.reason or "")
-    try:
-        body = json.loads(text)
-    except ValueError:
-        body = None
-    if isinstance(body, dict) and body.get("message"):
-        text = str(body["message"])
-    return f"the server refused the request (HTTP {exc.status}): {' '.join(text.split())[:300]}"
-
-
 def read_cluster(
     args: argparse.Namespace,
     *,
@@ -184,32 +169,18 @@ def read_cluster(
     nodes_if_needed: bool = False,
 ) -> ClusterObjects:
     """The cluster's objects of ``kinds`` (None: all of them)."""
-    import aiohttp
-    from kubernetes_asyncio.client.exceptions import ApiException
-    from kubernetes_asyncio.config import ConfigException
+    from dra_operator.kubectl_dra.cluster import KINDS, CannotRead, read
 
-    from dra_api.kube import UnsupportedServer
-    from dra_operator.kubectl_dra.cluster import KINDS, fetch
-
-    reading = fetch(
-        kubeconfig=kubeconfig, context=args.context, kinds=kinds or KINDS, nodes_if_needed=nodes_if_needed
-    )
     try:
-        return asyncio.run(asyncio.wait_for(reading, args.request_timeout))
-    except ConfigException as exc:
-        raise UsageError(" ".join(str(exc).split())) from exc
-    except UnsupportedServer as exc:
+        return read(
+            kubeconfig=kubeconfig,
+            context=args.context,
+            kinds=kinds or KINDS,
+            nodes_if_needed=nodes_if_needed,
+            timeout_s=args.request_timeout,
+        )
+    except CannotRead as exc:
         raise UsageError(str(exc)) from exc
-    except ApiException as exc:
-        raise UsageError(_server_error(exc)) from exc
-    except TimeoutError as exc:
-        raise UsageError(
-            f"the API server did not answer within {args.request_timeout:g} s (--request-timeout)"
-        ) from exc
-    except (aiohttp.ClientError, OSError) as exc:
-        raise UsageError(
-            f"cannot reach the API server: {' '.join(str(exc).split()) or type(exc).__name__}"
-        ) from exc
 
 
 # ---- subcommands ---------------------------------------------------------------------------------

@@ -14,11 +14,15 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dra_api.kube import make_api_client, preferred_resource_version
+import aiohttp
+from kubernetes_asyncio.client.exceptions import ApiException
+from kubernetes_asyncio.config import ConfigException
+
+from dra_api.kube import UnsupportedServer, make_api_client, preferred_resource_version
 from dra_api.model import DeviceClass, ModelError, Node, NodeSelector, ResourceClaim, ResourceSlice
 from dra_api.names import MANAGED_BY_LABEL, MANAGED_BY_VALUE
-from dra_operator.kubeapi import KubeApi
-from dra_operator.reconcile.status import CONDITION_ANNOTATION
+from dra_operator.claims.status import CONDITION_ANNOTATION
+from dra_operator.client.kubeapi import KubeApi
 
 POD_CLAIM_STATUSES = "resourceClaimStatuses"
 
@@ -262,3 +266,45 @@ async def fetch(
     finally:
         await api.close()
     return cluster
+
+
+class CannotRead(Exception):
+    """The cluster could not be read; the message says why in one line."""
+
+
+def _server_error(exc: ApiException) -> str:
+    text = str(exc.reason or "")
+    try:
+        body = json.loads(text)
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and body.get("message"):
+        text = str(body["message"])
+    return f"the server refused the request (HTTP {exc.status}): {' '.join(text.split())[:300]}"
+
+
+def read(
+    *,
+    kubeconfig: str | None,
+    context: str | None,
+    kinds: Collection[str],
+    nodes_if_needed: bool,
+    timeout_s: float,
+) -> ClusterObjects:
+    """:func:`fetch`, run to its end within ``timeout_s``; every way it can fail is a
+    :class:`CannotRead` with a one-line reason."""
+    reading = fetch(kubeconfig=kubeconfig, context=context, kinds=kinds, nodes_if_needed=nodes_if_needed)
+    try:
+        return asyncio.run(asyncio.wait_for(reading, timeout_s))
+    except ConfigException as exc:
+        raise CannotRead(" ".join(str(exc).split())) from exc
+    except UnsupportedServer as exc:
+        raise CannotRead(str(exc)) from exc
+    except ApiException as exc:
+        raise CannotRead(_server_error(exc)) from exc
+    except TimeoutError as exc:
+        raise CannotRead(f"the API server did not answer within {timeout_s:g} s (--request-timeout)") from exc
+    except (aiohttp.ClientError, OSError) as exc:
+        raise CannotRead(
+            f"cannot reach the API server: {' '.join(str(exc).split()) or type(exc).__name__}"
+        ) from exc

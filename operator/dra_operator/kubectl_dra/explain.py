@@ -1,6 +1,6 @@
 """``kubectl dra explain CLAIM``: why a claim is pending, or where it went and why it fits.
 
-A pending claim is run through :func:`dra_operator.simulate.plan` on the cluster's current objects,
+A pending claim is run through :func:`dra_operator.entry.simulate.plan` on the cluster's current objects,
 with every other claim's allocation holding its devices: the printed text is what ``dra-operator
 simulate`` prints for the same objects, and ``message`` (in ``-o json|yaml``) is what the operator
 writes in its Event and condition (``NoFit``: the explanation's one-line form). ``--node`` asks the
@@ -24,14 +24,14 @@ from typing import Any
 
 from dra_api.model import ALL, Node, ResourceClaim, ResourceClaimStatus
 from dra_operator.allocator import AllocationError, FeatureGates, RequestFunnel
+from dra_operator.base.settings import SEARCH_BUDGET_S
+from dra_operator.claims.status import describe_allocation
+from dra_operator.entry.simulate import plan, render, result_of
 from dra_operator.kubectl_dra.claims_command import allocator, consumers, state
 from dra_operator.kubectl_dra.cluster import ClaimObject, ClusterObjects, node_of
 from dra_operator.kubectl_dra.devices import health, taint_text
 from dra_operator.planner import NotPlaced, OutOfBudget, PlanError, Planner, PlanOutcome
-from dra_operator.reconcile.schedulerwait import WAITING_REASON
-from dra_operator.reconcile.status import describe_allocation
-from dra_operator.settings import SEARCH_BUDGET_S
-from dra_operator.simulate import plan, render, result_of
+from dra_operator.scheduler.waits import WAITING_REASON
 
 ALLOCATABLE = 0
 NOT_ALLOCATABLE = 1

@@ -1,4 +1,4 @@
-"""The operator's :class:`~dra_operator.placement.Placer` protocol on top of :class:`Planner`.
+"""The operator's :class:`~dra_operator.planner.placement.Placer` protocol on top of :class:`Planner`.
 
 :class:`PlannerPlacer` keeps one planner per model generation (classes, slices, nodes); a new
 generation builds a new slice index from the previous one, so unchanged devices keep their CEL
@@ -17,11 +17,12 @@ from collections.abc import Callable, Sequence
 
 from dra_api.model import AllocationResult, ResourceClaim
 from dra_operator.allocator import FeatureGates, SliceIndex
+from dra_operator.base.settings import SEARCH_BUDGET_S
 from dra_operator.cel import WorkBudget
-from dra_operator.clustermodel import ClaimKey, ClusterModel
-from dra_operator.placement import Outcome, OutOfBudget, Placement, Unallocatable
+from dra_operator.model.cluster import ClaimKey, ClusterModel
 from dra_operator.planner.index import exclusive_devices
 from dra_operator.planner.offloop import PlannerSnapshot, SearchThreads
+from dra_operator.planner.placement import Outcome, OutOfBudget, Placement, Unallocatable
 from dra_operator.planner.planner import (
     FIRST_FIT,
     NotPlaced,
@@ -32,7 +33,6 @@ from dra_operator.planner.planner import (
 from dra_operator.planner.planner import (
     OutOfBudget as Unfinished,
 )
-from dra_operator.settings import SEARCH_BUDGET_S
 
 # Defaults of the operator's settings (see Settings for what each means).
 SLICE_S = 0.05

@@ -32,10 +32,10 @@ from dra_operator.allocator import (
     SliceIndex,
 )
 from dra_operator.cel import BudgetExhausted, CelCompileError, WorkBudget, charged_to, compile_selector
-from dra_operator.placement import ClassSelectorFault
 from dra_operator.planner.demand import Demand, DemandKey, demand_of, request_specs
 from dra_operator.planner.explain import Explanation, NodeAttempt, explain, explain_unfinished
 from dra_operator.planner.index import FreeDeviceIndex, exclusive_devices
+from dra_operator.planner.placement import ClassSelectorFault
 
 logger = logging.getLogger(__name__)
 

@@ -170,7 +170,7 @@ def test_operator_and_agent_run_as_pods_under_their_service_accounts(install: In
             p.read_text(errors="replace")
             for p in install.node.pod_logs_dir.glob(f"{NAMESPACE}_{name}_*/*/*.log")
         )
-        assert "dra_operator.runner: starting" in text, text[-3000:]
+        assert "dra_operator.entry.runner: starting" in text, text[-3000:]
         assert "failed; will retry" not in text, text[-3000:]
 
 

@@ -100,7 +100,7 @@ class Operators:
         args = [
             sys.executable,
             "-m",
-            "dra_operator.cli",
+            "dra_operator.entry.cli",
             "run",
             f"--kubeconfig={kubeconfig or self.cluster.kubeconfig}",
             f"--metrics-port={port}",

@@ -19,7 +19,7 @@ import yaml
 
 from dra_devcluster import LocalCluster
 from dra_devcluster.faultproxy import FaultProxy
-from dra_operator.clustermodel import ARRIVAL_AGE_S
+from dra_operator.model.cluster import ARRIVAL_AGE_S
 from tests.integration.operator.conftest import Operators
 from tests.integration.operator.objects import OPERATOR_FINALIZER, add_gpu_node, claim, pod
 

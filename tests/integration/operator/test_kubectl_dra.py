@@ -70,7 +70,7 @@ def _simulate(cluster: LocalCluster, tmp: Path, *, pending: str, ns: str, node: 
             objects.append(c)
     path = tmp / "cluster.yaml"
     path.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": objects}))
-    argv = [sys.executable, "-m", "dra_operator.cli", "simulate", "-f", str(path)]
+    argv = [sys.executable, "-m", "dra_operator.entry.cli", "simulate", "-f", str(path)]
     result = subprocess.run(
         [*argv, *(["--node", node] if node else [])], capture_output=True, text=True, timeout=120
     )

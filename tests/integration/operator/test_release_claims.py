@@ -66,7 +66,7 @@ def release_claims(cluster: LocalCluster, *args: str) -> subprocess.CompletedPro
         [
             sys.executable,
             "-m",
-            "dra_operator.cli",
+            "dra_operator.entry.cli",
             "release-claims",
             f"--kubeconfig={cluster.kubeconfig}",
             *args,
@@ -155,7 +155,7 @@ def test_release_claims_without_a_server_says_so(tmp_path: Path) -> None:
         "current-context: x\n"
     )
     result = subprocess.run(
-        [sys.executable, "-m", "dra_operator.cli", "release-claims", f"--kubeconfig={kubeconfig}"],
+        [sys.executable, "-m", "dra_operator.entry.cli", "release-claims", f"--kubeconfig={kubeconfig}"],
         capture_output=True,
         text=True,
         timeout=60,

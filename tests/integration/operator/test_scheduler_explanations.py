@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from dra_devcluster import LocalCluster
-from dra_operator.deviceclasses import desired_classes
-from dra_operator.settings import Settings
+from dra_operator.base.settings import Settings
+from dra_operator.upkeep.deviceclasses import desired_classes
 from tests.integration.operator.conftest import Operators, claims_json, events_for
 from tests.integration.operator.objects import (
     CONDITION_ANNOTATION,

@@ -17,8 +17,8 @@ from dra_api.names import OPERATOR_FINALIZER
 from dra_node_agent import cli as agent_cli
 from dra_node_agent import settings as agent_settings
 from dra_node_agent.simulated.discovery import available_profiles
-from dra_operator import settings as operator_settings
-from dra_operator.deviceclasses import desired_classes
+from dra_operator.base import settings as operator_settings
+from dra_operator.upkeep.deviceclasses import desired_classes
 from tests.unit.deploy.render import MANIFESTS_DIR, OVERLAYS, PEERING_NAME, Obj, of_kind, one, render
 
 CLAIM_POLICY = "accel-dra-claim-finalizer"

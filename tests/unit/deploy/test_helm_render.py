@@ -27,7 +27,7 @@ import yaml
 
 from dra_node_agent import cli as agent_cli
 from dra_node_agent import settings as agent_settings
-from dra_operator import settings as operator_settings
+from dra_operator.base import settings as operator_settings
 from tests.unit.deploy.helm_render import CHART_DIR, helm_template, overlay_values
 from tests.unit.deploy.render import CRDS_DIR, MANIFESTS_DIR, NAMESPACE, OVERLAYS, Obj, render
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from dra_operator.reconcile.claims import ClaimReconciler
+from dra_operator.claims.coordinator import ClaimReconciler
 
 
 def assert_placer_agrees(reconciler: ClaimReconciler) -> None:

@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 
 from dra_api.model import DeviceClass, Node, ResourceClaim, ResourceSlice
 from dra_operator.cel import WorkBudget
-from dra_operator.clustermodel import ClusterModel, InvalidClaim
+from dra_operator.claims.claimchecks import validate_claim
+from dra_operator.model.cluster import ClusterModel, InvalidClaim
 from dra_operator.planner import NotPlaced, OutOfBudget, PlanError, Planned, Planner
-from dra_operator.reconcile.claimchecks import validate_claim
 
 from . import helpers as h
 

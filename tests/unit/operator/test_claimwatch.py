@@ -9,14 +9,14 @@ from typing import Any
 import aiohttp
 import pytest
 
-from dra_operator.claimwatch import ClaimWatch
-from dra_operator.clustermodel import ClaimKey, ClusterModel
-from dra_operator.kubeapi import Expired, Listing, WatchInactive
-from dra_operator.liveness import Health
-from dra_operator.metrics import Metrics
+from dra_operator.base.settings import Settings
+from dra_operator.claims.coordinator import ClaimReconciler
+from dra_operator.client.kubeapi import Expired, Listing, WatchInactive
+from dra_operator.model.cluster import ClaimKey, ClusterModel
+from dra_operator.model.metrics import Metrics
 from dra_operator.planner import PlannerPlacer
-from dra_operator.reconcile.claims import ClaimReconciler
-from dra_operator.settings import Settings
+from dra_operator.watch.claimwatch import ClaimWatch
+from dra_operator.watch.liveness import Health
 
 from . import helpers as h
 

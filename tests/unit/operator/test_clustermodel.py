@@ -3,7 +3,7 @@ from __future__ import annotations
 import time
 
 from dra_api.model import AllocationResult, ResourceClaim
-from dra_operator.clustermodel import ClaimKey, ClusterModel
+from dra_operator.model.cluster import ClaimKey, ClusterModel
 from tests.unit.operator.helpers import allocation, claim, gpu_class, gpu_slice
 
 

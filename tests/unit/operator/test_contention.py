@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from dra_api.model import AllocationResult
-from dra_operator.clustermodel import ClusterModel
-from dra_operator.reconcile.contention import NO_DEMAND, Clearance, scheduler_demand
-from dra_operator.settings import Ownership
+from dra_operator.base.settings import Ownership
+from dra_operator.model.cluster import ClusterModel
+from dra_operator.scheduler.contention import NO_DEMAND, Clearance, scheduler_demand
 
 from . import helpers as h
 

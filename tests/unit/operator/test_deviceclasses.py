@@ -6,16 +6,16 @@ from typing import Any, cast
 
 import pytest
 
+from dra_operator.base.settings import Settings
 from dra_operator.cel import compile_selector
-from dra_operator.deviceclasses import (
+from dra_operator.client.kubeapi import KubeApi
+from dra_operator.upkeep.deviceclasses import (
     DeviceClassKeeper,
     desired_classes,
     drifted,
     invalid_selectors,
     is_managed,
 )
-from dra_operator.kubeapi import KubeApi
-from dra_operator.settings import Settings
 
 
 def test_desired_classes_follow_settings_and_are_labelled() -> None:
@@ -101,7 +101,7 @@ def test_a_server_that_drops_the_field_gets_classes_without_it_and_no_endless_re
         },
         "spec": {"selectors": selectors},
     }
-    with caplog.at_level(logging.WARNING, logger="dra_operator.deviceclasses"):
+    with caplog.at_level(logging.WARNING, logger="dra_operator.upkeep.deviceclasses"):
         asyncio.run(keeper.reconcile(name="gpu.nvidia.com", obj=existing))
         asyncio.run(keeper.reconcile(name="gpu.nvidia.com", obj=existing))
     assert server.patches == 1  # tried once; the second event finds nothing to repair

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any
 
-from dra_operator.events import EventSink
+from dra_operator.client.events import EventSink
 
 
 class Recorder:

@@ -8,8 +8,8 @@ import datetime
 from collections.abc import Mapping
 from typing import Any
 
-from dra_operator.clustermodel import ClusterModel
-from dra_operator.reconcile.extended import REASON, REPORT_WINDOW_S, ExtendedResourceReporter
+from dra_operator.model.cluster import ClusterModel
+from dra_operator.reporters.extended import REASON, REPORT_WINDOW_S, ExtendedResourceReporter
 
 from . import helpers as h
 

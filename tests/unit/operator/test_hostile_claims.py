@@ -12,12 +12,12 @@ import copy
 import json
 from typing import Any
 
-from dra_operator.clustermodel import ClusterModel
-from dra_operator.metrics import Metrics
+from dra_operator.base.settings import Settings
+from dra_operator.claims.coordinator import ClaimReconciler
+from dra_operator.claims.status import CONDITION_ANNOTATION as CONDITION
+from dra_operator.model.cluster import ClusterModel
+from dra_operator.model.metrics import Metrics
 from dra_operator.planner import PlannerPlacer
-from dra_operator.reconcile.claims import ClaimReconciler
-from dra_operator.reconcile.status import CONDITION_ANNOTATION as CONDITION
-from dra_operator.settings import Settings
 
 from . import helpers as h
 from .planner.test_budget import split_counters_slice

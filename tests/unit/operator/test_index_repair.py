@@ -13,12 +13,12 @@ import copy
 from typing import Any
 
 from dra_api.model import AllocationResult
-from dra_operator.clustermodel import ClaimKey, ClusterModel
-from dra_operator.logthrottle import LogThrottle, held_back
-from dra_operator.metrics import Metrics
+from dra_operator.base.logthrottle import LogThrottle, held_back
+from dra_operator.base.settings import Settings
+from dra_operator.claims.coordinator import ClaimReconciler
+from dra_operator.model.cluster import ClaimKey, ClusterModel
+from dra_operator.model.metrics import Metrics
 from dra_operator.planner import PlannerPlacer
-from dra_operator.reconcile.claims import ClaimReconciler
-from dra_operator.settings import Settings
 
 from . import helpers as h
 

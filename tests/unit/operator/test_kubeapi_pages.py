@@ -10,7 +10,7 @@ import pytest
 from aiohttp import web
 from kubernetes_asyncio import client
 
-from dra_operator.kubeapi import PAGE_SIZE, KubeApi, Listing
+from dra_operator.client.kubeapi import PAGE_SIZE, KubeApi, Listing
 from tests.unit.operator.local_http import client_config, local_server
 
 Served = list[tuple[str, dict[str, str]]]

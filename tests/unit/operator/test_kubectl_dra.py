@@ -16,13 +16,13 @@ import yaml
 
 from dra_api.model import Node
 from dra_operator.allocator import FeatureGates
+from dra_operator.entry.simulate import plan, render, result_of
 from dra_operator.kubectl_dra import cli
 from dra_operator.kubectl_dra.claims_command import claim_rows, render_claims
 from dra_operator.kubectl_dra.cluster import ClusterObjects
 from dra_operator.kubectl_dra.devices import class_totals, device_rows, render_devices
 from dra_operator.kubectl_dra.explain import explain_claim
 from dra_operator.kubectl_dra.output import human_age, table
-from dra_operator.simulate import plan, render, result_of
 
 V1 = "resource.k8s.io/v1"
 GPU = "gpu.nvidia.com"

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from dra_operator.liveness import Health
+from dra_operator.watch.liveness import Health
 
 
 class _Clock:

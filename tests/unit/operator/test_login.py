@@ -6,7 +6,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dra_operator.login import FALLBACK_SERVER, in_cluster_server, kubeconfig_login, service_account_login
+from dra_operator.client.login import (
+    FALLBACK_SERVER,
+    in_cluster_server,
+    kubeconfig_login,
+    service_account_login,
+)
 
 
 def service_account(tmp_path: Path, *, token: str = "tok-1\n") -> Path:

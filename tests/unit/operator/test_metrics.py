@@ -2,8 +2,8 @@ from __future__ import annotations
 
 from prometheus_client import generate_latest
 
-from dra_operator.clustermodel import ClusterModel
-from dra_operator.metrics import Metrics
+from dra_operator.model.cluster import ClusterModel
+from dra_operator.model.metrics import Metrics
 from tests.unit.operator.helpers import allocation, claim, gpu_class, gpu_slice
 
 

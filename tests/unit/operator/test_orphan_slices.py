@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import copy
 
-from dra_operator.clustermodel import ClusterModel
-from dra_operator.reconcile.slices import orphan_candidates
+from dra_operator.model.cluster import ClusterModel
+from dra_operator.upkeep.slices import orphan_candidates
 
 from . import helpers as h
 

@@ -1,8 +1,8 @@
 from __future__ import annotations
 
 from dra_api.model import ResourceClaim
-from dra_operator.reconcile.ownership import generated_from_template, is_ours
-from dra_operator.settings import Ownership
+from dra_operator.base.settings import Ownership
+from dra_operator.model.ownership import generated_from_template, is_ours
 from tests.unit.operator.helpers import claim
 
 CLASSES = ("gpu.nvidia.com", "tpu.google.com")

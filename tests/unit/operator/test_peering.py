@@ -11,8 +11,9 @@ from typing import Any, cast
 import pytest
 from kubernetes_asyncio import client
 
-from dra_operator.kubeapi import KubeApi, NotActive
-from dra_operator.peering import (
+from dra_operator.base.settings import parse
+from dra_operator.client.kubeapi import KubeApi, NotActive
+from dra_operator.watch.peering import (
     HEARTBEAT_ANNOTATION,
     Peering,
     PeeringTimes,
@@ -20,7 +21,6 @@ from dra_operator.peering import (
     is_active,
     parse_time,
 )
-from dra_operator.settings import parse
 
 
 def _active(peering: Peering) -> bool:
@@ -140,7 +140,7 @@ def test_the_active_instance_stops_writing_at_the_renew_deadline_before_a_peer_m
         assert _active(me)
     t.now = 8.0
     assert not _active(me)  # at D = 8 s, four seconds before its entry expires for the peers
-    with caplog.at_level(logging.ERROR, logger="dra_operator.peering"):
+    with caplog.at_level(logging.ERROR, logger="dra_operator.watch.peering"):
         me._report()
     assert "stepped down: no keep-alive renewed for 8 s" in caplog.text
     store.failing = False
@@ -254,7 +254,7 @@ def test_a_missing_peering_object_keeps_the_instance_paused(caplog: pytest.LogCa
     store = _PeeringObject()
     store.exists = False
     peering = _instance(store, _Time(), "me", 10)
-    with caplog.at_level(logging.WARNING, logger="dra_operator.peering"):
+    with caplog.at_level(logging.WARNING, logger="dra_operator.watch.peering"):
         asyncio.run(peering.renew())
     assert not _active(peering)
     assert "ClusterKopfPeering p is missing" in caplog.text

@@ -10,18 +10,18 @@ from typing import Any
 
 import pytest
 
-from dra_operator.clustermodel import ClaimKey, ClusterModel
-from dra_operator.metrics import Metrics
+from dra_operator.base.settings import Ownership, Settings
+from dra_operator.claims.coordinator import ClaimReconciler
+from dra_operator.model.cluster import ClaimKey, ClusterModel
+from dra_operator.model.metrics import Metrics
 from dra_operator.planner import PlannerPlacer
-from dra_operator.reconcile.claims import ClaimReconciler
-from dra_operator.reconcile.pending import (
+from dra_operator.reporters.pending import (
     REASON,
     ExplanationLimiter,
     SchedulerClaimExplainer,
     Waiting,
     waiting_claims,
 )
-from dra_operator.settings import Ownership, Settings
 
 from . import helpers as h
 

@@ -1,14 +1,14 @@
 from __future__ import annotations
 
 from dra_api.model import ResourceClaim
+from dra_operator.base.settings import Settings
 from dra_operator.cel import compile_selector
-from dra_operator.clustermodel import ClaimKey, ClusterModel
-from dra_operator.metrics import Metrics
-from dra_operator.placement import Placement, Unallocatable
+from dra_operator.claims.claimchecks import validate_claim
+from dra_operator.claims.coordinator import ClaimReconciler
+from dra_operator.model.cluster import ClaimKey, ClusterModel
+from dra_operator.model.metrics import Metrics
 from dra_operator.planner import PlannerPlacer
-from dra_operator.reconcile.claimchecks import validate_claim
-from dra_operator.reconcile.claims import ClaimReconciler
-from dra_operator.settings import Settings
+from dra_operator.planner.placement import Placement, Unallocatable
 from tests.unit.operator.helpers import allocation, claim, gpu_class, gpu_slice, node
 
 
@@ -102,9 +102,9 @@ def test_selector_error_is_reported_even_when_no_device_is_free() -> None:
 def test_drivers_known_to_the_claim_checks_follow_the_slices() -> None:
     """The known drivers are kept per model generation: a driver whose slices appear later is
     known from then on, and one whose slices all go is unknown again."""
-    from dra_operator.metrics import Metrics
-    from dra_operator.reconcile.claims import ClaimReconciler
-    from dra_operator.settings import Settings
+    from dra_operator.base.settings import Settings
+    from dra_operator.claims.coordinator import ClaimReconciler
+    from dra_operator.model.metrics import Metrics
 
     model = _model(("n1", 2))
     reconciler = ClaimReconciler(

@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from dra_operator.clustermodel import ClaimKey, ClusterModel, claim_key_of
-from dra_operator.kubeapi import Listing
-from dra_operator.metrics import Metrics
+from dra_operator.base.settings import Settings
+from dra_operator.claims.coordinator import ClaimReconciler
+from dra_operator.claims.relist import RELIST_KINDS, Relister
+from dra_operator.client.kubeapi import Listing
+from dra_operator.model.cluster import ClaimKey, ClusterModel, claim_key_of
+from dra_operator.model.metrics import Metrics
 from dra_operator.planner import PlannerPlacer
-from dra_operator.reconcile.claims import ClaimReconciler
-from dra_operator.reconcile.relist import RELIST_KINDS, Relister
-from dra_operator.settings import Settings
 
 from . import helpers as h
 
@@ -157,7 +157,7 @@ async def test_the_initial_listing_says_how_long_it_took(caplog: pytest.LogCaptu
         metrics=metrics,
     )
     reconciler.relister.clock = lambda: now[0]
-    with caplog.at_level(logging.INFO, logger="dra_operator.reconcile.relist"):
+    with caplog.at_level(logging.INFO, logger="dra_operator.claims.relist"):
         await reconciler.resync()
 
     assert ("resourceslices", 1) in api.pages
@@ -247,7 +247,7 @@ async def test_deletions_are_found_across_pages(caplog: pytest.LogCaptureFixture
         "nodes": Listing([_node(n, rv=str(9 + int(n[1:]))) for n in kept], "50"),
         "pods": Listing([_pod(f"p{int(n[1:]) - 1}") for n in kept], "50"),
     }
-    with caplog.at_level(logging.INFO, logger="dra_operator.reconcile.relist"):
+    with caplog.at_level(logging.INFO, logger="dra_operator.claims.relist"):
         counts = await relister.relist(RELIST_KINDS)
 
     assert [i for kind, i in api.pages if kind == "resourceslices"] == [0, 1, 2]
@@ -274,7 +274,7 @@ async def test_deletions_are_found_across_pages(caplog: pytest.LogCaptureFixture
 
     # The same listing again: nothing changes, nothing is deleted.
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="dra_operator.reconcile.relist"):
+    with caplog.at_level(logging.INFO, logger="dra_operator.claims.relist"):
         await relister.relist(RELIST_KINDS)
     assert inputs.cluster_changes == 1
     assert not [r for r in caplog.records if "while the watch was not looking" in r.getMessage()]
@@ -488,7 +488,7 @@ async def test_a_takeover_allocates_from_the_kept_model_and_relists_in_the_backg
     api.listings["resourceclaims"] = Listing([h.claim("old", rv="3"), h.claim("new", rv="11")], "12")
     reconciler.queue.dirty.clear()
 
-    with caplog.at_level(logging.INFO, logger="dra_operator.reconcile.claims"):
+    with caplog.at_level(logging.INFO, logger="dra_operator.claims.coordinator"):
         await reconciler.take_over()
     assert api.pages == []  # nothing listed before the claims are queued
     assert set(reconciler.queue.dirty) == {ClaimKey("ns", "old"), ClaimKey("ns", "new")}

@@ -16,16 +16,17 @@ from typing import Any
 import pytest
 
 from dra_operator.allocator import SliceIndex
-from dra_operator.clustermodel import ClaimKey, ClusterModel
-from dra_operator.metrics import Metrics
+from dra_operator.base.settings import Settings
+from dra_operator.claims.coordinator import ClaimReconciler
+from dra_operator.claims.status import CONDITION_ANNOTATION
+from dra_operator.claims.tell import RESERVED_REASON
+from dra_operator.model.cluster import ClaimKey, ClusterModel
+from dra_operator.model.metrics import Metrics
 from dra_operator.planner import PlannerPlacer
-from dra_operator.reconcile import reservation, schedulerwait
-from dra_operator.reconcile.claims import ClaimReconciler
-from dra_operator.reconcile.reservation import RESERVED_FOR_LABEL, choose_target
-from dra_operator.reconcile.schedulerwait import WAITING_REASON
-from dra_operator.reconcile.status import CONDITION_ANNOTATION
-from dra_operator.reconcile.tell import RESERVED_REASON
-from dra_operator.settings import Settings
+from dra_operator.scheduler import reservation
+from dra_operator.scheduler import waits as schedulerwait
+from dra_operator.scheduler.reservation import RESERVED_FOR_LABEL, choose_target
+from dra_operator.scheduler.waits import WAITING_REASON
 
 from . import helpers as h
 from .test_contention import model_with, pod, pod_claim

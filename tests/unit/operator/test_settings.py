@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from dra_operator.settings import Ownership, parse
+from dra_operator.base.settings import Ownership, parse
 
 
 def test_flags_win_over_environment_and_defaults() -> None:

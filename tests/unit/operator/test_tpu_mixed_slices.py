@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from dra_operator.clustermodel import ClusterModel
-from dra_operator.reconcile.tpuslices import REASON, MixedSliceReporter
+from dra_operator.model.cluster import ClusterModel
+from dra_operator.reporters.tpuslices import REASON, MixedSliceReporter
 
 TPU = "tpu.google.com"
 NS = "ml"

@@ -17,10 +17,11 @@ from kopf._cogs.clients import fetching as kopf_fetching
 from kopf._cogs.clients import watching as kopf_watching
 from kubernetes_asyncio import client
 
-from dra_operator import kopfwatchlog, runner
-from dra_operator.kubeapi import KubeApi, WatchInactive
-from dra_operator.metrics import Metrics
-from dra_operator.settings import parse
+from dra_operator.base.settings import parse
+from dra_operator.client.kubeapi import KubeApi, WatchInactive
+from dra_operator.entry import runner
+from dra_operator.model.metrics import Metrics
+from dra_operator.watch import kopfwatchlog
 
 
 @pytest.fixture

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dra_operator.clustermodel import ClaimKey
-from dra_operator.reconcile.workqueue import ClaimQueue, Turns
+from dra_operator.model.cluster import ClaimKey
+from dra_operator.model.workqueue import ClaimQueue, Turns
 
 
 def _keys(namespace: str, count: int) -> list[ClaimKey]:

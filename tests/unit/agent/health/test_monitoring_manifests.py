@@ -20,8 +20,8 @@ from dra_node_agent.checkpoint import CheckpointCorrupt
 from dra_node_agent.checkpoint_report import CorruptionReporter
 from dra_node_agent.health.monitor import HealthMonitor, HealthSettings
 from dra_node_agent.nvidia.health_probe import NvmlHealthProbe
-from dra_operator.clustermodel import ClusterModel
-from dra_operator.metrics import Metrics
+from dra_operator.model.cluster import ClusterModel
+from dra_operator.model.metrics import Metrics
 
 from .fakes import Clock, discover, fake_nvml, h100
 from .tools import require

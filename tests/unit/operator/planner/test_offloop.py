@@ -6,9 +6,9 @@ import asyncio
 import threading
 
 from dra_api.model import ResourceSlice
-from dra_operator.clustermodel import ClusterModel
-from dra_operator.placement import OutOfBudget, Placement
+from dra_operator.model.cluster import ClusterModel
 from dra_operator.planner import PlannerPlacer, SearchThreads
+from dra_operator.planner.placement import OutOfBudget, Placement
 
 from .test_budget import claim, split_counters_slice
 

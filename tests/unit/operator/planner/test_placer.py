@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dra_api.model import ResourceClaim
-from dra_operator.clustermodel import ClaimKey, ClusterModel
-from dra_operator.placement import Placement, Placer, Unallocatable
+from dra_operator.model.cluster import ClaimKey, ClusterModel
 from dra_operator.planner import EVENT_MESSAGE_LIMIT, PlannerPlacer
+from dra_operator.planner.placement import Placement, Placer, Unallocatable
 from tests.unit.operator.planner.builders import (
     allocation,
     claim,

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dra_operator import cli, simulate
+from dra_operator.entry import cli, simulate
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CLUSTER = str(FIXTURES / "cluster.yaml")

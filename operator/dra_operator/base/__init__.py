@@ -1,0 +1,1 @@
+"""Foundations every layer may use: the settings and log throttling."""

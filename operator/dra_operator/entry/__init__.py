@@ -1,0 +1,2 @@
+"""Entry points: the commands (``dra-operator run``, ``simulate``, ``release-claims``) and the
+wiring of the running operator."""

@@ -1,1 +1,0 @@
-"""Reconcile logic behind the thin Kopf handlers: claims, DeviceClasses, slices."""

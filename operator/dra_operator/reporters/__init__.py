@@ -1,0 +1,1 @@
+"""Reporters: Events about claims and pods the operator does not allocate itself."""

@@ -1,0 +1,2 @@
+"""Upkeep: the driver's DeviceClasses kept in place and validated, and ResourceSlices of vanished
+nodes removed."""
