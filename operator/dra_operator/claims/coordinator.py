@@ -46,17 +46,17 @@ from dra_operator.claims.release import ClaimReleaser
 from dra_operator.claims.relist import Relister
 from dra_operator.claims.status import ClaimStatusWriter
 from dra_operator.claims.tell import ClaimTeller
-from dra_operator.client.events import EventSink
-from dra_operator.client.kubeapi import (
+from dra_operator.client.errors import (
     Conflict,
     Gone,
-    KubeApi,
     NotActive,
     error_cause,
     error_text,
     retry_after,
     transient,
 )
+from dra_operator.client.events import EventSink
+from dra_operator.client.kubeapi import KubeApi
 from dra_operator.model.book import ClaimBook
 from dra_operator.model.cluster import ClaimKey, ClusterModel, claim_key_of
 from dra_operator.model.metrics import Metrics

@@ -46,8 +46,9 @@ from dra_operator.allocator import FeatureGates
 from dra_operator.allocator.gates import RELEASE_DEFAULTS
 from dra_operator.base.settings import Settings
 from dra_operator.claims.coordinator import ClaimReconciler
+from dra_operator.client.errors import error_text, transient
 from dra_operator.client.events import EventSink
-from dra_operator.client.kubeapi import KubeApi, error_text, server_version, transient
+from dra_operator.client.kubeapi import KubeApi, server_version
 from dra_operator.client.login import kubeconfig_login, service_account_login
 from dra_operator.model.cluster import ClusterModel
 from dra_operator.model.metrics import Metrics
