@@ -58,7 +58,7 @@ from dra_node_agent.publisher import PoolDesign, chunk_pool, plan_pool
 from dra_node_agent.simulated.discovery import load_profile
 from dra_operator.base.settings import Settings
 from dra_operator.claims.relist import Relister
-from dra_operator.client.kubeapi import Listing
+from dra_operator.client.listwatch import Listing
 from dra_operator.model.cluster import ClaimKey, ClusterModel
 from dra_operator.model.metrics import Metrics
 from dra_operator.planner import PlannerPlacer

@@ -46,17 +46,17 @@ from dra_operator.claims.release import ClaimReleaser
 from dra_operator.claims.relist import Relister
 from dra_operator.claims.status import ClaimStatusWriter
 from dra_operator.claims.tell import ClaimTeller
-from dra_operator.client.events import EventSink
-from dra_operator.client.kubeapi import (
+from dra_operator.client.errors import (
     Conflict,
     Gone,
-    KubeApi,
     NotActive,
     error_cause,
     error_text,
     retry_after,
     transient,
 )
+from dra_operator.client.events import EventSink
+from dra_operator.client.kubeapi import KubeApi
 from dra_operator.model.book import ClaimBook
 from dra_operator.model.cluster import ClaimKey, ClusterModel, claim_key_of
 from dra_operator.model.metrics import Metrics
@@ -118,6 +118,15 @@ class ClaimReconciler:
             ended=lambda outcome: metrics.reservations.labels(outcome).inc(),
             book=self.book,
         )
+        self._build_parts(clock=clock, compiler=compiler)
+        self.relister = Relister(model=model, api=api, metrics=metrics, inputs=self)
+        self.synced = self.relister.synced
+        """Set once the model holds a full listing; nothing is allocated before."""
+
+    def _build_parts(self, *, clock: Callable[[], float], compiler: Callable[[str], object] | None) -> None:
+        """The parts that handle one claim (status writes, the placer's index check, allocation,
+        telling outcomes, release), each handed what it needs of what the coordinator shares."""
+        model, placer, api, settings, metrics = self.model, self.placer, self.api, self.settings, self.metrics
         writer = ClaimStatusWriter(api=api, model=model, on_claim_event=self.took_own_write)
         self.writer = writer
         self.index_check = PlacerIndexCheck(
@@ -164,9 +173,6 @@ class ClaimReconciler:
             refetch=self._refetch,
             book=self.book,
         )
-        self.relister = Relister(model=model, api=api, metrics=metrics, inputs=self)
-        self.synced = self.relister.synced
-        """Set once the model holds a full listing; nothing is allocated before."""
 
     # -- inputs ---------------------------------------------------------------------------------
 
@@ -407,37 +413,7 @@ class ClaimReconciler:
         # One line per claim and kind of failure every 30 s at most: a failure that keeps coming
         # back is counted in the next line logged, not repeated.
         held = self._log_throttle.allow((key, type(exc)))
-        if isinstance(exc, DevicesTaken):
-            if held is not None:
-                logger.info(
-                    "claim %s: devices %s were taken meanwhile; placing again in %.1f s (attempt #%d)%s",
-                    key,
-                    exc,
-                    delay,
-                    attempt,
-                    held_back(held),
-                )
-        elif transient(exc):
-            self.metrics.api_retries.labels(error_cause(exc)).inc()
-            if held is not None:
-                logger.warning(
-                    "claim %s: attempt #%d failed (%s); will retry in %.1f s%s",
-                    key,
-                    attempt,
-                    error_text(exc),
-                    delay,
-                    held_back(held),
-                )
-        else:
-            self.metrics.reconcile_errors.labels("ResourceClaim").inc()
-            if held is not None:
-                logger.exception(
-                    "claim %s: attempt #%d failed; will retry in %.1f s%s",
-                    key,
-                    attempt,
-                    delay,
-                    held_back(held),
-                )
+        _count_and_say_retry(key=key, exc=exc, attempt=attempt, delay=delay, held=held, metrics=self.metrics)
         self.queue.mark_later(delay, key)
 
     async def _refetch(self, key: ClaimKey) -> None:
@@ -477,3 +453,41 @@ class ClaimReconciler:
         outcome = await self.allocator.allocate(claim)
         if outcome is not None:
             await self.teller.apply(outcome)
+
+
+def _count_and_say_retry(
+    *, key: ClaimKey, exc: Exception, attempt: int, delay: float, held: int | None, metrics: Metrics
+) -> None:
+    """Count a failed attempt at a claim, and log it unless the throttle holds it back (``held``:
+    None; else how many were held back since the last line)."""
+    if isinstance(exc, DevicesTaken):
+        if held is not None:
+            logger.info(
+                "claim %s: devices %s were taken meanwhile; placing again in %.1f s (attempt #%d)%s",
+                key,
+                exc,
+                delay,
+                attempt,
+                held_back(held),
+            )
+    elif transient(exc):
+        metrics.api_retries.labels(error_cause(exc)).inc()
+        if held is not None:
+            logger.warning(
+                "claim %s: attempt #%d failed (%s); will retry in %.1f s%s",
+                key,
+                attempt,
+                error_text(exc),
+                delay,
+                held_back(held),
+            )
+    else:
+        metrics.reconcile_errors.labels("ResourceClaim").inc()
+        if held is not None:
+            logger.exception(
+                "claim %s: attempt #%d failed; will retry in %.1f s%s",
+                key,
+                attempt,
+                delay,
+                held_back(held),
+            )

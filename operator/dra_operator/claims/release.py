@@ -13,8 +13,9 @@ from collections.abc import Awaitable, Callable
 from dra_api.model import ResourceClaim
 from dra_operator.claims.status import ClaimStatusWriter, involved
 from dra_operator.claims.tell import Released
+from dra_operator.client.errors import Conflict, Gone
 from dra_operator.client.events import EventSink
-from dra_operator.client.kubeapi import Conflict, Gone, KubeApi
+from dra_operator.client.kubeapi import KubeApi
 from dra_operator.model.book import ClaimBook
 from dra_operator.model.cluster import ClaimKey, ClusterModel
 from dra_operator.model.metrics import Metrics

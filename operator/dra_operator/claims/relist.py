@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from dra_api.model import ModelError
-from dra_operator.client.kubeapi import KubeApi, error_text
+from dra_operator.client.errors import error_text
+from dra_operator.client.kubeapi import KubeApi
 from dra_operator.model.cluster import ClaimKey, ClusterModel, claim_key_of
 from dra_operator.model.metrics import Metrics
 

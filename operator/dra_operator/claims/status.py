@@ -15,7 +15,8 @@ from typing import Any
 from dra_api import times
 from dra_api.model import AllocationResult, ResourceClaim
 from dra_api.names import OPERATOR_FINALIZER, PROJECT_DOMAIN
-from dra_operator.client.kubeapi import Gone, KubeApi
+from dra_operator.client.errors import Gone
+from dra_operator.client.kubeapi import KubeApi
 from dra_operator.model.cluster import ClaimKey, ClusterModel
 
 CONDITION_ANNOTATION = f"{PROJECT_DOMAIN}/condition"

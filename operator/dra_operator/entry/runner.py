@@ -36,18 +36,21 @@ import os
 import signal
 import threading
 import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import kopf
 
-from dra_api.kube import first_resource_version, make_api_client
+from dra_api.kube import ApiClient, first_resource_version, make_api_client
 from dra_api.names import PROJECT_DOMAIN
 from dra_operator.allocator import FeatureGates
 from dra_operator.allocator.gates import RELEASE_DEFAULTS
 from dra_operator.base.settings import Settings
 from dra_operator.claims.coordinator import ClaimReconciler
+from dra_operator.client.errors import error_text, transient
 from dra_operator.client.events import EventSink
-from dra_operator.client.kubeapi import KubeApi, error_text, server_version, transient
+from dra_operator.client.kubeapi import KubeApi, server_version
 from dra_operator.client.login import kubeconfig_login, service_account_login
 from dra_operator.model.cluster import ClusterModel
 from dra_operator.model.metrics import Metrics
@@ -106,6 +109,21 @@ def configure_kopf(kopf_settings: kopf.OperatorSettings, settings: Settings) -> 
     kopf_settings.posting.enabled = False
 
 
+@dataclass
+class _Parts:
+    """The running operator's parts, built once the API server answered (see :func:`_build`)."""
+
+    api: KubeApi
+    model: ClusterModel
+    metrics: Metrics
+    keeper: DeviceClassKeeper
+    events: EventSink
+    claims: ClaimReconciler
+    peering: Peering | None
+    health: Health
+    orphans: OrphanSliceCollector
+
+
 async def run(
     settings: Settings,
     *,
@@ -113,25 +131,85 @@ async def run(
     stop_flag: asyncio.Event | None = None,
     ready_flag: asyncio.Event | None = None,
 ) -> None:
+    """Connect, build the parts, serve ``/healthz`` and ``/metrics``, start our tasks, run Kopf
+    until it stops; then stop each part in the reverse order (each part's stop is beside its
+    start, in the context managers below)."""
     identity = settings.resolved_identity()
+    async with contextlib.AsyncExitStack() as stack:
+        api_client, version = await stack.enter_async_context(_connected(settings))
+        api = KubeApi(api_client, resource_version=version, instance=identity)
+        gates = await _allocation_gates(api_client, settings)
+        await _discover_taint_rules(api, settings)
+        parts = _build(api=api, settings=settings, gates=gates, placer=placer, identity=identity)
+        await stack.enter_async_context(_serving(parts, settings))
+        stop = stop_flag if stop_flag is not None else asyncio.Event()
+        kopf_ready = asyncio.Event()
+        await stack.enter_async_context(
+            _running(parts, settings, stop=stop, kopf_ready=kopf_ready, ready_flag=ready_flag)
+        )
+        logger.info(
+            "starting: identity %s, priority %d, ownership %s, resource.k8s.io/%s",
+            identity,
+            settings.priority,
+            settings.ownership.value,
+            version,
+        )
+        await _run_kopf(parts, settings, stop=stop, kopf_ready=kopf_ready)
+
+
+@contextlib.asynccontextmanager
+async def _connected(settings: Settings) -> AsyncIterator[tuple[ApiClient, str]]:
+    """The API client and the resource.k8s.io version the server serves; closed on the way out
+    (also when the first request fails: an unclosed session would add a warning to the one-line
+    error)."""
     api_client = await make_api_client(kubeconfig=settings.kubeconfig)
     try:
         version = await first_resource_version(api_client, request_timeout_s=settings.request_timeout_s)
-    except BaseException:
-        await api_client.close()  # an unclosed session would add a warning to the one-line error
-        raise
-    api = KubeApi(api_client, resource_version=version, instance=identity)
-    try:
-        gates = await _allocation_gates(api_client, settings)
-    except BaseException:
+        yield api_client, version
+    finally:
         await api_client.close()
-        raise
-    await _discover_taint_rules(api, settings)
+
+
+def _build(
+    *, api: KubeApi, settings: Settings, gates: FeatureGates, placer: Placer | None, identity: str
+) -> _Parts:
     model = ClusterModel()
     metrics = Metrics()
     keeper = DeviceClassKeeper(api=api, settings=settings)
-    # What the claim path's parts share, built here and handed to them: the queue of claims and
-    # the Event sink, which posts at full pace only while that queue is idle.
+    events, claims = _build_claim_path(
+        api=api, settings=settings, gates=gates, placer=placer, model=model, metrics=metrics, keeper=keeper
+    )
+    peering, health = _build_peering(api=api, settings=settings, identity=identity, metrics=metrics)
+    metrics.attach_active(identity, lambda: health.active)
+    metrics.attach_synced(claims.synced.is_set)
+    orphans = OrphanSliceCollector(
+        model=model, api=api, drivers=settings.drivers, grace=settings.orphan_slice_grace_s
+    )
+    return _Parts(
+        api=api,
+        model=model,
+        metrics=metrics,
+        keeper=keeper,
+        events=events,
+        claims=claims,
+        peering=peering,
+        health=health,
+        orphans=orphans,
+    )
+
+
+def _build_claim_path(
+    *,
+    api: KubeApi,
+    settings: Settings,
+    gates: FeatureGates,
+    placer: Placer | None,
+    model: ClusterModel,
+    metrics: Metrics,
+    keeper: DeviceClassKeeper,
+) -> tuple[EventSink, ClaimReconciler]:
+    """The claim path and what its parts share, built here and handed to them: the queue of claims
+    and the Event sink, which posts at full pace only while that queue is idle."""
     queue = ClaimQueue()
     events = EventSink(api, idle=queue.idle, dropped=metrics.events_dropped)
     placer = placer or PlannerPlacer(
@@ -157,6 +235,14 @@ async def run(
     )
     metrics.attach_model(model, claims.failing, claims.waiting)
     metrics.attach_scheduler_wait(claims.longest_wait)
+    return events, claims
+
+
+def _build_peering(
+    *, api: KubeApi, settings: Settings, identity: str, metrics: Metrics
+) -> tuple[Peering | None, Health]:
+    """Which instance is active (none to ask when standalone), and the liveness that says so; the
+    API client writes only while this instance is the active one."""
     peering = (
         None
         if settings.standalone
@@ -180,54 +266,54 @@ async def run(
         writing=(lambda: not peering.missing) if peering is not None else (lambda: False),
     )
     api.may_write = lambda: health.active
-    metrics.attach_active(identity, lambda: health.active)
-    metrics.attach_synced(claims.synced.is_set)
-    orphans = OrphanSliceCollector(
-        model=model, api=api, drivers=settings.drivers, grace=settings.orphan_slice_grace_s
-    )
+    return peering, health
 
-    def login(kopf_settings: kopf.OperatorSettings) -> kopf.ConnectionInfo | None:
-        if settings.kubeconfig:
-            return kubeconfig_login(settings.kubeconfig)
-        return service_account_login(os.environ, trust_env=kopf_settings.networking.trust_env)
 
-    parts = OperatorParts(
-        settings=settings,
-        model=model,
-        claims=claims,
-        classes=keeper,
-        health=health,
-        metrics=metrics,
-        login=login,
-        configure=lambda s: configure_kopf(s, settings),
-    )
-    registry = build_registry(parts)
-    kopf_settings = kopf.OperatorSettings()
-    configure_kopf(kopf_settings, settings)
-
+@contextlib.asynccontextmanager
+async def _serving(parts: _Parts, settings: Settings) -> AsyncIterator[None]:
+    """``/healthz`` and ``/metrics``, served until the way out."""
     try:
         http = await serve(
-            app=make_app(health=health, metrics=metrics),
+            app=make_app(health=parts.health, metrics=parts.metrics),
             host=settings.metrics_host,
             port=settings.metrics_port,
         )
     except OSError as exc:
-        await api_client.close()
         # asyncio's strerror repeats the address; the errno's own text does not.
         reason = os.strerror(exc.errno) if exc.errno else str(exc)
         raise StartupError(
             f"cannot serve /healthz and /metrics on {settings.metrics_host}:{settings.metrics_port}: {reason}"
         ) from exc
-    watch = ClaimWatch(api=api, claims=claims, health=health, metrics=metrics, settings=settings)
-    stop = stop_flag if stop_flag is not None else asyncio.Event()
-    kopf_ready = asyncio.Event()
-    background: list[asyncio.Task[Any]] = [
+    try:
+        yield
+    finally:
+        await http.cleanup()
+
+
+def _start_tasks(
+    parts: _Parts,
+    settings: Settings,
+    *,
+    stop: asyncio.Event,
+    kopf_ready: asyncio.Event,
+    ready_flag: asyncio.Event | None,
+) -> list[asyncio.Task[Any]]:
+    """Our tasks beside Kopf's, created before Kopf starts (so Kopf's shutdown leaves them to us)."""
+    claims, health, peering, events, model = (
+        parts.claims,
+        parts.health,
+        parts.peering,
+        parts.events,
+        parts.model,
+    )
+    watch = ClaimWatch(api=parts.api, claims=claims, health=health, metrics=parts.metrics, settings=settings)
+    tasks: list[asyncio.Task[Any]] = [
         asyncio.create_task(watch.run(), name="claim watch"),
         asyncio.create_task(
-            _worker(claims=claims, health=health, keeper=keeper, peering=peering), name="claim worker"
+            _worker(claims=claims, health=health, keeper=parts.keeper, peering=peering), name="claim worker"
         ),
         asyncio.create_task(
-            _sweeper(claims=claims, orphans=orphans, health=health, settings=settings), name="sweeper"
+            _sweeper(claims=claims, orphans=parts.orphans, health=health, settings=settings), name="sweeper"
         ),
         asyncio.create_task(events.run(), name="events"),
         asyncio.create_task(
@@ -251,7 +337,7 @@ async def run(
         ),
     ]
     if peering is not None:
-        background += [
+        tasks += [
             asyncio.create_task(peering.run(), name="peering keep-alive"),
             asyncio.create_task(
                 peering.watch(
@@ -263,15 +349,62 @@ async def run(
                 name="peering watch",
             ),
         ]
-    logger.info(
-        "starting: identity %s, priority %d, ownership %s, resource.k8s.io/%s",
-        identity,
-        settings.priority,
-        settings.ownership.value,
-        version,
+    return tasks
+
+
+@contextlib.asynccontextmanager
+async def _running(
+    parts: _Parts,
+    settings: Settings,
+    *,
+    stop: asyncio.Event,
+    kopf_ready: asyncio.Event,
+    ready_flag: asyncio.Event | None,
+) -> AsyncIterator[None]:
+    """Our tasks, running until the way out; then this instance's device reservations deleted,
+    and the tasks cancelled and waited for."""
+    tasks = _start_tasks(parts, settings, stop=stop, kopf_ready=kopf_ready, ready_flag=ready_flag)
+    try:
+        yield
+    finally:
+        # A reservation left behind would keep kube-scheduler off a node until the next active
+        # instance's sweep: delete them while this one may still write.
+        with contextlib.suppress(Exception):
+            await parts.claims.reservations.stop(grace=2.0)
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+
+async def _run_kopf(
+    parts: _Parts, settings: Settings, *, stop: asyncio.Event, kopf_ready: asyncio.Event
+) -> None:
+    """Kopf, embedded, until ``stop`` (or the forced stop after a signal); its watch log is
+    counted meanwhile (:mod:`dra_operator.watch.kopfwatchlog`)."""
+
+    def login(kopf_settings: kopf.OperatorSettings) -> kopf.ConnectionInfo | None:
+        if settings.kubeconfig:
+            return kubeconfig_login(settings.kubeconfig)
+        return service_account_login(os.environ, trust_env=kopf_settings.networking.trust_env)
+
+    registry = build_registry(
+        OperatorParts(
+            settings=settings,
+            model=parts.model,
+            claims=parts.claims,
+            classes=parts.keeper,
+            health=parts.health,
+            metrics=parts.metrics,
+            login=login,
+            configure=lambda s: configure_kopf(s, settings),
+        )
     )
+    kopf_settings = kopf.OperatorSettings()
+    configure_kopf(kopf_settings, settings)
     uninstall_watch_log = kopfwatchlog.install(
-        metrics=metrics, inactivity_timeout_s=settings.watch_inactivity_timeout_s
+        metrics=parts.metrics, inactivity_timeout_s=settings.watch_inactivity_timeout_s
     )
     try:
         await kopf.operator(
@@ -289,17 +422,6 @@ async def run(
             raise
         # The forced stop after a signal (see _take_signals): an orderly exit, not a crash.
     finally:
-        # A reservation left behind would keep kube-scheduler off a node until the next active
-        # instance's sweep: delete them while this one may still write.
-        with contextlib.suppress(Exception):
-            await claims.reservations.stop(grace=2.0)
-        for task in background:
-            task.cancel()
-        for task in background:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        await http.cleanup()
-        await api_client.close()
         uninstall_watch_log()
 
 

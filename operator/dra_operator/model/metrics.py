@@ -164,10 +164,18 @@ def _request_classes(claim: object) -> dict[str, str]:
 
 
 class Metrics:
-    """The operator's metrics in their own registry (tests create as many as they like)."""
+    """The operator's metrics in their own registry (tests create as many as they like), grouped
+    by what they count; their families are created (and exported) in this order."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self._count_allocations()
+        self._count_keeping_up()
+        self._count_beside_allocation()
+        self._count_watches()
+
+    def _count_allocations(self) -> None:
+        """Claims allocated and deallocated: how long they waited, and what failed."""
         self.allocation_latency = Histogram(
             "dra_operator_allocation_duration_seconds",
             "Time from a claim's creation to its allocation by the operator.",
@@ -205,6 +213,10 @@ class Metrics:
         self.deallocations = PromCounter(
             "dra_operator_deallocations", "Claims the operator deallocated.", registry=self.registry
         )
+
+    def _count_keeping_up(self) -> None:
+        """Keeping up with the cluster: writes refused and retried, errors, re-lists and the first listing,
+        and repairs of the placer's index."""
         self.conflicts = PromCounter(
             "dra_operator_write_conflicts",
             "Writes refused with 409 Conflict (someone else changed the claim first), retried.",
@@ -245,6 +257,10 @@ class Metrics:
             ["found_by"],
             registry=self.registry,
         )
+
+    def _count_beside_allocation(self) -> None:
+        """What the operator does beside allocating: device reservations, Events dropped, explanations
+        of claims kube-scheduler leaves pending."""
         self.reservations = PromCounter(
             "dra_operator_device_reservations",
             "Devices reserved for claims that kube-scheduler's pods kept from every device they could "
@@ -267,6 +283,9 @@ class Metrics:
             "operator's allocator cannot place them either.",
             registry=self.registry,
         )
+
+    def _count_watches(self) -> None:
+        """The watches: events received, and streams started again."""
         self.watch_events = PromCounter(
             "dra_operator_watch_events",
             "Watch events received, by resource.",

@@ -45,7 +45,8 @@ from dra_api.aiotasks import BackgroundTasks
 from dra_api.model import ALL, ResourceClaim
 from dra_api.names import PROJECT_DOMAIN
 from dra_operator.allocator import SliceIndex
-from dra_operator.client.kubeapi import Conflict, KubeApi, NotActive, error_text
+from dra_operator.client.errors import Conflict, NotActive, error_text
+from dra_operator.client.kubeapi import KubeApi
 from dra_operator.model.book import ClaimBook
 from dra_operator.model.cluster import ClaimKey, ClusterModel, DeviceID, parse_time
 from dra_operator.model.workqueue import ClaimQueue

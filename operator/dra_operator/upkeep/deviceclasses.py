@@ -14,7 +14,8 @@ from typing import Any
 
 from dra_api.names import MANAGED_BY_LABEL, MANAGED_BY_VALUE
 from dra_operator.base.settings import Settings
-from dra_operator.client.kubeapi import Conflict, Gone, KubeApi
+from dra_operator.client.errors import Conflict, Gone
+from dra_operator.client.kubeapi import KubeApi
 
 logger = logging.getLogger(__name__)
 

@@ -32,7 +32,8 @@ from typing import Any
 
 from dra_operator.base.settings import Settings
 from dra_operator.claims.coordinator import ClaimReconciler
-from dra_operator.client.kubeapi import Expired, KubeApi, WatchInactive, error_text
+from dra_operator.client.errors import Expired, WatchInactive, error_text
+from dra_operator.client.kubeapi import KubeApi
 from dra_operator.model.metrics import Metrics
 from dra_operator.watch.liveness import Health
 

@@ -48,95 +48,101 @@ def _plain(body: Any) -> dict[str, Any]:
 
 def build_registry(parts: OperatorParts) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
-    model, metrics, health = parts.model, parts.metrics, parts.health
+    handlers = _Handlers(parts)
+    kopf.on.startup(registry=registry)(handlers.configure)
+    kopf.on.login(registry=registry)(handlers.login)
+    kopf.on.event(RESOURCE_GROUP, "resourceslices", registry=registry)(handlers.slice_event)
+    kopf.on.event(RESOURCE_GROUP, "deviceclasses", registry=registry)(handlers.class_event)
+    kopf.on.event("", "v1", "nodes", registry=registry)(handlers.node_event)
+    kopf.on.event("", "v1", "pods", registry=registry)(handlers.pod_event)
+    if not parts.settings.standalone:
+        peering = parts.settings.peering_name
+        kopf.on.event(
+            "kopf.dev", "v1", "clusterkopfpeerings", registry=registry, when=lambda name, **_: name == peering
+        )(handlers.heartbeat_event)
+    return registry
 
-    def seen(resource: str, type: str | None) -> None:
-        metrics.watch_events.labels(resource).inc()
-        health.event_seen()
+
+class _Handlers:
+    """The handlers :func:`build_registry` registers, over one operator's parts."""
+
+    def __init__(self, parts: OperatorParts) -> None:
+        self.parts = parts
+        self.model, self.metrics, self.health = parts.model, parts.metrics, parts.health
+
+    def _seen(self, resource: str, type: str | None) -> None:
+        self.metrics.watch_events.labels(resource).inc()
+        self.health.event_seen()
         if type is None:
             # Kopf is listing (type None), which after startup means its watch had a gap (410 Gone,
             # a reconnect): the listing shows what exists but not what was deleted meanwhile.
-            parts.claims.watch_relisted(resource)
+            self.parts.claims.watch_relisted(resource)
         else:
-            parts.claims.watch_event(resource)
+            self.parts.claims.watch_event(resource)
 
-    @kopf.on.startup(registry=registry)
-    async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-        parts.configure(settings)
+    async def configure(self, settings: kopf.OperatorSettings, **_: Any) -> None:
+        self.parts.configure(settings)
 
-    @kopf.on.login(registry=registry)
-    async def login(settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo | None:
-        result: kopf.ConnectionInfo | None = parts.login(settings)
+    async def login(self, settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo | None:
+        result: kopf.ConnectionInfo | None = self.parts.login(settings)
         return result
 
-    @kopf.on.event(RESOURCE_GROUP, "resourceslices", registry=registry)
-    async def slice_event(type: str | None, body: kopf.Body, name: str, **_: Any) -> None:
-        seen("resourceslices", type)
+    async def slice_event(self, type: str | None, body: kopf.Body, name: str, **_: Any) -> None:
+        self._seen("resourceslices", type)
         if type == "DELETED":
-            model.remove_slice(
+            self.model.remove_slice(
                 name, resource_version=str(body.get("metadata", {}).get("resourceVersion", ""))
             )
         else:
             try:
-                if model.upsert_slice(_plain(body)) is None:
+                if self.model.upsert_slice(_plain(body)) is None:
                     return
             except ModelError as exc:
                 logger.warning("ignoring ResourceSlice %s: %s", name, exc)
-                metrics.reconcile_errors.labels("ResourceSlice").inc()
+                self.metrics.reconcile_errors.labels("ResourceSlice").inc()
                 return
-        parts.claims.on_cluster_change()
+        self.parts.claims.on_cluster_change()
 
-    @kopf.on.event(RESOURCE_GROUP, "deviceclasses", registry=registry)
-    async def class_event(type: str | None, body: kopf.Body, name: str, **_: Any) -> None:
-        seen("deviceclasses", type)
+    async def class_event(self, type: str | None, body: kopf.Body, name: str, **_: Any) -> None:
+        self._seen("deviceclasses", type)
         obj = _plain(body)
         if type == "DELETED":
-            model.remove_class(name)
+            self.model.remove_class(name)
         else:
             try:
-                model.upsert_class(obj)
+                self.model.upsert_class(obj)
             except ModelError as exc:
                 logger.warning("ignoring DeviceClass %s: %s", name, exc)
-                metrics.reconcile_errors.labels("DeviceClass").inc()
-        parts.claims.on_cluster_change()
-        if health.active:  # the standby leaves repairs to the active instance
-            await parts.classes.reconcile(name=name, obj=None if type == "DELETED" else obj)
+                self.metrics.reconcile_errors.labels("DeviceClass").inc()
+        self.parts.claims.on_cluster_change()
+        if self.health.active:  # the standby leaves repairs to the active instance
+            await self.parts.classes.reconcile(name=name, obj=None if type == "DELETED" else obj)
 
-    @kopf.on.event("", "v1", "nodes", registry=registry)
-    async def node_event(type: str | None, body: kopf.Body, name: str, **_: Any) -> None:
-        seen("nodes", type)
+    async def node_event(self, type: str | None, body: kopf.Body, name: str, **_: Any) -> None:
+        self._seen("nodes", type)
         if type == "DELETED":
-            model.remove_node(name)
-        elif not model.upsert_node(_plain(body)):
+            self.model.remove_node(name)
+        elif not self.model.upsert_node(_plain(body)):
             return  # a status update (heartbeat, conditions): nothing allocation depends on
-        parts.claims.on_cluster_change()
+        self.parts.claims.on_cluster_change()
 
-    @kopf.on.event("", "v1", "pods", registry=registry)
     async def pod_event(
-        type: str | None, body: kopf.Body, name: str, namespace: str | None, **_: Any
+        self, type: str | None, body: kopf.Body, name: str, namespace: str | None, **_: Any
     ) -> None:
         namespace = namespace or ""
-        seen("pods", type)
+        self._seen("pods", type)
         if type == "DELETED":
-            model.remove_pod(namespace=namespace, name=name)
-            parts.claims.on_pod_gone(namespace=namespace, name=name)
+            self.model.remove_pod(namespace=namespace, name=name)
+            self.parts.claims.on_pod_gone(namespace=namespace, name=name)
         else:
             obj = _plain(body)
-            model.upsert_pod(obj)
+            self.model.upsert_pod(obj)
             if (body.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
-                parts.claims.on_pod_gone(namespace=namespace, name=name)
-        parts.claims.on_pod_change()
+                self.parts.claims.on_pod_gone(namespace=namespace, name=name)
+        self.parts.claims.on_pod_change()
 
-    if not parts.settings.standalone:
-        peering = parts.settings.peering_name
-
-        @kopf.on.event(
-            "kopf.dev", "v1", "clusterkopfpeerings", registry=registry, when=lambda name, **_: name == peering
+    async def heartbeat_event(self, body: kopf.Body, **_: Any) -> None:
+        self.metrics.watch_events.labels("clusterkopfpeerings").inc()
+        self.health.heartbeat_seen(
+            (body.get("metadata") or {}).get("annotations", {}).get(HEARTBEAT_ANNOTATION)
         )
-        async def heartbeat_event(body: kopf.Body, **_: Any) -> None:
-            metrics.watch_events.labels("clusterkopfpeerings").inc()
-            health.heartbeat_seen(
-                (body.get("metadata") or {}).get("annotations", {}).get(HEARTBEAT_ANNOTATION)
-            )
-
-    return registry

@@ -36,7 +36,8 @@ from typing import Any
 
 from dra_api import times
 from dra_api.names import PROJECT_DOMAIN
-from dra_operator.client.kubeapi import Expired, KubeApi, WatchInactive, error_text
+from dra_operator.client.errors import Expired, WatchInactive, error_text
+from dra_operator.client.kubeapi import KubeApi
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ import pytest
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from dra_operator.claims.backoff import Backoff
-from dra_operator.client.kubeapi import error_cause, retry_after, transient
+from dra_operator.client.errors import error_cause, retry_after, transient
 
 
 def test_delay_doubles_per_claim_up_to_the_cap_and_success_resets_it() -> None:

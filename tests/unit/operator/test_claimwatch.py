@@ -11,7 +11,8 @@ import pytest
 
 from dra_operator.base.settings import Settings
 from dra_operator.claims.coordinator import ClaimReconciler
-from dra_operator.client.kubeapi import Expired, Listing, WatchInactive
+from dra_operator.client.errors import Expired, WatchInactive
+from dra_operator.client.listwatch import Listing
 from dra_operator.model.cluster import ClaimKey, ClusterModel
 from dra_operator.model.metrics import Metrics
 from dra_operator.planner import PlannerPlacer

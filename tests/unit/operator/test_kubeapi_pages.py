@@ -10,7 +10,8 @@ import pytest
 from aiohttp import web
 from kubernetes_asyncio import client
 
-from dra_operator.client.kubeapi import PAGE_SIZE, KubeApi, Listing
+from dra_operator.client.kubeapi import KubeApi
+from dra_operator.client.listwatch import PAGE_SIZE, Listing
 from tests.unit.operator.local_http import client_config, local_server
 
 Served = list[tuple[str, dict[str, str]]]

@@ -12,7 +12,9 @@ from aiohttp import web
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from dra_operator.client.kubeapi import MERGE_PATCH, Conflict, Gone, KubeApi, retry_after, transient
+from dra_operator.client.connection import MERGE_PATCH
+from dra_operator.client.errors import Conflict, Gone, retry_after, transient
+from dra_operator.client.kubeapi import KubeApi
 from tests.unit.operator.local_http import client_config, local_server
 
 Seen = list[dict[str, Any]]

@@ -12,7 +12,8 @@ import pytest
 from kubernetes_asyncio import client
 
 from dra_operator.base.settings import parse
-from dra_operator.client.kubeapi import KubeApi, NotActive
+from dra_operator.client.errors import NotActive
+from dra_operator.client.kubeapi import KubeApi
 from dra_operator.watch.peering import (
     HEARTBEAT_ANNOTATION,
     Peering,

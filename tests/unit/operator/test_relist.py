@@ -13,7 +13,7 @@ import pytest
 from dra_operator.base.settings import Settings
 from dra_operator.claims.coordinator import ClaimReconciler
 from dra_operator.claims.relist import RELIST_KINDS, Relister
-from dra_operator.client.kubeapi import Listing
+from dra_operator.client.listwatch import Listing
 from dra_operator.model.cluster import ClaimKey, ClusterModel, claim_key_of
 from dra_operator.model.metrics import Metrics
 from dra_operator.planner import PlannerPlacer

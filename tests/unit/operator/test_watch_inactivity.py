@@ -18,7 +18,8 @@ from kopf._cogs.clients import watching as kopf_watching
 from kubernetes_asyncio import client
 
 from dra_operator.base.settings import parse
-from dra_operator.client.kubeapi import KubeApi, WatchInactive
+from dra_operator.client.errors import WatchInactive
+from dra_operator.client.kubeapi import KubeApi
 from dra_operator.entry import runner
 from dra_operator.model.metrics import Metrics
 from dra_operator.watch import kopfwatchlog
