@@ -43,14 +43,8 @@ Hooks for placement and explanations: :meth:`Allocator.pools` (the node's pools 
 
 from __future__ import annotations
 
-from dra_operator.allocator.allocator import (
-    MAX_DEVICES_PER_CLAIM,
-    Allocator,
-    MatchValues,
-    RequestFunnel,
-    class_matches,
-    evaluate_selector,
-)
+from dra_operator.allocator.allocator import Allocator
+from dra_operator.allocator.candidates import class_matches, evaluate_selector
 from dra_operator.allocator.constraints import constraint_text
 from dra_operator.allocator.errors import (
     AllocationError,
@@ -59,8 +53,10 @@ from dra_operator.allocator.errors import (
     SelectorFailed,
 )
 from dra_operator.allocator.feasibility import Shortfall
+from dra_operator.allocator.funnel import MatchValues, RequestFunnel
 from dra_operator.allocator.gates import GATE_FIELDS, FeatureGates, KubernetesGates
 from dra_operator.allocator.pools import DeviceEntry, Pool, PoolID, SliceEntry, SliceIndex
+from dra_operator.allocator.preparation import MAX_DEVICES_PER_CLAIM
 from dra_operator.allocator.state import (
     AllocatedState,
     DeviceID,

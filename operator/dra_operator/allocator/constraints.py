@@ -1,4 +1,5 @@
-"""Claim constraints: matchAttribute and distinctAttribute (scalar, or set semantics for lists).
+"""Claim constraints: matchAttribute and distinctAttribute (scalar, or set semantics for lists),
+made from a claim's spec.
 
 A constraint reads each device's attribute through the request's lookup (:data:`Lookup`): the
 device's own attribute, or one the request derives (DRADerivedAttributes), which shadows it.
@@ -9,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from dra_api.attributes import AttributeValue, UnsupportedAttribute, Version
+from dra_api.model import ResourceClaim
+from dra_operator.allocator.errors import AllocationError
 from dra_operator.allocator.pools import DeviceEntry
 
 # A typed attribute element: (kind, value), so that True and 1 never compare equal.
@@ -189,3 +192,22 @@ class DistinctAttribute(Constraint):
         if values is None and value is not None and not self.lists:
             return frozenset()  # it may come first, and then clashes with nothing
         return values
+
+
+def claim_constraints(claim: ResourceClaim, *, ref: str, lists: bool) -> list[Constraint]:
+    """The claim's constraints, in the order written (``lists``: DRAListTypeAttributes)."""
+    constraints: list[Constraint] = []
+    for i, c in enumerate(claim.spec.constraints):
+        if c.match_attribute is not None:
+            constraints.append(
+                MatchAttribute(index=i, requests=c.requests, attribute=c.match_attribute, lists=lists)
+            )
+        elif c.distinct_attribute is not None:
+            constraints.append(
+                DistinctAttribute(index=i, requests=c.requests, attribute=c.distinct_attribute, lists=lists)
+            )
+        else:
+            raise AllocationError(
+                f"claim {ref}, constraint #{i}: empty constraint (unsupported constraint type?)"
+            )
+    return constraints

@@ -400,7 +400,7 @@ class _Checker:
         scope: Mapping[str, str],
     ) -> str:
         arg_kinds = [self.check(a, scope) for a in args]
-        # A function's overloads are declared with its implementation (library.py).
+        # A function's overloads are declared with its implementation (the library package).
         declaration = DECLARATIONS.get(name)
         if declaration is None:
             raise self.fail(node, f"undeclared reference to '{name}' (in container '')")

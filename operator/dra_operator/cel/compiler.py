@@ -390,7 +390,7 @@ class _Compiler:
         return self._call(name, [self.compile(target_tree), *(self.compile(a) for a in args)])
 
     def _call(self, name: str, args: list[Program]) -> Program:
-        # A call runs the implementation declared with the function's overloads (library.py).
+        # A call runs the implementation declared with the function's overloads (the library package).
         declaration = DECLARATIONS.get(name)
         if declaration is None:
             raise ValueError(f"undeclared reference to '{name}'")

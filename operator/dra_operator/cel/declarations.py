@@ -1,8 +1,9 @@
 """How a CEL function is declared: its overloads beside its implementation, in one record.
 
-``library.py`` declares every function of the environment once, as a :class:`Declaration`; the
-checker reads the overloads from it (what it accepts) and the compiler the implementation (what a
-compiled program calls), so neither keeps a table of its own that could drift from the other.
+The ``library`` package declares every function of the environment once, as a
+:class:`Declaration`; the checker reads the overloads from it (what it accepts) and the compiler the
+implementation (what a compiled program calls), so neither keeps a table of its own that could
+drift from the other.
 """
 
 from __future__ import annotations

@@ -82,13 +82,12 @@ def explain(
     """Explain why ``claims`` found no node (``fixed``: the only node that was allowed).
 
     Raises :class:`~dra_operator.allocator.AllocationError` when the funnel meets an error."""
-    index = planner.index
     what = ("claim " if len(claims) == 1 else "claims ") + ", ".join(c.ref for c in claims)
-    nodes = len(index.nodes)
     if fixed is not None:
         header = f"{what} cannot be allocated on node {fixed.name}"
         best = [fixed]
     else:
+        nodes = len(planner.index.nodes)
         tried = len(attempts)
         others = "" if tried >= nodes else "; the others have too few free matching devices"
         header = (
@@ -96,15 +95,59 @@ def explain(
             f"({tried} searched{others})"
         )
         best = _best_nodes(planner=planner, claims=claims)
-    by_node = {a.node: a for a in attempts}
     constraint_names = {
         (c.ref, i): constraint_text(k.match_attribute, k.distinct_attribute, k.requests)
         for c in claims
         for i, k in enumerate(c.spec.constraints)
     }
-    named = {name: key for key, name in constraint_names.items()}
-    lines = [header + "."]
-    # Cluster-wide counts per request, from the index.
+    cluster = _cluster_lines(planner=planner, claims=claims)
+    closest = _closest(
+        planner=planner, claims=claims, best=best, attempts=attempts, fixed=fixed, names=constraint_names
+    )
+    advice = _together(planner=planner, claims=claims) + _advice(
+        funnels=closest.funnels,
+        attempts=attempts,
+        constraint_names=constraint_names,
+        fixed=fixed,
+        claims=claims,
+        shortfalls=[*closest.shortfalls, *(a.shortfall for a in attempts if a.shortfall is not None)],
+    )
+    if not best:
+        advice = [
+            "no node has free devices matching the requests: add nodes or devices, or wait for "
+            "claims to release theirs"
+        ]
+    lines = [header + ".", *cluster]
+    if closest.lines:
+        lines.append("closest nodes:" if fixed is None else "on this node:")
+        lines.extend(f"  {line}" for line in closest.lines)
+    refusal = closest.refusal
+    refused = [a for a in attempts if a.shortfall is not None]
+    if refused and refusal is None:
+        refusal = f"on {refused[0].node}: {refused[0].shortfall}"
+        if fixed is None:
+            lines.append(
+                f"refused before any search on {len(refused)} of {len(attempts)} searched node(s); {refusal}"
+            )
+    failures = [a for a in attempts if a.failure and a.node not in {n.name for n in best}]
+    if failures:
+        lines.append(f"{len(failures)} other node(s) failed: {failures[0].node}: {failures[0].failure}")
+    if advice:
+        lines.append("to change: " + "; ".join(dict.fromkeys(advice)))
+    short_parts = [header]
+    if refusal is not None:
+        short_parts.append(f"refused before any search ({len(refused)} of {len(attempts)} nodes); {refusal}")
+    if advice:
+        short_parts.append("to change: " + "; ".join(dict.fromkeys(advice)))
+    if closest.lines:
+        short_parts.append(closest.short_first_node or closest.lines[0])
+    short_parts.extend(cluster)
+    return Explanation(full="\n".join(lines), short=truncate(". ".join(short_parts)))
+
+
+def _cluster_lines(*, planner: PlannerState, claims: Sequence[ResourceClaim]) -> list[str]:
+    """Cluster-wide counts per request, from the index."""
+    index = planner.index
     cluster: list[str] = []
     for ref, request, key, count, mode in request_keys(claims=claims, classes=planner.classes):
         class_counts = index.counts(DemandKey(key.class_name, key.class_selectors, ()), complete=True)
@@ -118,14 +161,37 @@ def explain(
             + (f" ({counts.shared_free} reachable from every node)" if counts.shared_total else "")
             + f"; most free on one node: {most}"
         )
-    lines.extend(cluster)
-    node_lines: list[str] = []
+    return cluster
+
+
+@dataclass(slots=True)
+class _Closest:
+    """What the closest nodes show, a line each, and the funnels behind the lines."""
+
+    lines: list[str] = field(default_factory=list)
     # The first shortfall the feasibility check found, as a node line gives it ("node: text"):
-    # the one-line form leads with it, the counts per request after.
+    # the one-line form leads with it (``short_first_node``: that node's line without it), the
+    # counts per request after.
     refusal: str | None = None
     short_first_node: str | None = None
-    found_shortfalls: list[Shortfall] = []
-    funnels: list[tuple[str, list[RequestFunnel], NodeAttempt | None]] = []
+    shortfalls: list[Shortfall] = field(default_factory=list)
+    funnels: list[tuple[str, list[RequestFunnel], NodeAttempt | None]] = field(default_factory=list)
+
+
+def _closest(
+    *,
+    planner: PlannerState,
+    claims: Sequence[ResourceClaim],
+    best: Sequence[Node],
+    attempts: Sequence[NodeAttempt],
+    fixed: Node | None,
+    names: Mapping[tuple[str, int], str],
+) -> _Closest:
+    """Per node in ``best``: each request's funnel, the node's failure, what the feasibility check
+    finds there and the devices each constraint turned away (``names``: the constraints' names)."""
+    by_node = {a.node: a for a in attempts}
+    named = {name: key for key, name in names.items()}
+    out = _Closest()
     for node in best:
         rows = planner.allocator.funnel(node=node, claims=list(claims))
         parts = [_funnel_text(row, prefix=_prefix(row.claim, claims)) for row in rows]
@@ -138,61 +204,24 @@ def explain(
         if found_short is None and (attempt is not None or fixed is not None):
             found_short = planner.allocator.shortfall(node=node, claims=list(claims))
         if found_short is not None:
-            found_shortfalls.append(found_short)
+            out.shortfalls.append(found_short)
             text = str(found_short)
             ck = named.get(found_short.constraint or "")
             values = _match_values_text(rows=rows, key=ck, claims=claims) if ck is not None else None
             found = f"{text}: {values}" if values else text
             parts.append(found)
-            if refusal is None:
-                refusal = f"on {node.name}: {found}"
-                short_first_node = f"{node.name}: " + "; ".join(parts[:-1])
+            if out.refusal is None:
+                out.refusal = f"on {node.name}: {found}"
+                out.short_first_node = f"{node.name}: " + "; ".join(parts[:-1])
         if attempt is not None:
             for ck, rejected in sorted(attempt.constraint_rejections.items()):
-                name = constraint_names.get(ck, f"constraint #{ck[1]}")
+                name = names.get(ck, f"constraint #{ck[1]}")
                 text = f"{name} turned away {rejected} device{'s' if rejected != 1 else ''}"
                 values = _match_values_text(rows=rows, key=ck, claims=claims)
                 parts.append(f"{text} and failed: {values}" if values else text)
-        node_lines.append(f"{node.name}: " + "; ".join(parts))
-        funnels.append((node.name, rows, attempt))
-    advice = _together(planner=planner, claims=claims) + _advice(
-        funnels=funnels,
-        attempts=attempts,
-        constraint_names=constraint_names,
-        fixed=fixed,
-        claims=claims,
-        shortfalls=[*found_shortfalls, *(a.shortfall for a in attempts if a.shortfall is not None)],
-    )
-    if not best:
-        advice = [
-            "no node has free devices matching the requests: add nodes or devices, or wait for "
-            "claims to release theirs"
-        ]
-    if node_lines:
-        lines.append("closest nodes:" if fixed is None else "on this node:")
-        lines.extend(f"  {line}" for line in node_lines)
-    refused = [a for a in attempts if a.shortfall is not None]
-    if refused and refusal is None:
-        refusal = f"on {refused[0].node}: {refused[0].shortfall}"
-        if fixed is None:
-            lines.append(
-                f"refused before any search on {len(refused)} of {len(attempts)} searched node(s); {refusal}"
-            )
-    failures = [a for a in attempts if a.failure and a.node not in {n.name for n in best}]
-    if failures:
-        lines.append(f"{len(failures)} other node(s) failed: {failures[0].node}: {failures[0].failure}")
-    if advice:
-        lines.append("to change: " + "; ".join(dict.fromkeys(advice)))
-    full = "\n".join(lines)
-    short_parts = [header]
-    if refusal is not None:
-        short_parts.append(f"refused before any search ({len(refused)} of {len(attempts)} nodes); {refusal}")
-    if advice:
-        short_parts.append("to change: " + "; ".join(dict.fromkeys(advice)))
-    if node_lines:
-        short_parts.append(short_first_node or node_lines[0])
-    short_parts.extend(cluster)
-    return Explanation(full=full, short=truncate(". ".join(short_parts)))
+        out.lines.append(f"{node.name}: " + "; ".join(parts))
+        out.funnels.append((node.name, rows, attempt))
+    return out
 
 
 def _prefix(ref: str, claims: Sequence[ResourceClaim]) -> str:
@@ -321,50 +350,9 @@ def _advice(
             if key not in best or _progress(row) > _progress(best[key][1]):
                 best[key] = (node, row)
     for node, row in best.values():
-        stage = _short_at(row)
-        if stage is None:
-            continue
-        request = f"{_prefix(row.claim, claims)}request {row.request}"
-        where = f"node {node}" if fixed is not None else f"the closest node, {node},"
-        if row.devices == 0 and row.unavailable_pools:
-            continue  # the node's pools are unusable: said above
-        if row.devices == 0:
-            out.append(
-                f"node {node} publishes no devices: check that the driver runs there"
-                if fixed is not None
-                else "no node publishes devices: check that the driver runs"
-            )
-        elif stage == "class_matched" and row.class_matched == row.devices:
-            out.append(
-                f"{where} has only {row.devices} devices for {request}: lower its count or add nodes "
-                "with more devices"
-            )
-        elif stage == "class_matched":
-            out.append(
-                f"too few devices match class {row.device_class} for {request}: use another class or "
-                "fix the class selectors"
-            )
-        elif stage == "selectors_kept":
-            out.append(f"relax the selectors of {request} or lower its count")
-        elif stage == "free":
-            out.append(f"lower the count of {request} or wait for other claims to release devices")
-        elif stage == "untainted":
-            out.append(f"add a toleration to {request} for the devices' taints, or fix the devices")
-        elif stage == "within_counters" and row.counters_excluded:
-            # No partition can be released to make room: the gate, not the counters, keeps them out.
-            n = row.counters_excluded
-            out.append(
-                f"{n} device{'s' if n != 1 else ''} for {request} consume counters, which the allocator "
-                "skips while feature gate DRAPartitionableDevices is off: ask for devices that consume "
-                "no counters, or turn the gate on"
-            )
-        elif stage == "within_counters":
-            used_up = f" (counters used up: {_counter_list(row)})" if row.short_counters else ""
-            out.append(
-                f"release other partitions of the same devices{used_up}, or lower the count of {request}"
-            )
-        else:
-            out.append(f"lower the capacity {request} asks for")
+        text = _request_advice(node=node, row=row, fixed=fixed, claims=claims)
+        if text is not None:
+            out.append(text)
     if out:
         return out
     # Every request fits alone somewhere: the requests together, or the constraints, do not.
@@ -389,6 +377,54 @@ def _advice(
     if failed:
         return [f"fix the nodes' resource pools ({failed})"]
     return [f"the requests together need more devices than {where} offers: lower the counts"]
+
+
+def _request_advice(
+    *, node: str, row: RequestFunnel, fixed: Node | None, claims: Sequence[ResourceClaim]
+) -> str | None:
+    """What to change for one request, by the stage of the funnel on ``node`` where it falls short;
+    None when it does not, or when the node's pools are unusable (advised on already)."""
+    stage = _short_at(row)
+    if stage is None:
+        return None
+    request = f"{_prefix(row.claim, claims)}request {row.request}"
+    where = f"node {node}" if fixed is not None else f"the closest node, {node},"
+    if row.devices == 0 and row.unavailable_pools:
+        return None  # the node's pools are unusable: said above
+    if row.devices == 0:
+        return (
+            f"node {node} publishes no devices: check that the driver runs there"
+            if fixed is not None
+            else "no node publishes devices: check that the driver runs"
+        )
+    if stage == "class_matched" and row.class_matched == row.devices:
+        return (
+            f"{where} has only {row.devices} devices for {request}: lower its count or add nodes "
+            "with more devices"
+        )
+    if stage == "class_matched":
+        return (
+            f"too few devices match class {row.device_class} for {request}: use another class or "
+            "fix the class selectors"
+        )
+    if stage == "selectors_kept":
+        return f"relax the selectors of {request} or lower its count"
+    if stage == "free":
+        return f"lower the count of {request} or wait for other claims to release devices"
+    if stage == "untainted":
+        return f"add a toleration to {request} for the devices' taints, or fix the devices"
+    if stage == "within_counters" and row.counters_excluded:
+        # No partition can be released to make room: the gate, not the counters, keeps them out.
+        n = row.counters_excluded
+        return (
+            f"{n} device{'s' if n != 1 else ''} for {request} consume counters, which the allocator "
+            "skips while feature gate DRAPartitionableDevices is off: ask for devices that consume "
+            "no counters, or turn the gate on"
+        )
+    if stage == "within_counters":
+        used_up = f" (counters used up: {_counter_list(row)})" if row.short_counters else ""
+        return f"release other partitions of the same devices{used_up}, or lower the count of {request}"
+    return f"lower the capacity {request} asks for"
 
 
 def _together(*, planner: PlannerState, claims: Sequence[ResourceClaim]) -> list[str]:

@@ -16,7 +16,7 @@ from dra_node_agent.pci import split_address
 from dra_node_agent.simulated.nic import valid_if_name
 from dra_node_agent.tpu.discovery import validate_topology
 from dra_node_agent.tpu.workers import job_of_pod
-from dra_operator.cel.library import isSemver
+from dra_operator.cel.library.quantity_semver import isSemver
 
 PARSER = OpaqueConfigParser()
 

@@ -1,13 +1,13 @@
 """The checker's overloads and the runtime's implementations describe the same functions.
 
-Each CEL function is declared once in ``library.py``, its overloads beside its implementation, so
-neither table can lose a name the other has. What can still drift is what an implementation really
-serves against what its overloads promise. EXAMPLES below, written by hand, holds one call per
-declared overload (name, receiver type or None for a global call, number of arguments); the tests
-ask the checker alone whether it accepts each call, and the runtime alone (compiled, no checker)
-whether it evaluates it to a value of the declared type. Every declared overload is served: by a
-function of library.py, or by cel-python's own implementation where library.py declares it with
-``_builtin``; there is no list of exceptions.
+Each CEL function is declared once in the ``library`` package, its overloads beside its
+implementation, so neither table can lose a name the other has. What can still drift is what an
+implementation really serves against what its overloads promise. EXAMPLES below, written by hand,
+holds one call per declared overload (name, receiver type or None for a global call, number of
+arguments); the tests ask the checker alone whether it accepts each call, and the runtime alone
+(compiled, no checker) whether it evaluates it to a value of the declared type. Every declared
+overload is served: by a function of the library's modules, or by cel-python's own implementation
+where the library declares it with ``builtin``; there is no list of exceptions.
 
 What a failure looks like, for instance after deleting ``member("list", [1], "int")`` from
 ``indexOf`` (the runtime still serves lists)::
@@ -19,13 +19,14 @@ and after adding ``"list"`` to ``trim``'s receivers and an example for it (nothi
     test_the_runtime_serves_every_declared_overload[trim:list/0]
     AssertionError: trim:list/0 failed at run time: no such overload: trim(list)
 
-and a function written in library.py without its ``@_declare`` line fails the last test with
-``library.py functions declared as no CEL function: {'sign'}``.
+and a function written in a module of the library without its ``@declare`` line fails the last test
+with ``library functions declared as no CEL function: {'sign'}``.
 """
 
 from __future__ import annotations
 
 import inspect
+import pkgutil
 from typing import Any, Final
 
 import pytest
@@ -255,13 +256,22 @@ def test_the_checker_refuses_duration_getters_that_nothing_serves(call: str) -> 
         check(parse(call), call)
 
 
-def test_every_declaration_is_served_by_library_py_or_by_cel_python() -> None:
+LIBRARY_MODULES: Final = frozenset(m.__name__ for m in library.MODULES)
+
+
+def test_the_library_modules_are_all_but_the_registry() -> None:
+    found = {f"{library.__name__}.{m.name}" for m in pkgutil.iter_modules(library.__path__)}
+    assert found - LIBRARY_MODULES == {f"{library.__name__}.registry"}
+    assert found >= LIBRARY_MODULES
+
+
+def test_every_declaration_is_served_by_the_library_or_by_cel_python() -> None:
     for name, declaration in DECLARATIONS.items():
         implementation = declaration.implementation
         wrapped = getattr(implementation, "__wrapped__", None)
-        by_library = wrapped is not None and wrapped.__module__ == library.__name__
+        by_library = wrapped is not None and wrapped.__module__ in LIBRARY_MODULES
         assert by_library or implementation is base_functions.get(name), (
-            f"{name}: its implementation is neither a library.py function nor cel-python's {name}"
+            f"{name}: its implementation is neither a library function nor cel-python's {name}"
         )
 
 
@@ -271,15 +281,14 @@ def test_every_function_the_runtime_has_is_declared() -> None:
     assert not celpy - set(DECLARATIONS), (
         f"cel-python functions not declared: {sorted(celpy - set(DECLARATIONS))}"
     )
-    # Every public function of library.py is the implementation of a declaration.
+    # Every public function of the library's modules is the implementation of a declaration.
     implemented = {
         name
-        for name, fn in inspect.getmembers(library, inspect.isfunction)
-        if fn.__module__ == library.__name__ and not name.startswith("_")
+        for module in library.MODULES
+        for name, fn in inspect.getmembers(module, inspect.isfunction)
+        if fn.__module__ == module.__name__ and not name.startswith("_")
     }
     served = {
         getattr(d.implementation, "__wrapped__", d.implementation).__name__ for d in DECLARATIONS.values()
     }
-    assert not implemented - served, (
-        f"library.py functions declared as no CEL function: {implemented - served}"
-    )
+    assert not implemented - served, f"library functions declared as no CEL function: {implemented - served}"
