@@ -26,14 +26,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from kubernetes_asyncio import client
 
+from bench.clusters import cluster_for
 from dra_api.kube import make_api_client
 from dra_api.kubeletapi.model import ClaimRef
-from dra_devcluster import LocalCluster, temporary_cluster
+from dra_devcluster import LocalCluster
 from dra_devcluster.kubelet import KubeletPluginClient
 
 GPU = "gpu.nvidia.com"
@@ -265,7 +267,24 @@ async def bench(cluster: LocalCluster, root: Path, cdi_dir: Path, rounds: int) -
     print(f"agent RSS with 8 simulated GPUs and 8 TPUs: {rss:.1f} MiB (target <= 80 MiB)")
 
 
-def main() -> None:
+def tear_down(cluster: LocalCluster) -> None:
+    """Remove what :func:`set_up_cluster` and the agent made (its slices go with their Node), so
+    that a cluster the benchmark was given is left as it was."""
+    cluster.kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--timeout=120s", check=False)
+    cluster.kubectl("delete", "deviceclass", "bench-gpu", "--ignore-not-found", check=False)
+    cluster.kubectl("delete", "node", NODE, "--ignore-not-found", check=False)
+    cluster.kubectl(
+        "delete",
+        "resourceslices",
+        f"--field-selector=spec.nodeName={NODE}",
+        "--ignore-not-found",
+        check=False,
+    )
+
+
+def main(argv: Sequence[str] | None = None, *, cluster: LocalCluster | None = None) -> None:
+    """The benchmark on a control plane of its own, or on ``cluster``, cleaned up after (see
+    :mod:`bench.clusters`)."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -276,7 +295,7 @@ def main() -> None:
         help="put the checkpoint on tmpfs too, to see the cost of everything but the fsyncs",
     )
     parser.add_argument("--mps", action="store_true", help="measure a one-GPU MPS claim instead")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     # The checkpoint lives on disk (the DaemonSet's hostPath state folder); CDI specs go to a tmpfs,
     # as /var/run/cdi is on a node.
     shm = Path("/dev/shm")
@@ -284,10 +303,14 @@ def main() -> None:
     cdi_dir = Path(tempfile.mkdtemp(prefix="dra-bench-cdi-", dir=shm)) if shm.is_dir() else root / "cdi"
     print(f"state (checkpoint) in {root}, CDI specs in {cdi_dir}")
     try:
-        with temporary_cluster() as cluster:
-            set_up_cluster(cluster)
-            run = bench_mps if args.mps else bench
-            asyncio.run(run(cluster, root, cdi_dir, args.rounds))
+        with cluster_for(cluster, prefix="bench-agent-") as used:
+            set_up_cluster(used)
+            try:
+                run = bench_mps if args.mps else bench
+                asyncio.run(run(used, root, cdi_dir, args.rounds))
+            finally:
+                if cluster is not None:
+                    tear_down(cluster)
     finally:
         shutil.rmtree(root, ignore_errors=True)
         shutil.rmtree(cdi_dir, ignore_errors=True)

@@ -31,6 +31,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -237,7 +238,7 @@ def run_one(nodes: int, claims_per_mix: int, policy: str) -> dict[str, Any]:
     return out
 
 
-def main() -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", default="10,100,1000,5000", help="comma-separated node counts")
     parser.add_argument(
@@ -245,7 +246,7 @@ def main() -> int:
     )
     parser.add_argument("--policy", default="first-fit", choices=("first-fit", "bin-pack", "spread"))
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # internal: run one N, print JSON
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.one is not None:
         print(json.dumps(run_one(args.one, args.claims, args.policy)))
         return 0

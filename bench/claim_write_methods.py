@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import tempfile
 import time
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 from kubernetes_asyncio import client
 
+from bench.clusters import cluster_for
 from bench.operator_allocation import GROUP, VERSION, bounded, gpu_claim, service_account_kubeconfigs
 from dra_api.kube import make_api_client
 from dra_devcluster import LocalCluster
@@ -88,14 +87,14 @@ async def bench(cluster: LocalCluster, *, claims: int, rounds: int) -> None:
         await api.close()
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None, *, cluster: LocalCluster | None = None) -> None:
+    """The benchmark on a control plane of its own, or on ``cluster`` (see :mod:`bench.clusters`)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--claims", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
-    with LocalCluster(workdir=Path(tempfile.mkdtemp(prefix="bench-cluster-"))) as cluster:
-        os.environ.pop("KUBECONFIG", None)
-        asyncio.run(bench(cluster, claims=args.claims, rounds=args.rounds))
+    args = parser.parse_args(argv)
+    with cluster_for(cluster, prefix="bench-methods-") as used:
+        asyncio.run(bench(used, claims=args.claims, rounds=args.rounds))
 
 
 if __name__ == "__main__":

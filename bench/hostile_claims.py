@@ -26,17 +26,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.clusters import cluster_for
 from bench.operator_allocation import GROUP, VERSION, Run, _cpu_s, service_account_kubeconfigs
 from bench.scale import Scale, ScaleConfig, percentile
 from dra_api.kube import make_api_client
@@ -44,6 +45,7 @@ from dra_devcluster import LocalCluster, resolve_kubernetes_version
 
 DRIVER = "gpu.nvidia.com"
 PRODUCT = "NVIDIA H100 80GB HBM3"  # what the simulated profile's GPUs say
+RESERVED_GPUS = 64  # left free by a round's ordinary claims
 NESTED = (
     f'device.attributes["{DRIVER}"].size() > 20 && device.attributes["{DRIVER}"].all(a, '
     f'device.attributes["{DRIVER}"].all(b, device.attributes["{DRIVER}"].all(c, a + b + c != "x")))'
@@ -230,7 +232,7 @@ async def ordinary_round(
     scale: Scale, *, name: str, rate: float, seconds: float, pid: int, port: int
 ) -> Round:
     ns = await scale.namespace(f"ordinary-{name}")
-    count = min(int(rate * seconds), await scale.free_devices() - 64)
+    count = min(int(rate * seconds), await scale.free_devices() - RESERVED_GPUS)
     run = Run(scale.custom, ns, count, cls=scale.config.gpu_class)
     watcher = asyncio.create_task(run.watch())
     await asyncio.sleep(1.0)
@@ -321,19 +323,20 @@ async def bench(cluster: LocalCluster, args: argparse.Namespace, workdir: Path) 
     return rounds
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None, *, cluster: LocalCluster | None = None) -> None:
+    """The benchmark on a control plane of its own, or on ``cluster`` (see :mod:`bench.clusters`)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=100)
     parser.add_argument("--rate", type=float, default=20.0, help="ordinary claims created a second")
     parser.add_argument("--seconds", type=float, default=30.0, help="how long each round creates claims")
     parser.add_argument("--timeout", type=float, default=600.0, help="the longest any one wait may take")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.nodes * 8 <= RESERVED_GPUS:
+        parser.error(f"--nodes: at least {RESERVED_GPUS // 8 + 1} (a round leaves {RESERVED_GPUS} GPUs free)")
     workdir = Path(tempfile.mkdtemp(prefix="bench-hostile-"))
-    cluster = LocalCluster(workdir=workdir / "cluster", kubernetes=resolve_kubernetes_version())
-    with cluster:
-        os.environ.pop("KUBECONFIG", None)
-        rounds = asyncio.run(bench(cluster, args, workdir))
+    with cluster_for(cluster, prefix="bench-hostile-", kubernetes=resolve_kubernetes_version()) as used:
+        rounds = asyncio.run(bench(used, args, workdir))
     print(f"\n{args.nodes} nodes x 8 GPUs, operator defaults:")
     for r in rounds:
         print("  " + r.line())

@@ -41,7 +41,7 @@ import time
 import tracemalloc
 import types
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,7 +62,7 @@ from dra_operator.client.listwatch import Listing
 from dra_operator.model.cluster import ClaimKey, ClusterModel
 from dra_operator.model.metrics import Metrics
 from dra_operator.planner import PlannerPlacer
-from dra_operator.planner.placement import Placement
+from dra_operator.planner.placement import OutOfBudget, Placement
 from dra_operator.upkeep.deviceclasses import desired_classes
 from dra_operator.watch.handlers import _plain
 
@@ -351,7 +351,7 @@ def feed_relist(
             )
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -373,7 +373,7 @@ def main() -> None:
     parser.add_argument("--trace", action="store_true", help="tracemalloc: traced memory and top sites")
     parser.add_argument("--top", type=int, default=15, help="allocation sites and types shown")
     parser.add_argument("--no-walk", action="store_true", help="skip the walk of the model by type")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     settings = Settings()
     versions = Versions()
@@ -414,6 +414,10 @@ def main() -> None:
     if not isinstance(probe, ResourceClaim):
         raise SystemExit(f"the probe claim did not parse: {probe}")
     placed = placer.place(claims=[probe], model=model)
+    if isinstance(placed, OutOfBudget):
+        # Past its slice of the event loop (the first placement compiles the class's selector and
+        # builds the index): searched again off the loop within the full budget, as the operator does.
+        placed = asyncio.run(placer.place_off_loop(claims=[probe], model=model, namespace=NAMESPACE))
     if not isinstance(placed, Placement):
         raise SystemExit(f"the probe claim was not placed: {placed}")
     print(f"placer built, probe placed ({time.monotonic() - started:.1f} s)", flush=True)

@@ -14,6 +14,7 @@ import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from dra_node_agent.device_setup import MpsOptions
@@ -70,12 +71,12 @@ async def bench(folder: Path, rounds: int) -> None:
         print(describe(f"stop, {kind}", [p[1] for p in pairs]))
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--rounds", type=int, default=50)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     folder = Path(tempfile.mkdtemp(prefix="mpsb-", dir="/tmp"))
     try:
         asyncio.run(bench(folder, args.rounds))

@@ -17,12 +17,14 @@ import argparse
 import asyncio
 import statistics
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from kubernetes_asyncio import client
 
+from bench.clusters import cluster_for
 from dra_api.kube import make_api_client
-from dra_devcluster import LocalCluster, temporary_cluster
+from dra_devcluster import LocalCluster
 from dra_devcluster.images import WORKLOAD_IMAGE
 
 NODE = "bench-mps-pod"
@@ -104,16 +106,25 @@ async def bench(cluster: LocalCluster, rounds: int) -> None:
     print(describe("Deployment of one Pod with nodeName", deployments))
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None, *, cluster: LocalCluster | None = None) -> None:
+    """The benchmark on a control plane of its own, or on ``cluster``, left as it was found (see
+    :mod:`bench.clusters`)."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--rounds", type=int, default=10)
-    args = parser.parse_args()
-    with temporary_cluster() as cluster:
-        cluster.add_real_node(NODE)
-        cluster.create_namespace(NAMESPACE)
-        asyncio.run(bench(cluster, args.rounds))
+    args = parser.parse_args(argv)
+    with cluster_for(cluster, prefix="bench-mps-pod-") as used:
+        used.add_real_node(NODE)
+        try:
+            used.create_namespace(NAMESPACE)
+            asyncio.run(bench(used, args.rounds))
+        finally:
+            if cluster is not None:
+                used.kubectl(
+                    "delete", "namespace", NAMESPACE, "--ignore-not-found", "--timeout=120s", check=False
+                )
+                used.remove_real_node(NODE)
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,6 +55,7 @@ from typing import Any
 from kubernetes_asyncio import client, watch
 
 from bench import gobuild
+from bench.clusters import cluster_for
 from dra_api.kube import make_api_client
 from dra_devcluster import LocalCluster
 from dra_devcluster.cluster import free_port
@@ -508,13 +509,26 @@ def service_account_kubeconfigs(cluster: LocalCluster) -> tuple[Path, Path]:
         "operator-clusterrolebinding",
     ):
         cluster.kubectl("apply", "-f", str(MANIFESTS / f"{name}.yaml"))
-    cluster.kubectl("create", "serviceaccount", "bench-client", "-n", "accel-dra")
-    cluster.kubectl(
-        "create",
-        "clusterrolebinding",
-        "bench-client",
-        "--clusterrole=cluster-admin",
-        "--serviceaccount=accel-dra:bench-client",
+    # Applied, not created: benchmarks run one after another on one cluster call this each.
+    cluster.apply(
+        [
+            {
+                "apiVersion": "v1",
+                "kind": "ServiceAccount",
+                "metadata": {"name": "bench-client", "namespace": "accel-dra"},
+            },
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRoleBinding",
+                "metadata": {"name": "bench-client"},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole",
+                    "name": "cluster-admin",
+                },
+                "subjects": [{"kind": "ServiceAccount", "name": "bench-client", "namespace": "accel-dra"}],
+            },
+        ]
     )
 
     def token(account: str) -> str:
@@ -752,7 +766,8 @@ def start_operator(kubeconfig: Path, *, writes: int) -> subprocess.Popen[bytes]:
         )
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None, *, cluster: LocalCluster | None = None) -> None:
+    """The benchmark on a control plane of its own, or on ``cluster`` (see :mod:`bench.clusters`)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=100)
     parser.add_argument("--gpus", type=int, default=8)
@@ -770,13 +785,11 @@ def main() -> None:
         action="store_false",
         help="leave out the compiled reference (bench/go_writer, built with the Go toolchain)",
     )
-    args = parser.parse_args()
-    workdir = Path(tempfile.mkdtemp(prefix="bench-cluster-"))
-    with LocalCluster(workdir=workdir) as cluster:
-        os.environ.pop("KUBECONFIG", None)
+    args = parser.parse_args(argv)
+    with cluster_for(cluster, prefix="bench-cluster-") as used:
         asyncio.run(
             bench(
-                cluster,
+                used,
                 nodes=args.nodes,
                 gpus=args.gpus,
                 claims=args.claims,

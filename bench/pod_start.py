@@ -21,14 +21,14 @@ import argparse
 import asyncio
 import os
 import statistics
-import tempfile
 import time
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from bench.clusters import cluster_for
 from dra_api.kube import make_api_client
 from dra_devcluster import LocalCluster
 from dra_devcluster.images import WORKLOAD_IMAGE
@@ -122,7 +122,7 @@ def summary(label: str, values: list[float]) -> tuple[float, str]:
     return p50, f"{label:32s} n={len(values):3d}  p50 {p50 * 1000:7.0f} ms  p99 {p99 * 1000:7.0f} ms"
 
 
-async def run(cluster: LocalCluster, *, sequential: int, burst: int) -> None:
+async def run(cluster: LocalCluster, *, sequential: int, burst: int, nodes: int = len(NODES)) -> None:
     api = await make_api_client(kubeconfig=cluster.kubeconfig)
     core = client.CoreV1Api(api)
     timer = Timer(core)
@@ -130,10 +130,10 @@ async def run(cluster: LocalCluster, *, sequential: int, burst: int) -> None:
     results: dict[str, list[float]] = {"dra, one at a time": [], "plain, one at a time": []}
     try:
         # Warm-up: the first pod on each node pays for things later pods do not (image, CNI).
-        for i in range(2):
+        for i in range(nodes):
             await timer.start(f"warm-{i}", gpu=True)
-        await asyncio.gather(*(timer.delete(f"warm-{i}") for i in range(2)))
-        await timer.wait_gone([f"warm-{i}" for i in range(2)])
+        await asyncio.gather(*(timer.delete(f"warm-{i}") for i in range(nodes)))
+        await timer.wait_gone([f"warm-{i}" for i in range(nodes)])
         for i in range(sequential):
             for gpu in (True, False):
                 name = f"{'dra' if gpu else 'plain'}-{i}"
@@ -161,32 +161,40 @@ async def run(cluster: LocalCluster, *, sequential: int, burst: int) -> None:
         print(f"{mode:32s} DRA p50 / plain p50 = {ratio:.2f}x (target <= 1.3x)")
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None, *, cluster: LocalCluster | None = None) -> None:
+    """The benchmark on a control plane of its own, or on ``cluster``, left as it was found (see
+    :mod:`bench.clusters`)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sequential", type=int, default=50)
     parser.add_argument("--burst", type=int, default=10)
-    args = parser.parse_args()
-    workdir = Path(tempfile.mkdtemp(prefix="bps-", dir="/tmp"))
-    agents: list[AgentProcess] = []
-    with LocalCluster(workdir=workdir) as cluster:
-        os.environ.pop("KUBECONFIG", None)
-        kubeconfig = agent_kubeconfig(cluster)
-        for name in NODES:
-            node = cluster.add_real_node(name)
-            agent = AgentProcess(node=name, dirs=AgentDirs.for_node(node), kubeconfig=kubeconfig)
-            agent.start()
-            agents.append(agent)
-        cluster.create_namespace(NS)
-        cluster.apply([device_class(CLASS, driver=GPU), template()])
-        print(
-            f"pod start on {len(NODES)} real nodes (kubelet + containerd, 8 simulated GPUs each); "
-            f"{os.cpu_count()} cores"
-        )
+    parser.add_argument("--nodes", type=int, default=len(NODES), choices=range(1, len(NODES) + 1))
+    args = parser.parse_args(argv)
+    nodes = NODES[: args.nodes]
+    with cluster_for(cluster, prefix="bps-") as used:
+        agents: list[AgentProcess] = []
         try:
-            asyncio.run(run(cluster, sequential=args.sequential, burst=args.burst))
+            kubeconfig = agent_kubeconfig(used)
+            for name in nodes:
+                node = used.add_real_node(name)
+                agents.append(AgentProcess(node=name, dirs=AgentDirs.for_node(node), kubeconfig=kubeconfig))
+                agents[-1].start()
+            used.create_namespace(NS)
+            used.apply([device_class(CLASS, driver=GPU), template()])
+            print(
+                f"pod start on {len(nodes)} real nodes (kubelet + containerd, 8 simulated GPUs each); "
+                f"{os.cpu_count()} cores"
+            )
+            asyncio.run(run(used, sequential=args.sequential, burst=args.burst, nodes=len(nodes)))
         finally:
+            if cluster is not None:
+                # Deleted while the agents still run: they unprepare the pods' claims.
+                used.kubectl("delete", "namespace", NS, "--ignore-not-found", "--timeout=120s", check=False)
+                used.kubectl("delete", "deviceclass", CLASS, "--ignore-not-found", check=False)
             for agent in agents:
                 agent.stop()
+            if cluster is not None:
+                for name in nodes:
+                    used.remove_real_node(name)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ import asyncio
 import json
 import statistics
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from bench.allocator_bench import device_class, node_slice
@@ -196,11 +197,11 @@ def run(nodes: int, budget: float) -> None:
             )
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", default="1000", help="comma-separated node counts")
     parser.add_argument("--budget", type=float, default=2.0, help="the hopeless search's budget, seconds")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     for n in (int(x) for x in args.nodes.split(",")):
         run(n, args.budget)
 

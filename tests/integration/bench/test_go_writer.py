@@ -17,8 +17,10 @@ NS = "go-writer"
 
 
 @pytest.fixture(scope="module")
-def go_writer(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    binary, _ = gobuild.build("go_writer", into=tmp_path_factory.mktemp("go_writer"))
+def go_writer() -> Path:
+    # The per-user cache, built once per version of its sources: operator_allocation's smoke test
+    # (test_operator_benches.py) runs the same binary.
+    binary, _ = gobuild.build("go_writer")
     return binary
 
 
