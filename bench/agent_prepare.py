@@ -10,7 +10,7 @@ agent's resident memory (VmRSS) after the rounds. With ``--mps`` it measures ins
 claim whose GpuConfig asks for MPS: each prepare starts the claim's control daemon (the simulated
 node's stand-in) and each unprepare stops it.
 
-    .venv/bin/python bench/agent_prepare.py [--rounds 200] [--mps]
+    .venv/bin/python -m bench.agent_prepare [--rounds 200] [--mps]
 """
 
 from __future__ import annotations

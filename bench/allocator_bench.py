@@ -17,7 +17,7 @@ CEL layer memoizes per projection of a device, so identical devices cost one eva
 of that process, and the RSS of the cluster model (parsed slices + slice index + planner) measured
 right after building it. The first claim of a mix also builds its index entry (lazily, per node).
 
-    .venv/bin/python bench/allocator_bench.py [--nodes 10,100,1000,5000] [--claims 2000]
+    .venv/bin/python -m bench.allocator_bench [--nodes 10,100,1000,5000] [--claims 2000]
 """
 
 from __future__ import annotations

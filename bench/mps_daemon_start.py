@@ -2,7 +2,7 @@
 stand-in) as the agent does them, with its shm tmpfs and memory cgroup, and with the cgroup left
 out (``--mps-cgroup-parent=""``), alternating, in one process. Needs root (tmpfs, cgroups).
 
-    .venv/bin/python bench/mps_daemon_start.py [--rounds 50]
+    .venv/bin/python -m bench.mps_daemon_start [--rounds 50]
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ one such pod (the controller-manager makes its ReplicaSet and Pod first). An MPS
 comes on top. Compare with ``bench/agent_prepare.py --mps``, whose prepare starts the daemon in a
 cgroup of its own.
 
-    .venv/bin/python bench/mps_pod_start.py [--rounds 10]
+    .venv/bin/python -m bench.mps_pod_start [--rounds 10]
 """
 
 from __future__ import annotations

@@ -158,6 +158,12 @@ class Settings:
     namespace runs at a time and namespaces take turns, so one tenant's hard claims cannot keep
     another's waiting; the threads share the interpreter with the event loop (Python's GIL)."""
 
+    allocation_search_share: float = 0.5
+    """The most of the interpreter (Python's GIL) the worker threads' searches take together while
+    they run, in (0, 1]: one searches at a time, in turns of 5 ms of its CPU time, each followed by
+    a rest that leaves the event loop the rest of the interpreter. Lower keeps other claims faster
+    while hard searches run; higher answers hard claims sooner."""
+
     allocation_search_backoff_s: float = 30.0
     """How long a claim whose search used its whole budget waits before it is searched again; the
     wait doubles with each such attempt, up to --allocation-search-backoff-max-seconds. Changes in
@@ -379,6 +385,9 @@ def _check_search(values: Mapping[str, Any]) -> None:
         )
     if threads < 1:
         raise ValueError(f"allocation_search_threads: must be at least 1, got {threads}")
+    share = values.get("allocation_search_share", defaults.allocation_search_share)
+    if not 0 < share <= 1:
+        raise ValueError(f"allocation_search_share: must be in (0, 1], got {share:g}")
     if not 0 < backoff <= most:
         raise ValueError(
             "allocation search: need 0 < allocation_search_backoff <= allocation_search_backoff_max, got "

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-__all__ = ["BudgetExhausted", "WorkBudget", "charged_to", "check_current", "current"]
+__all__ = ["BudgetExhausted", "WorkBudget", "charged_to", "check_current", "current", "paced_by"]
 
 
 class BudgetExhausted(Exception):
@@ -68,9 +68,14 @@ class WorkBudget:
         return self.clock() > self.deadline
 
     def check(self) -> None:
-        """Raise :class:`BudgetExhausted` once the deadline has passed."""
-        if self.clock() > self.deadline:
+        """Raise :class:`BudgetExhausted` once the deadline has passed; in a paced thread (see
+        :func:`paced_by`), first give the interpreter up if the thread's turn is over."""
+        now = self.clock()
+        if now > self.deadline:
             raise BudgetExhausted(self)
+        pace: Callable[[], None] | None = getattr(_current, "pace", None)
+        if pace is not None:
+            pace()
 
 
 _current = threading.local()
@@ -96,5 +101,17 @@ def current() -> WorkBudget | None:
 def check_current() -> None:
     """Check the thread's current budget, if any (see :func:`charged_to`)."""
     budget: WorkBudget | None = getattr(_current, "budget", None)
-    if budget is not None and budget.clock() > budget.deadline:
-        raise BudgetExhausted(budget)
+    if budget is not None:
+        budget.check()
+
+
+@contextlib.contextmanager
+def paced_by(pace: Callable[[], None]) -> Iterator[None]:
+    """Call ``pace`` at every budget check on this thread, for the ``with`` block: a worker thread's
+    search hands the interpreter back to the event loop there (see ``planner.offloop``)."""
+    before = getattr(_current, "pace", None)
+    _current.pace = pace
+    try:
+        yield
+    finally:
+        _current.pace = before

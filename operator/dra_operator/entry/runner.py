@@ -219,6 +219,7 @@ def _build_claim_path(
         slice_s=settings.allocation_search_slice_s,
         budget_s=settings.allocation_search_budget_s,
         threads=settings.allocation_search_threads,
+        share=settings.allocation_search_share,
     )
     if isinstance(placer, PlannerPlacer):
         search = placer.search

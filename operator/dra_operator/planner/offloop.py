@@ -12,17 +12,26 @@ and builds a planner of its own from it. The answer may be stale by the time it 
 caller checks the devices against the model before it holds them, as for any other race.
 
 Fairness: at most one search per namespace runs at a time, and namespaces take turns for the
-threads, so one tenant's claims cannot keep another's waiting behind them. Threads share the GIL
-with the loop; a CPU-bound search gets about half of the interpreter while the loop is busy, and
-all of it while the loop is idle.
+threads, so one tenant's claims cannot keep another's waiting behind them.
+
+The interpreter: threads share the GIL with the loop, and left alone each CPU-bound thread gets as
+much of it as the loop, so two searches would leave the loop a third, and a tenant's hopeless
+claims would slow every other claim's allocation. :class:`InterpreterShare` paces them: one search
+computes at a time, in turns of a few milliseconds of its CPU time, and after each turn sleeps
+(the GIL released) long enough that the searches together take at most ``share`` of the
+interpreter (``--allocation-search-share``). The budget counts the thread's CPU time, so pacing
+makes a search's answer later, never shorter.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import threading
+import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -30,6 +39,7 @@ from typing import Any, Generic, TypeVar
 from dra_api.model import AllocationResult, DeviceClass, Node, ResourceClaim
 from dra_operator.allocator import FeatureGates, SliceIndex
 from dra_operator.cel import WorkBudget
+from dra_operator.cel.budget import paced_by
 from dra_operator.planner.planner import Planner, PlanOutcome
 
 logger = logging.getLogger(__name__)
@@ -66,6 +76,65 @@ class PlannerSnapshot:
         return outcome, budget.spent
 
 
+class InterpreterShare:
+    """Search threads take turns of ``turn_s`` of their CPU time, one at a time, first come first
+    served; each turn is followed by a rest (the GIL free for the loop) so that together they take
+    at most ``share`` of the interpreter."""
+
+    def __init__(self, share: float, *, turn_s: float = 0.005) -> None:
+        if not 0 < share <= 1:
+            raise ValueError(f"the searches' share of the interpreter must be in (0, 1], got {share:g}")
+        self.share = share
+        self.turn_s = turn_s
+        self.rest_s = turn_s * (1 - share) / share
+        self._cond = threading.Condition()
+        self._waiting: deque[object] = deque()
+        self._held = False
+        self._turn = threading.local()
+        self.rests = 0
+        """Rests taken so far (a count for tests and curiosity)."""
+
+    @contextlib.contextmanager
+    def searching(self) -> Iterator[None]:
+        """Hold a turn for the ``with`` block; budget checks inside it pace the thread. A share of
+        1 paces nothing: the threads and the loop take the interpreter as the GIL hands it out."""
+        if self.share >= 1:
+            yield
+            return
+        self._enter()
+        try:
+            with paced_by(self._pace):
+                yield
+        finally:
+            self._leave()
+
+    def _enter(self) -> None:
+        ticket = object()
+        with self._cond:
+            self._waiting.append(ticket)
+            self._cond.wait_for(lambda: not self._held and self._waiting[0] is ticket)
+            self._waiting.popleft()
+            self._held = True
+        self._turn.began = time.thread_time()
+
+    def _leave(self) -> None:
+        with self._cond:
+            self._held = False
+            self._cond.notify_all()
+
+    def _pace(self) -> None:
+        if time.thread_time() - self._turn.began < self.turn_s:
+            return
+        self.rests += 1
+        if self.rest_s > 0:
+            time.sleep(self.rest_s)  # still holding the turn: no other search takes the rest
+        if self._waiting:  # another search waits: its turn now
+            self._leave()
+            self._enter()
+        else:
+            self._turn.began = time.thread_time()
+
+
 @dataclass(slots=True)
 class _Job(Generic[T]):
     work: Callable[[], T]
@@ -82,10 +151,12 @@ class _Turns:
 
 
 class SearchThreads:
-    """Runs searches in ``threads`` worker threads, one per namespace at a time, namespaces in turn."""
+    """Runs searches in ``threads`` worker threads, one per namespace at a time, namespaces in turn,
+    taking together at most ``share`` of the interpreter."""
 
-    def __init__(self, *, threads: int) -> None:
+    def __init__(self, *, threads: int, share: float = 0.5) -> None:
         self.threads = threads
+        self.share = InterpreterShare(share)
         self._executor: ThreadPoolExecutor | None = None
         self._turns = _Turns()
 
@@ -131,7 +202,7 @@ class SearchThreads:
                 max_workers=self.threads, thread_name_prefix="placement-search"
             )
         loop = asyncio.get_running_loop()
-        running = loop.run_in_executor(self._executor, job.work)
+        running = loop.run_in_executor(self._executor, self._paced, job.work)
 
         def finished(done: asyncio.Future[Any]) -> None:
             self._turns.running.discard(namespace)
@@ -147,6 +218,10 @@ class SearchThreads:
             self._dispatch()
 
         running.add_done_callback(finished)
+
+    def _paced(self, work: Callable[[], T]) -> T:
+        with self.share.searching():
+            return work()
 
     def shutdown(self) -> None:
         """Stop taking work; searches running finish within their budgets."""

@@ -38,6 +38,7 @@ from dra_operator.planner.planner import (
 SLICE_S = 0.05
 BUDGET_S = SEARCH_BUDGET_S
 THREADS = 2
+SHARE = 0.5
 
 
 class PlannerPlacer:
@@ -52,12 +53,13 @@ class PlannerPlacer:
         slice_s: float = SLICE_S,
         budget_s: float = BUDGET_S,
         threads: int = THREADS,
+        share: float = SHARE,
     ) -> None:
         self.policy = policy
         self.gates = gates or FeatureGates()
         self.slice_s = slice_s
         self.budget_s = budget_s
-        self.search = SearchThreads(threads=threads)
+        self.search = SearchThreads(threads=threads, share=share)
         # kube-scheduler takes the first free devices of a pool; an allocator running beside it takes
         # the last ones, so the two stay apart until a pool is nearly full (results name devices, so
         # the order is otherwise invisible).

@@ -5,9 +5,13 @@ from __future__ import annotations
 import asyncio
 import threading
 
+import pytest
+
 from dra_api.model import ResourceSlice
+from dra_operator.cel import WorkBudget
 from dra_operator.model.cluster import ClusterModel
 from dra_operator.planner import PlannerPlacer, SearchThreads
+from dra_operator.planner.offloop import InterpreterShare
 from dra_operator.planner.placement import OutOfBudget, Placement
 
 from .test_budget import claim, split_counters_slice
@@ -38,7 +42,8 @@ async def test_namespaces_take_turns_for_one_thread() -> None:
 
 
 async def test_one_namespace_never_holds_every_thread() -> None:
-    threads = SearchThreads(threads=2)
+    # share=1: unpaced, so both jobs (which never check a budget) run at once
+    threads = SearchThreads(threads=2, share=1.0)
     gate = threading.Event()
     running: list[str] = []
 
@@ -137,3 +142,50 @@ def test_a_snapshot_does_not_see_later_changes_of_the_model() -> None:
     model.remove_slice("n0")
     assert [s.name for s in snapshot.slices.slices] == ["n0"]
     assert isinstance(snapshot.slices.slices[0], ResourceSlice)
+
+
+def test_interpreter_share_lets_one_search_compute_at_a_time_and_rests_between_turns() -> None:
+    """Two CPU-bound searches under a share of 0.5: never both between two budget checks at once
+    (one holds the turn), and each turn ends in a rest at a budget check."""
+    share = InterpreterShare(0.5, turn_s=0.001)
+    inside = 0
+    most = 0
+    lock = threading.Lock()
+
+    def search() -> int:
+        nonlocal inside, most
+        budget = WorkBudget.thread_cpu(30.0)
+        checks = 0
+        with share.searching():
+            while budget.spent < 0.02:
+                with lock:
+                    inside += 1
+                    most = max(most, inside)
+                sum(range(2000))  # work between two checks
+                with lock:
+                    inside -= 1
+                budget.check()
+                checks += 1
+        return checks
+
+    workers = [threading.Thread(target=search) for _ in range(2)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=60)
+    assert not any(worker.is_alive() for worker in workers)
+    assert most == 1
+    assert share.rests >= 2
+
+
+def test_interpreter_share_outside_a_search_paces_nothing() -> None:
+    """A budget checked outside ``searching`` (the event loop's slice) never rests."""
+    share = InterpreterShare(0.1, turn_s=0.0)
+    budget = WorkBudget.thread_cpu(30.0)
+    for _ in range(100):
+        budget.check()
+    assert share.rests == 0
+    with pytest.raises(ValueError, match="share of the interpreter"):
+        InterpreterShare(0.0)
+    with pytest.raises(ValueError, match="share of the interpreter"):
+        InterpreterShare(1.5)
