@@ -52,7 +52,9 @@ def backends(config: DiscoveryConfig) -> list[NvmlBackend]:
         sysfs_root=config.sysfs_root,
         proc_root=config.proc_root,
         host_dev_dir=config.host_dev_dir,
+        dev_root=config.dev_root,
         dynamic_mig=config.dynamic_mig,
+        passthrough=config.passthrough,
     )
     return [backend] if config.selects("nvidia", detected=lambda: nvml_usable(backend)) else []
 
