@@ -225,6 +225,7 @@ async def _prepare_handler(
         gpu_sharing=tools.gpu_sharing,
         mps=tools.mps,
         dynamic_mig=tools.dynamic_mig,
+        passthrough=tools.passthrough,
         vendor_env=tools.vendor_env,
         device_status=device_status,
     )

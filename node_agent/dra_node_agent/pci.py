@@ -60,7 +60,6 @@ def link_basename(path: Path) -> str | None:
 
 # --- passthrough: IOMMU groups, drivers, BARs ------------------------------------------------
 
-PCI_CLASS_BRIDGE = 0x0604  # class code >> 8 of a PCI-to-PCI bridge
 # Bounds of what is read from sysfs: PCI functions on one host, members of one IOMMU group (a group
 # is one PCIe hierarchy without ACS; hosts have dozens of functions in one at most), BARs per function.
 MAX_PCI_FUNCTIONS = 4096

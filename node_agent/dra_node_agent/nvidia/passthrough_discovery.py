@@ -5,8 +5,8 @@ not an SR-IOV virtual function) is also published as ``gpu-vfio-<index>``, its i
 among them, as NVIDIA's driver names them: ``type=vfio`` and NVIDIA's attributes (``uuid``, derived
 from the PCI address, ``deviceID``, ``vendorID``, ``productName``, ``iommuFDEnabled``, the standard
 PCI attributes) with ``addressableMemory`` as capacity, plus ``iommuGroup``, which NVIDIA's driver
-does not publish. Like NVIDIA's, a GPU is published so only while it is free to be rebound: held by
-the NVIDIA driver without MIG devices, or by vfio-pci already; the group's node is what a claim's
+does not publish. A GPU is published so while it is free to be rebound: held by the NVIDIA driver
+without MIG devices (as NVIDIA's), by vfio-pci already, or by no driver; the group's node is what a claim's
 container gets (``nvidia.passthrough`` binds the GPU at prepare). Blocking sysfs reads: run in a
 thread, as discovery is.
 """
@@ -105,7 +105,8 @@ def passthrough_devices(
     devices = []
     for index, address in enumerate(nvidia_gpu_functions(sysfs_root)):
         driver = bound_driver(sysfs_root, address)
-        if driver not in (NVIDIA_DRIVER, VFIO_PCI) or address in with_migs:
+        # None: between two binding steps (a crash there is undone at start-up, after discovery).
+        if driver not in (NVIDIA_DRIVER, VFIO_PCI, None) or address in with_migs:
             continue  # another driver's, or partitioned: its MIG devices are published instead
         group = iommu_group(sysfs_root, address)
         if group is None:

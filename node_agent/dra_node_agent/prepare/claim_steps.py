@@ -15,7 +15,9 @@ Prepare:
   5. record ``PrepareStarted`` (written while the claim is read, the two slow steps overlapping),
      set the devices up (``set_up.DeviceSetUp``; the devices are recorded first, a dynamic MIG
      instance's UUID as soon as it exists), write the claim's CDI spec, record
-     ``PrepareCompleted``; the checkpoint refuses a device held by another claim (unless both use
+     ``PrepareCompleted``; a GPU for passthrough is recorded before it is bound to vfio-pci, and
+     refused before anything is recorded when it or its IOMMU group is another claim's (``set_up``);
+     the checkpoint refuses a device held by another claim (unless both use
      admin access) before a device is touched, and at the latest at ``PrepareCompleted``, and a
      refused attempt leaves no trace;
   6. answer with the CDI device IDs per result, and hand the prepared claim to the device status
@@ -42,14 +44,19 @@ from dra_node_agent.cdi import CdiWriter, SpecTooLarge
 from dra_node_agent.claim_reader import ClaimAllocation, ClaimError, ClaimGone, ClaimSource, describe
 from dra_node_agent.device_setup import DeviceSetupError
 from dra_node_agent.device_status import DeviceStatusWriter
-from dra_node_agent.devices import DiscoveredDevice
+from dra_node_agent.devices import ContainerEdits, DiscoveredDevice
 from dra_node_agent.prepare.driver_node import DriverNode
 from dra_node_agent.prepare.errors import PrepareError
 from dra_node_agent.prepare.pause_points import PausePoints
 from dra_node_agent.prepare.plan import Planner, PreparePlan
 from dra_node_agent.prepare.records import answer, entry_ref
 from dra_node_agent.prepare.set_up import DeviceSetUp
-from dra_node_agent.prepare.start_up import clean_up_files, reconcile_mig, reconcile_mps
+from dra_node_agent.prepare.start_up import (
+    clean_up_files,
+    reconcile_mig,
+    reconcile_mps,
+    reconcile_passthrough,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +99,8 @@ class ClaimSteps:
                 await reconcile_mps(driver, self._store, self._node.mps)
             if self._node.dynamic_mig is not None:
                 await reconcile_mig(self._node, self._store, self._node.dynamic_mig)
+            if self._node.passthrough is not None:
+                await reconcile_passthrough(driver, self._store, self._node.passthrough)
             if self._status is not None:
                 try:
                     prepared = await asyncio.to_thread(self._store.entries, cp.ClaimState.PREPARE_COMPLETED)
@@ -151,10 +160,15 @@ class ClaimSteps:
         """Steps 5 and 6 for a planned claim whose ``PrepareStarted`` entry is written."""
         store = self._store
         try:
+            try:
+                await self.devices.check_passthrough(entry, plan)
+            except PrepareError:
+                await self._forget(entry)  # nothing is recorded or touched yet
+                raise
             if plan.touches_devices:
                 entry = await asyncio.to_thread(store.begin, claim, plan.results)
             try:
-                entry, devices = await self._set_up(entry, plan)
+                entry, devices, common = await self._set_up(entry, plan)
             except PrepareError:
                 # Nothing of a failed set-up stays behind: undo what it did, forget the attempt.
                 await self._forget(entry)
@@ -169,6 +183,7 @@ class ClaimSteps:
                     inventory=self._node.inventory,
                     config=plan.claim_config,
                     context=context,
+                    common=common,
                 )
             except SpecTooLarge as exc:
                 await self._forget(entry)
@@ -207,10 +222,12 @@ class ClaimSteps:
 
     async def _set_up(
         self, entry: cp.ClaimEntry, plan: PreparePlan
-    ) -> tuple[cp.ClaimEntry, list[DiscoveredDevice]]:
+    ) -> tuple[cp.ClaimEntry, list[DiscoveredDevice], ContainerEdits | None]:
         """Set the devices up: dynamic MIG instances, whose UUIDs are recorded before anything names
         them (a crash from here on leaves an entry that says what to destroy), then time slices and
-        the MPS daemon. Returns the entry and the devices as the CDI spec must name them."""
+        the MPS daemon, then GPUs for passthrough to vfio-pci (recorded before: ``begin``). Returns
+        the entry, the devices as the CDI spec must name them, and the edits every container gets
+        instead of the driver's (None: the driver's)."""
         made = await self.devices.make_instances(entry, plan)
         if made.uuids is not None:
             uuids = made.uuids
@@ -219,7 +236,10 @@ class ClaimSteps:
             ]
             entry = await asyncio.to_thread(self._store.begin, entry_ref(entry), recorded)
         await self.devices.share(entry, made.devices, plan)
-        return entry, made.devices
+        devices, common = await self.devices.pass_through(
+            entry, made.devices, plan, between_steps=lambda: self._pauses.reached("vfio-unbound")
+        )
+        return entry, devices, common
 
     async def _claim_context(self, allocation: ClaimAllocation, plan: PreparePlan) -> Any:
         """The vendor's context of the claim (``claim_context``); None where it has none."""

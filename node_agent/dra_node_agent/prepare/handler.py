@@ -22,7 +22,7 @@ from dra_node_agent.cdi import CdiWriter, VendorEnv
 from dra_node_agent.claim_context import ClaimContextSource
 from dra_node_agent.claim_messages import ClaimMessageLimiter
 from dra_node_agent.claim_reader import ClaimError, ClaimSource, describe
-from dra_node_agent.device_setup import DeviceSetupError, MigInstances, MpsControl, TimeSlicing
+from dra_node_agent.device_setup import DeviceSetupError, MigInstances, MpsControl, Passthrough, TimeSlicing
 from dra_node_agent.device_status import DeviceStatusWriter
 from dra_node_agent.devices import DiscoveredInventory
 from dra_node_agent.opaqueconfig import OpaqueConfigParser
@@ -57,6 +57,7 @@ class PrepareHandler:
         gpu_sharing: TimeSlicing | None = None,
         mps: MpsControl[Any] | None = None,
         dynamic_mig: MigInstances | None = None,
+        passthrough: Passthrough | None = None,
         vendor_env: VendorEnv[Any] | None = None,
         device_status: DeviceStatusWriter | None = None,
         max_prepared_claims: int = cp.DEFAULT_MAX_CLAIMS,
@@ -72,6 +73,7 @@ class PrepareHandler:
             gpu_sharing=gpu_sharing,
             mps=mps,
             dynamic_mig=dynamic_mig,
+            passthrough=passthrough,
             claim_context=claim_context,
         )
         self.store = cp.CheckpointStore(

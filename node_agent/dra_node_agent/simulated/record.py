@@ -100,6 +100,7 @@ RECORD: VendorRecord[SimulatedBackend] = VendorRecord(
         backend, lambda vendor, inner: vendor.mps_daemons(inner, root, options)
     ),
     mig_instances=lambda backend: _vendors(backend, lambda vendor, inner: vendor.mig_instances(inner)),
+    passthrough=lambda backend: _vendors(backend, lambda vendor, inner: vendor.passthrough(inner)),
     container_env=lambda backend: _vendors(backend, lambda vendor, inner: vendor.container_env(inner)),
     status_data=lambda backend: _vendors(backend, lambda vendor, inner: vendor.status_data(inner)),
     claim_context=lambda backend, access: _vendors(
