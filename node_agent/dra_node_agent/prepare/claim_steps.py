@@ -25,6 +25,11 @@ Prepare:
 Unprepare works from the checkpoint alone (the claim may be gone): tear down, remove the CDI spec,
 drop the entry, and tell the device status writer. Unknown UIDs are a no-op.
 
+Where GPUs are published for passthrough, the steps keep ``holds`` (``prepare.holds``): which GPUs
+the recorded claims hold for passthrough and which for containers, and tell the listeners (the
+agent's wiring: what it publishes and what the health monitor watches) when it changes. A GPU's
+passthrough hold is told before its binding's first step, so nothing watches it go.
+
 Every file and checkpoint call runs in a thread (``asyncio.to_thread``): the event loop serves
 other drivers' calls meanwhile.
 """
@@ -34,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -47,6 +53,7 @@ from dra_node_agent.device_status import DeviceStatusWriter
 from dra_node_agent.devices import ContainerEdits, DiscoveredDevice
 from dra_node_agent.prepare.driver_node import DriverNode
 from dra_node_agent.prepare.errors import PrepareError
+from dra_node_agent.prepare.holds import Holds, holds_of
 from dra_node_agent.prepare.pause_points import PausePoints
 from dra_node_agent.prepare.plan import Planner, PreparePlan
 from dra_node_agent.prepare.records import answer, entry_ref
@@ -86,6 +93,36 @@ class ClaimSteps:
         # The plugin serialises the kubelet's calls already; this keeps the order of checkpoint,
         # set-up and spec whole when the steps are called otherwise (the stale-claim clean-up).
         self.lock = asyncio.Lock()
+        self.holds = Holds()
+        self._holds_listeners: list[Callable[[Holds], None]] = []
+
+    def add_holds_listener(self, listener: Callable[[Holds], None]) -> None:
+        """Call ``listener`` (on the event loop; it must return at once) when ``holds`` changes."""
+        self._holds_listeners.append(listener)
+
+    async def _update_holds(self, *, passthrough: bool = False) -> None:
+        """Read the holds from the checkpoint and tell the listeners if they changed. Only where
+        GPUs are (or were) published for passthrough, or ``passthrough`` (a claim for one)."""
+        tracked = (
+            passthrough
+            or self.holds.passed_through
+            or any(d.kind == "vfio" for d in self._node.devices.values())
+        )
+        if self._node.passthrough is None or not tracked:
+            return
+        try:
+            entries = await asyncio.to_thread(self._store.entries)
+        except cp.CheckpointCorrupt:
+            return  # reported already; nothing changes while it is
+        holds = holds_of(entries, self._node.devices)
+        if holds == self.holds:
+            return
+        self.holds = holds
+        for listener in self._holds_listeners:
+            try:
+                listener(holds)
+            except Exception:  # a listener's bug must not fail the claim
+                logger.exception("a passthrough holds listener of driver %s failed", self._node.driver)
 
     async def start_up(self, *, state_dir: Path) -> None:
         """Load the checkpoint and clean up what a crash or a reboot left behind; then tell the
@@ -101,6 +138,7 @@ class ClaimSteps:
                 await reconcile_mig(self._node, self._store, self._node.dynamic_mig)
             if self._node.passthrough is not None:
                 await reconcile_passthrough(driver, self._store, self._node.passthrough)
+            await self._update_holds()
             if self._status is not None:
                 try:
                     prepared = await asyncio.to_thread(self._store.entries, cp.ClaimState.PREPARE_COMPLETED)
@@ -110,7 +148,10 @@ class ClaimSteps:
 
     async def prepare(self, claim: ClaimRef) -> tuple[PreparedDevice, ...]:
         async with self.lock:
-            return await self._prepare(claim)
+            try:
+                return await self._prepare(claim)
+            finally:
+                await self._update_holds()
 
     async def _prepare(self, claim: ClaimRef) -> tuple[PreparedDevice, ...]:
         store = self._store
@@ -167,6 +208,8 @@ class ClaimSteps:
                 raise
             if plan.touches_devices:
                 entry = await asyncio.to_thread(store.begin, claim, plan.results)
+            if plan.iommu is not None:
+                await self._update_holds(passthrough=True)  # before the GPU's binding is touched
             try:
                 entry, devices, common = await self._set_up(entry, plan)
             except PrepareError:
@@ -273,6 +316,7 @@ class ClaimSteps:
             await self._pauses.reached("unprepare-started")
             await self._roll_back(entry, strict=True)
             await asyncio.to_thread(self._store.remove, claim.uid)
+            await self._update_holds()
             if self._status is not None:
                 try:
                     self._status.unprepared(entry)
@@ -284,7 +328,10 @@ class ClaimSteps:
         """Unprepare ``PrepareStarted`` entries from before ``cutoff`` whose claim is gone; returns
         their UIDs. Entries whose claim still exists are kept: the kubelet retries those."""
         async with self.lock:
-            return await self._clean_up_stale(cutoff)
+            try:
+                return await self._clean_up_stale(cutoff)
+            finally:
+                await self._update_holds()
 
     async def _clean_up_stale(self, cutoff: datetime) -> list[str]:
         removed: list[str] = []

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
@@ -29,6 +29,7 @@ from dra_node_agent.opaqueconfig import OpaqueConfigParser
 from dra_node_agent.prepare.claim_steps import ClaimSteps
 from dra_node_agent.prepare.driver_node import DriverNode
 from dra_node_agent.prepare.errors import PrepareError
+from dra_node_agent.prepare.holds import Holds
 from dra_node_agent.prepare.metrics import CHECKPOINT_ERRORS, OPERATION_ERRORS, PREPARE_SECONDS
 from dra_node_agent.prepare.pause_points import PausePoints
 from dra_node_agent.prepare.plan import Planner
@@ -126,6 +127,15 @@ class PrepareHandler:
     def device_setups(self) -> int:
         """Device set-ups done by this handler (a repeated prepare does none)."""
         return self._steps.devices.count
+
+    @property
+    def holds(self) -> Holds:
+        """Which GPUs the prepared claims hold for passthrough, and which for containers."""
+        return self._steps.holds
+
+    def add_holds_listener(self, listener: Callable[[Holds], None]) -> None:
+        """Call ``listener`` on the event loop when ``holds`` changes (it must return at once)."""
+        self._steps.add_holds_listener(listener)
 
     def set_inventory(self, inventory: DiscoveredInventory) -> None:
         """Use a newer discovery result for claims prepared from now on."""

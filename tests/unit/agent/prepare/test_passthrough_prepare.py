@@ -18,7 +18,7 @@ from dra_api.kubeletapi.model import ClaimRef
 from dra_node_agent import prepare_tools
 from dra_node_agent.pci import bound_driver
 from dra_node_agent.pci_binding import PciDriverBinding
-from dra_node_agent.prepare import PAUSE_ENV, PrepareHandler
+from dra_node_agent.prepare import PAUSE_ENV, Holds, PrepareHandler
 from dra_node_agent.simulated.faketree import FakePciFunction, write_pci_tree
 from tests.unit.agent.prepare.simnode import SimulatedNode
 from tests.unit.agent.prepare.test_prepare_configs import GPU, NODE, NVIDIA, entry
@@ -305,3 +305,54 @@ async def test_killed_between_the_binding_steps_the_gpu_goes_back_at_start_up_an
     assert node.override() is None
     assert await prepare(restarted, ref) == ""  # the kubelet's retry
     assert node.driver() == "vfio-pci"
+
+
+async def test_the_holds_are_told_before_the_binding_and_after_the_gpu_goes_back(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    handler = await node.handler()
+    told: list[tuple[Holds, str | None]] = []
+    handler.add_holds_listener(lambda holds: told.append((holds, node.driver())))
+    inventory = handler.inventory.by_name()
+
+    cuda = node.add_claim("cuda", ["gpu-1"])
+    assert await prepare(handler, cuda) == ""
+    held = handler.holds
+    assert held.in_containers == {"0000:43:00.0"}
+    assert not held.published(inventory["gpu-vfio-1"])  # offered for passthrough no more
+    assert held.published(inventory["gpu-1"])
+
+    vm = node.add_claim("vm", ["gpu-vfio-0"], [entry(GPU, KUBEVIRT)])
+    assert await prepare(handler, vm) == ""
+    # Told while the NVIDIA driver still held the GPU: nothing watched it go.
+    passthrough = [(h, driver) for h, driver in told if GPU0 in h.passed_through]
+    assert passthrough[0][1] == "nvidia"
+    held = handler.holds
+    assert not held.published(inventory["gpu-0"])
+    assert not held.watched(inventory["gpu-0"])
+    assert held.published(inventory["gpu-vfio-0"])  # its claim's device stays
+    assert not held.watched(inventory["gpu-vfio-0"])  # a VM's GPU is never the monitor's
+    assert held.watched(inventory["gpu-2"])
+
+    for ref in (vm, cuda):
+        assert (await handler.unprepare([ref]))[ref.uid] == ""
+    assert handler.holds == Holds()
+    assert told[-1] == (Holds(), "nvidia")
+
+
+async def test_without_gpus_for_passthrough_nothing_is_tracked(tmp_path: Path) -> None:
+    node = SimulatedNode(tmp_path)  # --passthrough-support off: no gpu-vfio devices
+    handler = await node.handler(passthrough=prepare_tools.passthrough(node.backend))
+    told: list[Holds] = []
+    handler.add_holds_listener(told.append)
+    node.claims.objects["c"] = {
+        "metadata": {"name": "c", "namespace": "ns", "uid": "uid-c"},
+        "spec": {"devices": {"requests": []}},
+        "status": {
+            "allocation": {
+                "devices": {"results": [{"request": "r", "driver": GPU, "pool": NODE, "device": "gpu-0"}]}
+            }
+        },
+    }
+    assert await prepare(handler, ClaimRef(namespace="ns", name="c", uid="uid-c")) == ""
+    assert told == []
+    assert handler.holds == Holds()
