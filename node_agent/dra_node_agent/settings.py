@@ -276,7 +276,8 @@ class Settings:
             "driver holds without MIG devices is also published as gpu-vfio-<index> (type vfio); a "
             "claim for one binds the GPU to vfio-pci at prepare and gives its container the IOMMU "
             "group's device nodes, and unprepare gives it back to the NVIDIA driver. Needs the IOMMU "
-            "on, vfio-pci loaded and a privileged agent; not with --dynamic-mig.",
+            "on, vfio-pci loaded and a privileged agent (on real GPUs, for now, --health-enabled=false: the "
+            "monitor's NVML session holds the GPUs); not with --dynamic-mig.",
             metavar="BOOL",
         ),
     )
