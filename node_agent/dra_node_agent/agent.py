@@ -6,6 +6,11 @@ start the health monitor and the device status writer (``status.devices`` of pre
 follows the monitor), then serve the plugin sockets. SIGTERM/SIGINT stops the plugin servers (their
 sockets are removed, so kubelet sees the driver go) and leaves the ResourceSlices in place: a
 restarted agent finds them unchanged and running pods are not disturbed.
+
+A GPU a claim holds for passthrough is bound to vfio-pci: its GPU and MIG devices leave the slice
+and the health monitor's watch while it is (and its passthrough device while a container holds
+it), following the prepare handler's ``holds``; a change of them republishes at once, after a
+discovery pass (NVML sees the GPU again once it is given back).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from dra_node_agent import prepare_tools
 from dra_node_agent.checkpoint_report import CorruptionReporter
 from dra_node_agent.claim_reader import ClaimReader
 from dra_node_agent.device_status import DeviceStatusWriter, KubeClaimStatusApi, StatusSupport
-from dra_node_agent.devices import DiscoveredInventory, DiscoveryBackend
+from dra_node_agent.devices import DiscoveredDevice, DiscoveredInventory, DiscoveryBackend
 from dra_node_agent.discovery.detect import select_backends
 from dra_node_agent.discovery_config import DiscoveryConfig
 from dra_node_agent.driver_health import DriverHealth, attach_health
@@ -33,7 +38,7 @@ from dra_node_agent.health.events import NodeEvents
 from dra_node_agent.http_endpoints import HttpEndpoints
 from dra_node_agent.nvidia.health_probe import DEFAULT_IGNORED_XIDS, parse_xid_list
 from dra_node_agent.plugin import RunningPlugin, serve_plugin
-from dra_node_agent.prepare import PrepareHandler
+from dra_node_agent.prepare import Holds, PrepareHandler
 from dra_node_agent.publisher import SlicePublisher
 from dra_node_agent.settings import Settings, SettingsError, describe
 from dra_node_agent.tpu.discovery import DEFAULT_TPU_ENV_FILE
@@ -60,11 +65,33 @@ class DriverRuntime:
     plugin: RunningPlugin | None = None
     health: DriverHealth | None = None
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    # Set when the claims' holds of GPUs for passthrough change: discover and publish now.
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def published_devices(self) -> list[DiscoveredDevice]:
+        """The inventory's devices but those the claims' holds keep out (``prepare.holds``)."""
+        holds = self.handler.holds
+        return [d for d in self.inventory.devices if holds.published(d)]
+
+    def watched_devices(self) -> list[DiscoveredDevice]:
+        """The devices the health monitor watches (never a GPU for passthrough)."""
+        holds = self.handler.holds
+        return [d for d in self.inventory.devices if holds.watched(d)]
+
+    def undecorated_slice_devices(self) -> list[dict[str, Any]]:
+        return [d.to_slice_device() for d in self.published_devices()]
 
     def slice_devices(self) -> list[dict[str, Any]]:
-        """The devices to publish: the inventory's, with the health monitor's taints applied."""
-        devices = self.inventory.slice_devices()
-        return self.health.decorate(devices) if self.health is not None else list(devices)
+        """The devices to publish, with the health monitor's taints applied."""
+        devices = self.undecorated_slice_devices()
+        return self.health.decorate(devices) if self.health is not None else devices
+
+    def holds_changed(self, holds: Holds) -> None:
+        """The prepare handler's holds changed: watch what is ours again, discover and publish."""
+        del holds  # read through the handler
+        if self.health is not None:
+            self.health.set_devices(self.watched_devices())
+        self.wake.set()
 
 
 def discovery_config(settings: Settings) -> DiscoveryConfig:
@@ -84,13 +111,18 @@ def discovery_config(settings: Settings) -> DiscoveryConfig:
         tpu_env_path=settings.tpu_env_file or (None if settings.simulate_profile else DEFAULT_TPU_ENV_FILE),
         simulation_dir=str(settings.state_dir / "simulated"),
         dynamic_mig=settings.dynamic_mig,
+        passthrough=settings.passthrough_support,
     )
 
 
 async def _rediscover(runtime: DriverRuntime, *, interval: float) -> None:
-    """Re-discover every ``interval`` seconds and republish when the devices changed."""
+    """Re-discover every ``interval`` seconds, or at once when woken (``DriverRuntime.wake``), and
+    republish when the devices changed or it was woken."""
     while True:
-        await asyncio.sleep(interval)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(runtime.wake.wait(), timeout=interval)
+        woken = runtime.wake.is_set()
+        runtime.wake.clear()
         try:
             inventory = await runtime.backend.discover()
         except Exception:  # a discovery bug must not stop the agent; the last inventory stays
@@ -98,16 +130,24 @@ async def _rediscover(runtime: DriverRuntime, *, interval: float) -> None:
             continue
         if not inventory.available:
             continue
-        if (inventory.slice_devices(), inventory.counter_sets) != (
+        changed = (inventory.slice_devices(), inventory.counter_sets) != (
             runtime.inventory.slice_devices(),
             runtime.inventory.counter_sets,
-        ):
+        )
+        if changed:
             logger.info("devices of driver %s changed; republishing", inventory.driver)
             runtime.inventory = inventory
             runtime.handler.set_inventory(inventory)
             if runtime.health is not None:
-                runtime.health.set_devices(inventory.devices)
-            await runtime.publisher.publish(runtime.slice_devices(), inventory.slice_counter_sets())
+                runtime.health.set_devices(runtime.watched_devices())
+        if changed or woken:
+            try:
+                await runtime.publisher.publish(runtime.slice_devices(), inventory.slice_counter_sets())
+            except Exception as exc:  # the publisher's own loop retries with the devices it was given
+                logger.warning(
+                    "publishing the devices of driver %s failed (will retry): %s", inventory.driver, exc
+                )
+                runtime.publisher.mark_dirty()
 
 
 async def _clean_up_stale_claims(handler: PrepareHandler, *, interval: float) -> None:
@@ -177,6 +217,7 @@ async def _start_driver(
         checkpoint_reporter=reporter,
         device_status=device_status,
     )
+    handler.add_holds_listener(runtime.holds_changed)
     if settings.health_enabled:
         runtime.health = await _attach_health(runtime, settings=settings, api=api, api_version=api_version)
     if runtime.health is not None:
@@ -224,6 +265,7 @@ async def _prepare_handler(
         gpu_sharing=tools.gpu_sharing,
         mps=tools.mps,
         dynamic_mig=tools.dynamic_mig,
+        passthrough=tools.passthrough,
         vendor_env=tools.vendor_env,
         device_status=device_status,
     )
@@ -234,8 +276,8 @@ async def _attach_health(
 ) -> DriverHealth | None:
     return await attach_health(
         backend=runtime.backend,
-        devices=runtime.inventory.devices,
-        slice_devices=lambda: runtime.inventory.slice_devices(),
+        devices=runtime.watched_devices(),
+        slice_devices=runtime.undecorated_slice_devices,
         publisher=runtime.publisher,
         api=api,
         api_version=api_version,

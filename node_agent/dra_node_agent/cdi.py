@@ -118,13 +118,15 @@ def build_claim_spec(
     config: DriverConfig | None = None,
     context: Any = None,
     vendor_env: VendorEnv[Any] | None = None,
+    common: ContainerEdits | None = None,
 ) -> dict[str, Any]:
     """The CDI spec for one claim's devices of `inventory.driver` (pure; no I/O).
 
     `vendor_env` adds the environment of the devices' vendor. `config` is the claim's claim-wide
     opaque config, if any, and `context` what the vendor learnt of the claim at prepare
     (``claim_context``); both are passed on to `vendor_env` (a TPU claim's environment depends on
-    them).
+    them). ``common`` replaces the inventory's edits for every container of the claim (a claim for
+    passthrough gets the IOMMU's API device, not the GPU driver's nodes and files).
 
     A simulated inventory's device nodes are named only when they exist on the host as character
     devices (``simulated_nodes_on_host``); otherwise its specs carry environment only (a runtime
@@ -154,7 +156,7 @@ def build_claim_spec(
                 "containerEdits": edits.to_cdi(),
             }
         )
-    common = inventory.common_edits
+    common = inventory.common_edits if common is None else common
     if vendor_env is not None:
         env = vendor_env.claim_env(
             devices, inventory=inventory, node_name=node_name, config=config, context=context
@@ -217,6 +219,7 @@ class CdiWriter:
         inventory: DiscoveredInventory,
         config: DriverConfig | None = None,
         context: Any = None,
+        common: ContainerEdits | None = None,
     ) -> list[str]:
         """Write the claim's spec atomically; returns the CDI device IDs in `devices` order.
 
@@ -232,6 +235,7 @@ class CdiWriter:
             config=config,
             context=context,
             vendor_env=self.vendor_env,
+            common=common,
         )
         self.cdi_dir.mkdir(parents=True, exist_ok=True)
         data = _encode(spec)

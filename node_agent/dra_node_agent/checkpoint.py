@@ -117,6 +117,22 @@ class ClaimState(enum.StrEnum):
 
 
 @dataclass(frozen=True)
+class PassthroughRecord:
+    """A GPU a claim takes for passthrough: recorded before the first sysfs write, so unprepare and
+    the start-up clean-up give it back to the NVIDIA driver from the record alone."""
+
+    pci_bus_id: str
+    iommu_group: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pciBusID": self.pci_bus_id, "iommuGroup": self.iommu_group}
+
+    @staticmethod
+    def from_json(raw: dict[str, Any]) -> PassthroughRecord:
+        return PassthroughRecord(pci_bus_id=str(raw["pciBusID"]), iommu_group=int(raw["iommuGroup"]))
+
+
+@dataclass(frozen=True)
 class CheckpointedDevice:
     """One allocated device of a claim as the checkpoint records it: request, pool, name, CDI IDs once
     prepared, and what prepare changed on the device (so unprepare can undo it)."""
@@ -139,6 +155,8 @@ class CheckpointedDevice:
     # destroyed at unprepare (``nvidia.dynamic_mig``).
     dynamic_mig: bool = False
     mig_uuid: str | None = None
+    # A GPU passed through: bound to vfio-pci at prepare, back to the NVIDIA driver at unprepare.
+    vfio: PassthroughRecord | None = None
 
     @property
     def exclusive(self) -> bool:
@@ -166,6 +184,8 @@ class CheckpointedDevice:
             out["dynamicMIG"] = True
         if self.mig_uuid is not None:
             out["migUUID"] = self.mig_uuid
+        if self.vfio is not None:
+            out["vfio"] = self.vfio.to_json()
         return out
 
     @staticmethod
@@ -182,6 +202,7 @@ class CheckpointedDevice:
             mps=bool(raw.get("mps", False)),
             dynamic_mig=bool(raw.get("dynamicMIG", False)),
             mig_uuid=None if raw.get("migUUID") is None else str(raw["migUUID"]),
+            vfio=None if raw.get("vfio") is None else PassthroughRecord.from_json(raw["vfio"]),
         )
 
 

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Protocol, TypeVar
 
+from dra_node_agent.checkpoint import PassthroughRecord
 from dra_node_agent.devices import ContainerEdits, DiscoveredDevice, MigPlacement
-from dra_node_agent.opaqueconfig import MpsConfig
+from dra_node_agent.opaqueconfig import IommuConfig, MpsConfig
 
 
 class DeviceSetupError(Exception):
@@ -65,6 +66,40 @@ class MigInstances(Protocol):
     def live(self, parent_uuids: Sequence[str]) -> list[LiveInstance]: ...
 
     def destroy_live(self, instance: LiveInstance) -> None: ...
+
+
+class Passthrough(Protocol):
+    """Hands a whole GPU to a virtual machine: binds it to vfio-pci and back, one sysfs step at a
+    time, so that a crash between two leaves a state the next call goes on from. Every method
+    blocks; every step is idempotent."""
+
+    def group_members(self, target: PassthroughRecord) -> list[str]:
+        """The PCI functions of the GPU's IOMMU group, the GPU among them."""
+        ...
+
+    def check(self, target: PassthroughRecord, *, gpu_minor: int | None) -> None:
+        """Refuse (``DeviceSetupError``, naming what is in the way) a GPU that cannot be handed over
+        whole: its group holds a function that another driver holds, or a process has it open."""
+        ...
+
+    def release(self, target: PassthroughRecord) -> None:
+        """The first step: only vfio-pci may take the GPU now, and its driver lets it go."""
+        ...
+
+    def bind(self, target: PassthroughRecord) -> None:
+        """The second step: vfio-pci takes it."""
+        ...
+
+    def edits(
+        self, device: DiscoveredDevice, target: PassthroughRecord, iommu: IommuConfig
+    ) -> tuple[DiscoveredDevice, ContainerEdits]:
+        """The device as the claim's spec names it (the group's node, or its IOMMUFD cdev) and the
+        edits every container of the claim gets instead of the GPU driver's (the API device)."""
+        ...
+
+    def restore(self, target: PassthroughRecord) -> None:
+        """Give the GPU back to the NVIDIA driver, from whatever step it is at."""
+        ...
 
 
 _GIB: Final = 1 << 30

@@ -183,7 +183,7 @@ class ContainerEdits:
         return out
 
 
-DeviceKind = Literal["gpu", "mig", "tpu", "nic"]
+DeviceKind = Literal["gpu", "mig", "vfio", "tpu", "nic"]
 
 
 @dataclass(frozen=True)

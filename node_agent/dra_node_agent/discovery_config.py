@@ -34,6 +34,7 @@ class DiscoveryConfig:
     tpu_env_path: the Cloud TPU `tpu-env` file (simulated TPU hosts read it too); None to ignore.
     simulation_dir: where simulated fake trees are written (a temporary directory if None).
     dynamic_mig: MIG-enabled GPUs publish their placements, instances made at prepare.
+    passthrough: GPUs are also published for passthrough (``gpu-vfio-<index>``).
     """
 
     node_name: str
@@ -46,6 +47,7 @@ class DiscoveryConfig:
     cdi_hook_path: str | None = None
     dev_root: str = "/dev"
     dynamic_mig: bool = False
+    passthrough: bool = False
     sysfs_root: str = "/sys"
     proc_root: str = "/proc"
     host_dev_dir: str = "/dev"

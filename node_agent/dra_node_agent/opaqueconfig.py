@@ -601,9 +601,4 @@ def not_implemented(config: DriverConfig) -> str | None:
             f"{config.KIND} {detail}: {what} is not implemented by this driver yet, so the device "
             "would not be shared as configured"
         )
-    if isinstance(config, VfioDeviceConfig):
-        return (
-            "VfioDeviceConfig: VFIO passthrough is not implemented by this driver yet "
-            "(it publishes no VFIO devices)"
-        )
-    return None
+    return None  # VfioDeviceConfig too: prepare refuses a GPU for passthrough where none can be

@@ -1,11 +1,11 @@
 """The prepare-time tools of a driver's devices, read from the record of the vendor that found them.
 
 Discovery only discovers; what changes a device's state at prepare (a GPU's time slice, a claim's
-MPS daemon, a dynamic MIG instance), the environment the devices' vendor adds to a claim's CDI
-spec, the data it adds to a claim's device status and its context of a claim are built by the
-vendor's record (``vendor_record``; ``vendors.record_for`` finds it). Each gives None where the
-devices have no such part (TPUs have no set-up tools, the simulated NIC driver has none at all).
-All blocking: callers use a thread.
+MPS daemon, a dynamic MIG instance, a GPU's binding for passthrough), the environment the
+devices' vendor adds to a claim's CDI spec, the data it adds to a claim's device status and its
+context of a claim are built by the vendor's record (``vendor_record``; ``vendors.record_for``
+finds it). Each gives None where the devices have no such part (TPUs have no set-up tools, the
+simulated NIC driver has none at all). All blocking: callers use a thread.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 from dra_node_agent import vendors
 from dra_node_agent.cdi import VendorEnv
 from dra_node_agent.claim_context import ClaimContextSource
-from dra_node_agent.device_setup import MigInstances, MpsControl, MpsOptions, TimeSlicing
+from dra_node_agent.device_setup import MigInstances, MpsControl, MpsOptions, Passthrough, TimeSlicing
 from dra_node_agent.device_status import VendorStatusData
 from dra_node_agent.devices import DiscoveryBackend
 from dra_node_agent.settings import MPS_DAEMON_MEMORY_MIN, MPS_SHM_SIZE_MIN, Settings, quantity_bytes
@@ -66,6 +66,11 @@ def mig_instances(backend: DiscoveryBackend) -> MigInstances | None:
     return vendors.record_for(backend).mig_instances(backend)
 
 
+def passthrough(backend: DiscoveryBackend) -> Passthrough | None:
+    """Binds these GPUs to vfio-pci for passthrough and back (None: not a GPU driver)."""
+    return vendors.record_for(backend).passthrough(backend)
+
+
 def claim_context(backend: DiscoveryBackend, access: ApiAccess) -> ClaimContextSource[Any] | None:
     """What the vendor works out about a claim at prepare (TPUs: a multi-host pod's worker identity)."""
     return vendors.record_for(backend).claim_context(backend, access)
@@ -78,6 +83,7 @@ class PrepareTools:
     gpu_sharing: TimeSlicing | None
     mps: MpsControl[Any] | None
     dynamic_mig: MigInstances | None
+    passthrough: Passthrough | None
     vendor_env: VendorEnv[Any] | None
     claim_context: ClaimContextSource[Any] | None
 
@@ -90,6 +96,7 @@ def tools_for(
         gpu_sharing=gpu_sharing(backend),
         mps=mps_daemons(backend, mps_root, mps_options(settings)) if settings.mps_support else None,
         dynamic_mig=mig_instances(backend),
+        passthrough=passthrough(backend),
         vendor_env=vendor_env(backend),
         claim_context=claim_context(backend, access),
     )

@@ -269,6 +269,18 @@ class Settings:
             metavar="BOOL",
         ),
     )
+    passthrough_support: bool = field(
+        default=False,
+        metadata=_opt(
+            "GPU passthrough to virtual machines (NVIDIA's PassthroughSupport gate): every GPU the NVIDIA "
+            "driver holds without MIG devices is also published as gpu-vfio-<index> (type vfio); a "
+            "claim for one binds the GPU to vfio-pci at prepare and gives its container the IOMMU "
+            "group's device nodes, and unprepare gives it back to the NVIDIA driver. Needs the IOMMU "
+            "on, vfio-pci loaded and a privileged agent (on real GPUs, for now, --health-enabled=false: the "
+            "monitor's NVML session holds the GPUs); not with --dynamic-mig.",
+            metavar="BOOL",
+        ),
+    )
     health_enabled: bool = field(
         default=True,
         metadata=_opt(
@@ -460,6 +472,10 @@ def validate(settings: Settings) -> None:
     if settings.max_prepared_claims < 1:
         raise SettingsError(f"setting max_prepared_claims: {settings.max_prepared_claims} is less than 1")
     _check_mps(settings)
+    if settings.passthrough_support and settings.dynamic_mig:
+        # As NVIDIA's gates: a GPU's MIG placements and its passthrough device would share nothing
+        # the scheduler could see, so both would be given out at once.
+        raise SettingsError("settings passthrough_support and dynamic_mig cannot both be on")
     if settings.claim_read_attempts < 1:
         raise SettingsError(f"setting claim_read_attempts: {settings.claim_read_attempts} is less than 1")
     if settings.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):

@@ -2,7 +2,8 @@
 
 A ``VendorRecord`` says, for the backends of one vendor, everything the vendor-neutral core gets
 from that vendor: which discovery backends run on this node, the health probe of their devices,
-the tools that set their devices up at prepare (time slices, MPS daemons, dynamic MIG instances),
+the tools that set their devices up at prepare (time slices, MPS daemons, dynamic MIG instances,
+passthrough),
 the environment the vendor adds to a claim's CDI spec, the data it adds to a claim's device status,
 and what it learns about a claim at prepare (its ``claim_context``). Each vendor package defines
 its own (``nvidia.record``, ``tpu.record``, ``simulated.record``); the wiring (``vendors``) lists
@@ -24,7 +25,7 @@ from typing import Any, Generic, TypeVar
 
 from dra_node_agent.cdi import VendorEnv
 from dra_node_agent.claim_context import ClaimContextSource
-from dra_node_agent.device_setup import MigInstances, MpsControl, MpsOptions, TimeSlicing
+from dra_node_agent.device_setup import MigInstances, MpsControl, MpsOptions, Passthrough, TimeSlicing
 from dra_node_agent.device_status import VendorStatusData
 from dra_node_agent.devices import DiscoveryBackend
 from dra_node_agent.discovery_config import DiscoveryConfig
@@ -74,6 +75,9 @@ class VendorRecord(Generic[Backend]):
     mps_daemons: Callable[[Backend, Path, MpsOptions | None], MpsControl[Any] | None] = _nothing
     # Creates and destroys the instances of dynamic MIG placements (None: dynamic MIG is off).
     mig_instances: Callable[[Backend], MigInstances | None] = _nothing
+    # Binds GPUs to vfio-pci for passthrough and back (built whether or not they are published
+    # for it: a GPU a claim holds must go back even after the setting is turned off).
+    passthrough: Callable[[Backend], Passthrough | None] = _nothing
     # The environment the vendor adds to a claim's CDI spec.
     container_env: Callable[[Backend], VendorEnv[Any] | None] = _nothing
     # The data the vendor adds to a claim's device status.

@@ -31,6 +31,7 @@ class NvidiaEnv:
         config: DriverConfig | None,
         context: object,
     ) -> tuple[str, ...]:
-        """``void`` for a claim with GPUs or MIG devices; nothing for one without, which leaves the
-        variable to whatever else gives the container its devices."""
-        return (VISIBLE_DEVICES_VOID,) if any(d.kind in ("gpu", "mig") for d in devices) else ()
+        """``void`` for a claim with GPUs, MIG devices or GPUs for passthrough (NVIDIA's VFIO specs
+        set it too); nothing for one without, which leaves the variable to whatever else gives the
+        container its devices."""
+        return (VISIBLE_DEVICES_VOID,) if any(d.kind in ("gpu", "mig", "vfio") for d in devices) else ()

@@ -17,14 +17,13 @@ from typing import Any, Final
 
 import pynvml
 
-from dra_api.names import GPU_DRIVER, STANDARD_ATTRIBUTE_DOMAIN
+from dra_api.names import GPU_DRIVER
 from dra_node_agent.devices import (
     Attribute,
     ContainerEdits,
     DeviceNode,
     DiscoveredDevice,
     DiscoveredInventory,
-    int_attr,
     sorted_devices,
     string_attr,
     version_attr,
@@ -37,7 +36,8 @@ from dra_node_agent.nvidia.mig_discovery import (
     add_placements,
     text,
 )
-from dra_node_agent.pci import pci_device_dir, pcie_root, read_int
+from dra_node_agent.nvidia.passthrough_discovery import passthrough_devices, standard_pci_attributes
+from dra_node_agent.pci_binding import SysfsWritten
 
 log = logging.getLogger(__name__)
 
@@ -143,8 +143,18 @@ class NvmlBackend:
         cdi_hook_path: str | None = None,
         simulated: bool = False,
         dynamic_mig: bool = False,
+        dev_root: str | Path = "/dev",
+        passthrough: bool = False,
+        sysfs_written: SysfsWritten | None = None,
     ) -> None:
         self._driver = driver
+        # GPUs are also published for passthrough (``passthrough_discovery``); ``sysfs_written`` is
+        # the simulated kernel that acts on the binding's sysfs writes (None on a host).
+        self.passthrough = passthrough
+        self.sysfs_written = sysfs_written
+        self._dev_root = Path(dev_root)
+        # NVML's product name of each GPU seen, by PCI address: a GPU bound to vfio-pci keeps it.
+        self._product_names: dict[str, str] = {}
         self._host_driver_root = host_driver_root
         self._cdi_hook_path = cdi_hook_path
         self._driver_files: DriverFiles | None = None
@@ -169,6 +179,23 @@ class NvmlBackend:
     @property
     def simulated(self) -> bool:
         return self._simulated
+
+    @property
+    def sysfs_root(self) -> Path:
+        return self._sysfs_root
+
+    @property
+    def proc_root(self) -> Path:
+        return self._proc_root
+
+    @property
+    def dev_root(self) -> Path:
+        """The host's /dev as the agent sees it (``host_dev_dir`` is the runtime's view)."""
+        return self._dev_root
+
+    @property
+    def host_dev_dir(self) -> str:
+        return self._host_dev_dir
 
     async def discover(self) -> DiscoveredInventory:
         return await asyncio.to_thread(self.discover_sync)
@@ -266,8 +293,20 @@ class NvmlBackend:
                 message = f"GPU at NVML index {index}: {err}; skipped"
                 log.warning("%s", message)
                 state.errors.append(message)
+        nvml_devices = list(state.devices)
+        if self.passthrough:
+            state.devices.extend(
+                passthrough_devices(
+                    sysfs_root=self._sysfs_root,
+                    dev_root=self._dev_root,
+                    host_dev_dir=self._host_dev_dir,
+                    product_names=self._product_names,
+                    cuda_devices=nvml_devices,
+                    errors=state.errors,
+                )
+            )
         common = ContainerEdits()
-        if state.devices:
+        if nvml_devices:
             common = ContainerEdits(
                 device_nodes=tuple(
                     self._node(name) for name in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
@@ -308,7 +347,8 @@ class NvmlBackend:
         except pynvml.NVMLError_NotSupported:
             mig_enabled = False
         shared.update(system)
-        shared.update(self._pci_attributes(bus_id))
+        shared.update(standard_pci_attributes(self._sysfs_root, bus_id))
+        self._product_names[bus_id] = str(shared["productName"].value)
         parent_node = self._node(f"nvidia{minor}")
 
         if mig_enabled:
@@ -341,19 +381,6 @@ class NvmlBackend:
                 edits=ContainerEdits(device_nodes=(parent_node,)),
             )
         )
-
-    def _pci_attributes(self, bus_id: str) -> dict[str, Attribute]:
-        # NVIDIA's driver dropped its own pcieBusID for the standard attribute; so does this one.
-        attributes = {f"{STANDARD_ATTRIBUTE_DOMAIN}/pciBusID": string_attr(bus_id)}
-        root = pcie_root(self._sysfs_root, bus_id)
-        if root is not None:
-            attributes[f"{STANDARD_ATTRIBUTE_DOMAIN}/pcieRoot"] = string_attr(root)
-        # As NVIDIA's driver: the NUMA node sysfs gives the PCI function; -1 (no NUMA affinity, or
-        # a single-node machine) and a missing entry leave the attribute out rather than guess.
-        numa = read_int(pci_device_dir(self._sysfs_root, bus_id) / "numa_node")
-        if numa is not None and numa >= 0:
-            attributes[f"{STANDARD_ATTRIBUTE_DOMAIN}/numaNode"] = int_attr(numa)
-        return attributes
 
     def mig_cap_nodes(self, *, minor: int, gi_id: int, ci_id: int) -> list[DeviceNode]:
         """The /dev/nvidia-caps nodes granting access to one GPU and compute instance."""

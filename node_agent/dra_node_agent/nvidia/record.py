@@ -2,8 +2,9 @@
 
 NVML discovery (enabled when NVML initialises, or forced on), the NVML health probe, time-slicing
 through the driver's nvidia-smi, per-claim MPS daemons from the driver root's control tool,
-dynamic MIG instances when that mode is on, and ``NVIDIA_VISIBLE_DEVICES=void`` in every GPU
-claim's spec. The simulated record runs these same parts over its fake NVML.
+dynamic MIG instances when that mode is on, GPUs bound to vfio-pci for passthrough and back,
+and ``NVIDIA_VISIBLE_DEVICES=void`` in every GPU claim's spec. The simulated record runs these
+same parts over its fake NVML.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dra_node_agent.nvidia.discovery import NvmlBackend
 from dra_node_agent.nvidia.dynamic_mig import DynamicMig
 from dra_node_agent.nvidia.gpu_sharing import GpuSharing, NvmlComputeModes
 from dra_node_agent.nvidia.health_probe import NvmlHealthProbe
+from dra_node_agent.nvidia.passthrough import VfioPassthrough
 from dra_node_agent.vendor_record import ProbeOptions, VendorRecord
 
 log = logging.getLogger(__name__)
@@ -52,7 +54,9 @@ def backends(config: DiscoveryConfig) -> list[NvmlBackend]:
         sysfs_root=config.sysfs_root,
         proc_root=config.proc_root,
         host_dev_dir=config.host_dev_dir,
+        dev_root=config.dev_root,
         dynamic_mig=config.dynamic_mig,
+        passthrough=config.passthrough,
     )
     return [backend] if config.selects("nvidia", detected=lambda: nvml_usable(backend)) else []
 
@@ -101,5 +105,6 @@ RECORD: VendorRecord[NvmlBackend] = VendorRecord(
     time_slicing=time_slicing,
     mps_daemons=mps_daemons,
     mig_instances=mig_instances,
+    passthrough=VfioPassthrough.of,
     container_env=lambda backend: NvidiaEnv(),
 )

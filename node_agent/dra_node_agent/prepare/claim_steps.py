@@ -15,13 +15,20 @@ Prepare:
   5. record ``PrepareStarted`` (written while the claim is read, the two slow steps overlapping),
      set the devices up (``set_up.DeviceSetUp``; the devices are recorded first, a dynamic MIG
      instance's UUID as soon as it exists), write the claim's CDI spec, record
-     ``PrepareCompleted``; the checkpoint refuses a device held by another claim (unless both use
+     ``PrepareCompleted``; a GPU for passthrough is recorded before it is bound to vfio-pci, and
+     refused before anything is recorded when it or its IOMMU group is another claim's (``set_up``);
+     the checkpoint refuses a device held by another claim (unless both use
      admin access) before a device is touched, and at the latest at ``PrepareCompleted``, and a
      refused attempt leaves no trace;
   6. answer with the CDI device IDs per result, and hand the prepared claim to the device status
      writer (``device_status``), which writes it in the background.
 Unprepare works from the checkpoint alone (the claim may be gone): tear down, remove the CDI spec,
 drop the entry, and tell the device status writer. Unknown UIDs are a no-op.
+
+Where GPUs are published for passthrough, the steps keep ``holds`` (``prepare.holds``): which GPUs
+the recorded claims hold for passthrough and which for containers, and tell the listeners (the
+agent's wiring: what it publishes and what the health monitor watches) when it changes. A GPU's
+passthrough hold is told before its binding's first step, so nothing watches it go.
 
 Every file and checkpoint call runs in a thread (``asyncio.to_thread``): the event loop serves
 other drivers' calls meanwhile.
@@ -32,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -42,14 +50,20 @@ from dra_node_agent.cdi import CdiWriter, SpecTooLarge
 from dra_node_agent.claim_reader import ClaimAllocation, ClaimError, ClaimGone, ClaimSource, describe
 from dra_node_agent.device_setup import DeviceSetupError
 from dra_node_agent.device_status import DeviceStatusWriter
-from dra_node_agent.devices import DiscoveredDevice
+from dra_node_agent.devices import ContainerEdits, DiscoveredDevice
 from dra_node_agent.prepare.driver_node import DriverNode
 from dra_node_agent.prepare.errors import PrepareError
+from dra_node_agent.prepare.holds import Holds, holds_of
 from dra_node_agent.prepare.pause_points import PausePoints
 from dra_node_agent.prepare.plan import Planner, PreparePlan
 from dra_node_agent.prepare.records import answer, entry_ref
 from dra_node_agent.prepare.set_up import DeviceSetUp
-from dra_node_agent.prepare.start_up import clean_up_files, reconcile_mig, reconcile_mps
+from dra_node_agent.prepare.start_up import (
+    clean_up_files,
+    reconcile_mig,
+    reconcile_mps,
+    reconcile_passthrough,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +93,36 @@ class ClaimSteps:
         # The plugin serialises the kubelet's calls already; this keeps the order of checkpoint,
         # set-up and spec whole when the steps are called otherwise (the stale-claim clean-up).
         self.lock = asyncio.Lock()
+        self.holds = Holds()
+        self._holds_listeners: list[Callable[[Holds], None]] = []
+
+    def add_holds_listener(self, listener: Callable[[Holds], None]) -> None:
+        """Call ``listener`` (on the event loop; it must return at once) when ``holds`` changes."""
+        self._holds_listeners.append(listener)
+
+    async def _update_holds(self, *, passthrough: bool = False) -> None:
+        """Read the holds from the checkpoint and tell the listeners if they changed. Only where
+        GPUs are (or were) published for passthrough, or ``passthrough`` (a claim for one)."""
+        tracked = (
+            passthrough
+            or self.holds.passed_through
+            or any(d.kind == "vfio" for d in self._node.devices.values())
+        )
+        if self._node.passthrough is None or not tracked:
+            return
+        try:
+            entries = await asyncio.to_thread(self._store.entries)
+        except cp.CheckpointCorrupt:
+            return  # reported already; nothing changes while it is
+        holds = holds_of(entries, self._node.devices)
+        if holds == self.holds:
+            return
+        self.holds = holds
+        for listener in self._holds_listeners:
+            try:
+                listener(holds)
+            except Exception:  # a listener's bug must not fail the claim
+                logger.exception("a passthrough holds listener of driver %s failed", self._node.driver)
 
     async def start_up(self, *, state_dir: Path) -> None:
         """Load the checkpoint and clean up what a crash or a reboot left behind; then tell the
@@ -92,6 +136,9 @@ class ClaimSteps:
                 await reconcile_mps(driver, self._store, self._node.mps)
             if self._node.dynamic_mig is not None:
                 await reconcile_mig(self._node, self._store, self._node.dynamic_mig)
+            if self._node.passthrough is not None:
+                await reconcile_passthrough(driver, self._store, self._node.passthrough)
+            await self._update_holds()
             if self._status is not None:
                 try:
                     prepared = await asyncio.to_thread(self._store.entries, cp.ClaimState.PREPARE_COMPLETED)
@@ -101,7 +148,10 @@ class ClaimSteps:
 
     async def prepare(self, claim: ClaimRef) -> tuple[PreparedDevice, ...]:
         async with self.lock:
-            return await self._prepare(claim)
+            try:
+                return await self._prepare(claim)
+            finally:
+                await self._update_holds()
 
     async def _prepare(self, claim: ClaimRef) -> tuple[PreparedDevice, ...]:
         store = self._store
@@ -151,10 +201,17 @@ class ClaimSteps:
         """Steps 5 and 6 for a planned claim whose ``PrepareStarted`` entry is written."""
         store = self._store
         try:
+            try:
+                await self.devices.check_passthrough(entry, plan)
+            except PrepareError:
+                await self._forget(entry)  # nothing is recorded or touched yet
+                raise
             if plan.touches_devices:
                 entry = await asyncio.to_thread(store.begin, claim, plan.results)
+            if plan.iommu is not None:
+                await self._update_holds(passthrough=True)  # before the GPU's binding is touched
             try:
-                entry, devices = await self._set_up(entry, plan)
+                entry, devices, common = await self._set_up(entry, plan)
             except PrepareError:
                 # Nothing of a failed set-up stays behind: undo what it did, forget the attempt.
                 await self._forget(entry)
@@ -169,6 +226,7 @@ class ClaimSteps:
                     inventory=self._node.inventory,
                     config=plan.claim_config,
                     context=context,
+                    common=common,
                 )
             except SpecTooLarge as exc:
                 await self._forget(entry)
@@ -207,10 +265,12 @@ class ClaimSteps:
 
     async def _set_up(
         self, entry: cp.ClaimEntry, plan: PreparePlan
-    ) -> tuple[cp.ClaimEntry, list[DiscoveredDevice]]:
+    ) -> tuple[cp.ClaimEntry, list[DiscoveredDevice], ContainerEdits | None]:
         """Set the devices up: dynamic MIG instances, whose UUIDs are recorded before anything names
         them (a crash from here on leaves an entry that says what to destroy), then time slices and
-        the MPS daemon. Returns the entry and the devices as the CDI spec must name them."""
+        the MPS daemon, then GPUs for passthrough to vfio-pci (recorded before: ``begin``). Returns
+        the entry, the devices as the CDI spec must name them, and the edits every container gets
+        instead of the driver's (None: the driver's)."""
         made = await self.devices.make_instances(entry, plan)
         if made.uuids is not None:
             uuids = made.uuids
@@ -219,7 +279,10 @@ class ClaimSteps:
             ]
             entry = await asyncio.to_thread(self._store.begin, entry_ref(entry), recorded)
         await self.devices.share(entry, made.devices, plan)
-        return entry, made.devices
+        devices, common = await self.devices.pass_through(
+            entry, made.devices, plan, between_steps=lambda: self._pauses.reached("vfio-unbound")
+        )
+        return entry, devices, common
 
     async def _claim_context(self, allocation: ClaimAllocation, plan: PreparePlan) -> Any:
         """The vendor's context of the claim (``claim_context``); None where it has none."""
@@ -253,6 +316,7 @@ class ClaimSteps:
             await self._pauses.reached("unprepare-started")
             await self._roll_back(entry, strict=True)
             await asyncio.to_thread(self._store.remove, claim.uid)
+            await self._update_holds()
             if self._status is not None:
                 try:
                     self._status.unprepared(entry)
@@ -264,7 +328,10 @@ class ClaimSteps:
         """Unprepare ``PrepareStarted`` entries from before ``cutoff`` whose claim is gone; returns
         their UIDs. Entries whose claim still exists are kept: the kubelet retries those."""
         async with self.lock:
-            return await self._clean_up_stale(cutoff)
+            try:
+                return await self._clean_up_stale(cutoff)
+            finally:
+                await self._update_holds()
 
     async def _clean_up_stale(self, cutoff: datetime) -> list[str]:
         removed: list[str] = []

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dra_node_agent.claim_context import ClaimContextSource
-from dra_node_agent.device_setup import MigInstances, MpsControl, TimeSlicing
+from dra_node_agent.device_setup import MigInstances, MpsControl, Passthrough, TimeSlicing
 from dra_node_agent.devices import DiscoveredDevice, DiscoveredInventory
 
 
@@ -26,6 +26,8 @@ class DriverNode:
     mps: MpsControl[Any] | None = None
     # Creates and destroys the instances of dynamic MIG placements (GPU drivers in that mode).
     dynamic_mig: MigInstances | None = None
+    # Binds GPUs to vfio-pci for passthrough and back (GPU drivers); None: such devices are refused.
+    passthrough: Passthrough | None = None
     # Works out the vendor's context of a claim (TPU drivers: a multi-host pod's worker identity).
     claim_context: ClaimContextSource[Any] | None = None
     devices: dict[str, DiscoveredDevice] = field(init=False)

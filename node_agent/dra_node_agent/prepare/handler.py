@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
@@ -22,13 +22,14 @@ from dra_node_agent.cdi import CdiWriter, VendorEnv
 from dra_node_agent.claim_context import ClaimContextSource
 from dra_node_agent.claim_messages import ClaimMessageLimiter
 from dra_node_agent.claim_reader import ClaimError, ClaimSource, describe
-from dra_node_agent.device_setup import DeviceSetupError, MigInstances, MpsControl, TimeSlicing
+from dra_node_agent.device_setup import DeviceSetupError, MigInstances, MpsControl, Passthrough, TimeSlicing
 from dra_node_agent.device_status import DeviceStatusWriter
 from dra_node_agent.devices import DiscoveredInventory
 from dra_node_agent.opaqueconfig import OpaqueConfigParser
 from dra_node_agent.prepare.claim_steps import ClaimSteps
 from dra_node_agent.prepare.driver_node import DriverNode
 from dra_node_agent.prepare.errors import PrepareError
+from dra_node_agent.prepare.holds import Holds
 from dra_node_agent.prepare.metrics import CHECKPOINT_ERRORS, OPERATION_ERRORS, PREPARE_SECONDS
 from dra_node_agent.prepare.pause_points import PausePoints
 from dra_node_agent.prepare.plan import Planner
@@ -57,6 +58,7 @@ class PrepareHandler:
         gpu_sharing: TimeSlicing | None = None,
         mps: MpsControl[Any] | None = None,
         dynamic_mig: MigInstances | None = None,
+        passthrough: Passthrough | None = None,
         vendor_env: VendorEnv[Any] | None = None,
         device_status: DeviceStatusWriter | None = None,
         max_prepared_claims: int = cp.DEFAULT_MAX_CLAIMS,
@@ -72,6 +74,7 @@ class PrepareHandler:
             gpu_sharing=gpu_sharing,
             mps=mps,
             dynamic_mig=dynamic_mig,
+            passthrough=passthrough,
             claim_context=claim_context,
         )
         self.store = cp.CheckpointStore(
@@ -124,6 +127,15 @@ class PrepareHandler:
     def device_setups(self) -> int:
         """Device set-ups done by this handler (a repeated prepare does none)."""
         return self._steps.devices.count
+
+    @property
+    def holds(self) -> Holds:
+        """Which GPUs the prepared claims hold for passthrough, and which for containers."""
+        return self._steps.holds
+
+    def add_holds_listener(self, listener: Callable[[Holds], None]) -> None:
+        """Call ``listener`` on the event loop when ``holds`` changes (it must return at once)."""
+        self._steps.add_holds_listener(listener)
 
     def set_inventory(self, inventory: DiscoveredInventory) -> None:
         """Use a newer discovery result for claims prepared from now on."""

@@ -1,6 +1,7 @@
 """Fault injection for the tests: ``DRA_AGENT_TEST_PAUSE_AT`` names one point where a call stops.
 
 - ``prepare-started``: ``PrepareStarted`` recorded, no device touched;
+- ``vfio-unbound``: a GPU for passthrough let go by its driver, not yet bound to vfio-pci;
 - ``devices-set-up``: devices set up, no CDI spec yet;
 - ``cdi-written``: CDI spec written, not yet ``PrepareCompleted``;
 - ``unprepare-started``: unprepare of a recorded claim, before anything is torn down or removed.
@@ -21,7 +22,13 @@ from typing import Final
 logger = logging.getLogger(__name__)
 
 PAUSE_ENV: Final = "DRA_AGENT_TEST_PAUSE_AT"
-PAUSE_POINTS: Final = ("prepare-started", "devices-set-up", "cdi-written", "unprepare-started")
+PAUSE_POINTS: Final = (
+    "prepare-started",
+    "vfio-unbound",
+    "devices-set-up",
+    "cdi-written",
+    "unprepare-started",
+)
 PAUSE_POLL_SECONDS: Final = 0.1
 
 

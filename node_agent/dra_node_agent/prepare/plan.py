@@ -4,13 +4,18 @@
 publishes, validates the driver's opaque config (class entries, then claim entries, per request)
 and says what set-up each device needs. A config this driver cannot carry out fails here, before
 any device is touched.
+
+A GPU for passthrough (``type=vfio``) goes to a virtual machine whole: a claim with one has only
+such devices of this driver, no admin access to them, and one ``VfioDeviceConfig`` (NVIDIA's
+default, LegacyOnly without the API device, when it gives none), since its API device goes to every
+container of the claim.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from dra_node_agent import checkpoint as cp
@@ -21,6 +26,7 @@ from dra_node_agent.opaqueconfig import (
     DriverConfig,
     GoogleTpuConfig,
     GpuConfig,
+    IommuConfig,
     MpsConfig,
     OpaqueConfigError,
     OpaqueConfigParser,
@@ -50,12 +56,16 @@ class PreparePlan:
     claim_config: DriverConfig | None
     # The settings of the claim's MPS daemon (as the MPS tool computed them), if it asks for one.
     mps_limits: object | None
+    # The IOMMU settings of the claim's GPUs for passthrough (None: it has none).
+    iommu: IommuConfig | None = None
 
     @property
     def touches_devices(self) -> bool:
         """Whether set-up changes device state (then the results are recorded before it runs, so a
         crash in between leaves an entry that says what to undo)."""
-        return any(p.time_slice is not None or p.mps or p.dynamic_mig for p in self.results)
+        return any(
+            p.time_slice is not None or p.mps or p.dynamic_mig or p.vfio is not None for p in self.results
+        )
 
     def observes_only(self, device: str) -> bool:
         """Whether every result on ``device`` has admin access: set-up looks at it, never changes it."""
@@ -84,6 +94,9 @@ def _record(
         mps=sharing is not None and sharing.mps is not None,
         # A placement's instance is made by the claims that hold it, never by one that observes it.
         dynamic_mig=device.mig_placement is not None and not result.admin_access,
+        vfio=cp.PassthroughRecord(pci_bus_id=device.pci_bus_id, iommu_group=int(device.local_id))
+        if device.kind == "vfio" and device.pci_bus_id is not None
+        else None,
     )
 
 
@@ -107,17 +120,13 @@ class Planner:
             )
         except OpaqueConfigError as exc:
             raise PrepareError(f"invalid opaque config: {exc}") from exc
-        for rc in configs:
-            # No VFIO device is ever published here, so such a config can never take effect: asking
-            # for passthrough must fail rather than hand out a device bound to its usual driver.
-            if isinstance(rc.config, VfioDeviceConfig):
-                raise PrepareError(f"{rc.where}: {not_implemented(rc.config)}")
         planned: list[cp.CheckpointedDevice] = []
         devices: dict[str, DiscoveredDevice] = {}
         claim_env: dict[str, str] = {}
         claim_configs: dict[DriverConfig, str] = {}
         mps_configs: list[tuple[MpsConfig, list[str]]] = []
         mps_devices: dict[str, DiscoveredDevice] = {}
+        iommu: dict[IommuConfig, list[str]] = {}
         for result in allocation.devices:
             device = node.devices.get(result.device)
             if result.pool != node.node_name or device is None:
@@ -138,6 +147,8 @@ class Planner:
                 claim_env=claim_env,
                 claim_configs=claim_configs,
             )
+            if device.kind == "vfio":
+                self._passthrough(configs, result=result, device=device, where=where, iommu=iommu)
             if sharing is not None and sharing.mps is not None:
                 same = next((pair for pair in mps_configs if pair[0] == sharing.mps), None)
                 if same is None:
@@ -161,7 +172,36 @@ class Planner:
             devices=tuple(devices.values()),
             claim_config=next(iter(claim_configs), None),
             mps_limits=mps_limits,
+            iommu=_one_iommu_config(iommu, devices.values(), where=where),
         )
+
+    def _passthrough(
+        self,
+        configs: Sequence[RequestConfig],
+        *,
+        result: AllocatedDevice,
+        device: DiscoveredDevice,
+        where: str,
+        iommu: dict[IommuConfig, list[str]],
+    ) -> None:
+        """Check one result on a GPU for passthrough; note the IOMMU settings it asks for."""
+        what = f"{where}: request {result.request}: device {device.name} is a GPU for passthrough"
+        if self._node.passthrough is None:
+            raise PrepareError(f"{what}, and driver {self._node.driver} cannot pass GPUs through here")
+        if result.admin_access:
+            raise PrepareError(
+                f"{what}: admin access observes a device other claims hold, but a GPU for passthrough is "
+                "handed to one virtual machine whole; leave adminAccess out"
+            )
+        try:
+            entry = effective_entry(
+                configs, request=result.request, device_kind="vfio", device_name=device.name
+            )
+        except OpaqueConfigError as exc:
+            raise PrepareError(str(exc)) from exc
+        config = entry.config if entry is not None else VfioDeviceConfig()
+        assert isinstance(config, VfioDeviceConfig)
+        iommu.setdefault(config.iommu, []).append(result.request)
 
     def _mps_limits(
         self,
@@ -259,3 +299,25 @@ class Planner:
             return device, sharing
         edited = dataclasses.replace(device, edits=device.edits.merged(ContainerEdits(env=tuple(env))))
         return edited, sharing
+
+
+def _one_iommu_config(
+    iommu: dict[IommuConfig, list[str]], devices: Iterable[DiscoveredDevice], *, where: str
+) -> IommuConfig | None:
+    """The claim's one VFIO config (None without GPUs for passthrough), as NVIDIA's driver allows
+    one per claim; a claim that mixes such GPUs with other devices of the driver is refused."""
+    if not iommu:
+        return None
+    others = sorted(d.name for d in devices if d.kind != "vfio")
+    if others:
+        raise PrepareError(
+            f"{where}: GPUs for passthrough go to a virtual machine, and the claim also holds "
+            f"{', '.join(others)} for containers; ask for them in claims of their own"
+        )
+    if len(iommu) > 1:
+        requests = sorted(r for rs in iommu.values() for r in rs)
+        raise PrepareError(
+            f"{where}: requests {', '.join(requests)}: their VfioDeviceConfig iommu settings differ, but "
+            "one applies to the whole claim (its API device goes to every container); give them the same"
+        )
+    return next(iter(iommu))

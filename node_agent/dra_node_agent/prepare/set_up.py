@@ -1,8 +1,9 @@
 """Device set-up for a planned claim, and its undoing.
 
 Set-up creates a dynamic MIG placement's instance, sets a GpuConfig's time slice and starts its MPS
-daemon, through the tools of ``device_setup``. Tear-down undoes all of it; it must be safe on
-devices that were never set up, since a crash can come at any step.
+daemon, and binds a GPU for passthrough to vfio-pci, through the tools of ``device_setup``.
+Tear-down undoes all of it; it must be safe on devices that were never set up, since a crash can
+come at any step.
 
 This module changes devices and nothing else: it reads the checkpoint (what other claims hold) but
 never writes it, nor a CDI spec. ``claim_steps`` orders its steps with the checkpoint's and the
@@ -13,19 +14,23 @@ Set-up touches only what the claim holds. A result with admin access observes it
 other claims may hold: the planner refuses sharing for it, and a dynamic MIG placement it observes
 must already have its instance (a claim that holds the placement made it), which it never creates
 nor destroys. Tear-down never destroys an instance another recorded claim holds.
+
+A GPU for passthrough goes to a virtual machine with its whole IOMMU group: ``check_passthrough``
+refuses one whose group holds a device another recorded claim holds (as a GPU, a MIG device or for
+passthrough), and a device whose GPU another claim passes through, before anything is recorded.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from dra_node_agent import checkpoint as cp
 from dra_node_agent.claim_reader import describe
-from dra_node_agent.device_setup import DeviceSetupError
-from dra_node_agent.devices import DiscoveredDevice
+from dra_node_agent.device_setup import DeviceSetupError, Passthrough
+from dra_node_agent.devices import ContainerEdits, DiscoveredDevice
 from dra_node_agent.prepare.driver_node import DriverNode
 from dra_node_agent.prepare.errors import PrepareError
 from dra_node_agent.prepare.metrics import DEVICE_SETUPS
@@ -88,6 +93,103 @@ class DeviceSetUp:
             uuids[device.name] = instance.uuid
             ready.append(await asyncio.to_thread(mig.edits, device, instance))
         return Instances(devices=ready, uuids=uuids)
+
+    async def check_passthrough(self, entry: cp.ClaimEntry, plan: PreparePlan) -> None:
+        """Refuse a claim whose GPUs for passthrough, or whose devices, would share a GPU or an IOMMU
+        group with another recorded claim; then ask the tool whether each such GPU is free."""
+        tool = self._node.passthrough
+        vfio = [p for p in plan.results if p.vfio is not None]
+        others = [e for e in await asyncio.to_thread(self._recorded) if e.uid != entry.uid]
+        if tool is None or not (vfio or any(d.vfio is not None for e in others for d in e.devices)):
+            return
+        where = describe(entry_ref(entry))
+        for held_by, held, members in await self._groups(tool, others):
+            for mine in plan.results:
+                bus = self._bus_of(mine)
+                if bus in members and mine.device != held.device:
+                    raise PrepareError(
+                        f"{where}: request {mine.request}: device {mine.device} is on IOMMU group "
+                        f"{held.vfio.iommu_group if held.vfio else ''}, which claim {held_by} holds for "
+                        f"passthrough ({held.device}); a virtual machine has its group alone"
+                    )
+        for mine in vfio:
+            assert mine.vfio is not None
+            try:
+                members = await asyncio.to_thread(tool.group_members, mine.vfio)
+                for other in others:
+                    for held in other.devices:
+                        if self._bus_of(held) in members:
+                            raise PrepareError(
+                                f"{where}: request {mine.request}: GPU {mine.vfio.pci_bus_id} (device "
+                                f"{mine.device}) would go to a virtual machine with IOMMU group "
+                                f"{mine.vfio.iommu_group}, which holds {held.device}, prepared for claim "
+                                f"{other.namespace}/{other.name}; a GPU in use is not passed through"
+                            )
+                await asyncio.to_thread(tool.check, mine.vfio, gpu_minor=self._minor(mine.vfio.pci_bus_id))
+            except DeviceSetupError as exc:
+                raise PrepareError(f"{where}: request {mine.request}: device {mine.device}: {exc}") from exc
+
+    async def _groups(
+        self, tool: Passthrough, others: Sequence[cp.ClaimEntry]
+    ) -> list[tuple[str, cp.CheckpointedDevice, list[str]]]:
+        """Each device other claims hold for passthrough, with its claim and its group's members."""
+        found = []
+        for other in others:
+            for held in other.devices:
+                if held.vfio is not None:
+                    try:
+                        members = await asyncio.to_thread(tool.group_members, held.vfio)
+                    except DeviceSetupError:
+                        members = [held.vfio.pci_bus_id]
+                    found.append((f"{other.namespace}/{other.name}", held, members))
+        return found
+
+    def _bus_of(self, held: cp.CheckpointedDevice) -> str | None:
+        """The PCI function a recorded device uses (a MIG device's: its GPU's)."""
+        if held.vfio is not None:
+            return held.vfio.pci_bus_id
+        device = self._node.devices.get(held.device)
+        return device.pci_bus_id if device is not None else None
+
+    def _minor(self, bus_id: str) -> int | None:
+        """The GPU's minor (its /dev/nvidia<minor>), from its CUDA device; None if it has none."""
+        for device in self._node.devices.values():
+            if device.kind == "gpu" and device.pci_bus_id == bus_id and device.local_id.isdigit():
+                return int(device.local_id)
+        return None
+
+    async def pass_through(
+        self,
+        entry: cp.ClaimEntry,
+        devices: Sequence[DiscoveredDevice],
+        plan: PreparePlan,
+        *,
+        between_steps: Callable[[], Awaitable[None]],
+    ) -> tuple[list[DiscoveredDevice], ContainerEdits | None]:
+        """Bind each GPU for passthrough to vfio-pci (its recorded entry says what to undo), in two
+        steps with ``between_steps`` between them; returns the devices as the spec names them and
+        the edits every container of the claim gets instead of the GPU driver's (None: none such)."""
+        tool = self._node.passthrough
+        if plan.iommu is None or tool is None:
+            return list(devices), None
+        by_device = {p.device: p.vfio for p in entry.devices if p.vfio is not None}
+        ready: list[DiscoveredDevice] = []
+        common = ContainerEdits()
+        for device in devices:
+            target = by_device.get(device.name)
+            if target is None:
+                ready.append(device)
+                continue
+            try:
+                await asyncio.to_thread(tool.release, target)
+                await between_steps()
+                await asyncio.to_thread(tool.bind, target)
+                named, edits = await asyncio.to_thread(tool.edits, device, target, plan.iommu)
+            except DeviceSetupError as exc:
+                raise PrepareError(f"{describe(entry_ref(entry))}: device {device.name}: {exc}") from exc
+            ready.append(named)
+            common = common.merged(edits)
+        return ready, common
 
     async def share(
         self, entry: cp.ClaimEntry, devices: Sequence[DiscoveredDevice], plan: PreparePlan
@@ -159,6 +261,7 @@ class DeviceSetUp:
         if self._node.mps is not None:
             await self._node.mps.stop(entry.uid)  # nothing to do for a claim without a daemon
         await self._tear_down_migs(entry)
+        await self._give_back(entry)
         sliced = {p.device for p in entry.devices if p.time_slice is not None}
         sharing = self._node.gpu_sharing
         if not sliced or sharing is None:
@@ -217,3 +320,18 @@ class DeviceSetUp:
                 )
                 continue
             await asyncio.to_thread(mig.destroy, device.mig_placement)
+
+    async def _give_back(self, entry: cp.ClaimEntry) -> None:
+        """Give the claim's GPUs for passthrough back to the NVIDIA driver (safe on a GPU never
+        taken: it is found where it is)."""
+        targets = [p.vfio for p in entry.devices if p.vfio is not None]
+        if not targets:
+            return
+        tool = self._node.passthrough
+        if tool is None:
+            raise DeviceSetupError(
+                f"{len(targets)} GPU(s) for passthrough ({', '.join(t.pci_bus_id for t in targets)}) "
+                f"cannot be given back: driver {self._node.driver} has no passthrough tool here"
+            )
+        for target in targets:
+            await asyncio.to_thread(tool.restore, target)

@@ -1,5 +1,6 @@
 """At start-up, clean up what a crash or a reboot left behind: temporary files, the CDI specs of
-claims the checkpoint does not hold, MIG instances and MPS daemons of no recorded claim."""
+claims the checkpoint does not hold, MIG instances and MPS daemons of no recorded claim, GPUs an
+interrupted prepare took for passthrough."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 from dra_node_agent import checkpoint as cp
 from dra_node_agent.cdi import CdiWriter
 from dra_node_agent.claim_reader import describe
-from dra_node_agent.device_setup import DeviceSetupError, MigInstances, MpsControl
+from dra_node_agent.device_setup import DeviceSetupError, MigInstances, MpsControl, Passthrough
 from dra_node_agent.prepare.driver_node import DriverNode
 from dra_node_agent.prepare.metrics import CHECKPOINT_ERRORS
 from dra_node_agent.prepare.records import entry_ref
@@ -114,3 +115,27 @@ async def reconcile_mps(driver: str, store: cp.CheckpointStore, mps: MpsControl[
             await mps.start(uid, limits)
         except DeviceSetupError as exc:
             logger.error("%s: starting its MPS daemon again failed: %s", describe(entry_ref(entry)), exc)
+
+
+async def reconcile_passthrough(driver: str, store: cp.CheckpointStore, tool: Passthrough) -> None:
+    """Give back to the NVIDIA driver the GPUs an interrupted prepare took for passthrough (a crash
+    between two binding steps leaves a GPU no driver holds); the kubelet's retry takes them again.
+    Prepared claims keep theirs: their virtual machines run on."""
+    try:
+        entries = await asyncio.to_thread(store.entries, cp.ClaimState.PREPARE_STARTED)
+    except cp.CheckpointCorrupt:
+        return  # fail closed: nothing is touched
+    for entry in entries:
+        for device in entry.devices:
+            if device.vfio is None:
+                continue
+            logger.warning(
+                "%s: its prepare was interrupted; giving GPU %s (device %s) back to the NVIDIA driver",
+                describe(entry_ref(entry)),
+                device.vfio.pci_bus_id,
+                device.device,
+            )
+            try:
+                await asyncio.to_thread(tool.restore, device.vfio)
+            except DeviceSetupError as exc:
+                logger.error("driver %s: %s", driver, exc)

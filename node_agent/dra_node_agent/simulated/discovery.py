@@ -34,7 +34,15 @@ from dra_node_agent.nvidia.discovery import (
 )
 from dra_node_agent.simulated import container_tools
 from dra_node_agent.simulated.fakehw import FakeGpu, FakeMig, FakeMigProfile, FakeNvml, write_nvidia_nodes
-from dra_node_agent.simulated.faketree import FakePciFunction, write_pci_tree
+from dra_node_agent.simulated.fakekernel import FakePciKernel
+from dra_node_agent.simulated.faketree import (
+    BAR_MEM32,
+    BAR_MEM64_PREFETCH,
+    NVIDIA_DRIVER,
+    VFIO_PCI,
+    FakePciFunction,
+    write_pci_tree,
+)
 from dra_node_agent.simulated.host_tools import install_simulated_mps_control
 from dra_node_agent.simulated.migtables import MIG_TABLES
 from dra_node_agent.simulated.nic import (
@@ -55,6 +63,8 @@ NVIDIA_VENDOR = 0x10DE
 # (``container_tools``) whose usr/bin/nvidia-smi sets time slices on the host and lists GPUs in a container.
 GPU_STATE_DIR = "gpu-state"
 SIMULATED_DRIVER_ROOT = "driver"
+# A simulated GPU's own IOMMU group, when its profile names none: this plus its position on the node.
+SIMULATED_GPU_GROUP_BASE = 40
 _TPU_DEVICE_IDS = {"v4": 0x005E, "v5p": 0x0062, "v5litepod": 0x0063, "v6e": 0x006F, "tpu7x": 0x0076}
 
 
@@ -73,6 +83,8 @@ class GpuGroup:
     pci_bus_ids: tuple[str, ...]
     pcie_roots: tuple[str | None, ...]
     numa_nodes: tuple[int, ...]
+    # Per GPU of the group: its IOMMU group (None: one of its own, numbered after the GPU).
+    iommu_groups: tuple[int | None, ...]
     mig_capable: bool
     # MIG mode on for every GPU of the group, instances or not (dynamic MIG makes them at prepare).
     mig_enabled: bool
@@ -86,6 +98,8 @@ class NvidiaProfile:
     cuda_driver_version: int
     mig_profiles: Mapping[str, FakeMigProfile]
     gpus: tuple[GpuGroup, ...]
+    # The kernel has IOMMUFD (/dev/iommu; a cdev per function vfio-pci holds).
+    iommufd: bool = False
 
 
 @dataclass(frozen=True)
@@ -185,6 +199,11 @@ class _Reader:
             raise self.fail(where, "must be an integer")
         return value
 
+    def boolean(self, value: Any, where: str) -> bool:
+        if not isinstance(value, bool):
+            raise self.fail(where, "must be true or false")
+        return value
+
     def sequence(self, value: Any, where: str, length: int | None = None) -> list[Any]:
         if not isinstance(value, list):
             raise self.fail(where, "must be a list")
@@ -194,7 +213,9 @@ class _Reader:
 
 
 def _parse_nvidia(p: _Reader, raw: Any) -> NvidiaProfile:
-    section = p.mapping(raw, "nvidia", {"driverVersion", "cudaDriverVersion", "migProfiles", "gpus"})
+    section = p.mapping(
+        raw, "nvidia", {"driverVersion", "cudaDriverVersion", "migProfiles", "gpus", "iommufd"}
+    )
     mig_profiles: dict[str, FakeMigProfile] = {}
     for i, item in enumerate(p.sequence(section.get("migProfiles", []), "nvidia.migProfiles")):
         name, profile = _parse_mig_profile(p, item, where=f"nvidia.migProfiles[{i}]")
@@ -208,6 +229,7 @@ def _parse_nvidia(p: _Reader, raw: Any) -> NvidiaProfile:
         cuda_driver_version=p.integer(section.get("cudaDriverVersion"), "nvidia.cudaDriverVersion"),
         mig_profiles=mig_profiles,
         gpus=tuple(groups),
+        iommufd=p.boolean(section.get("iommufd", False), "nvidia.iommufd"),
     )
 
 
@@ -235,7 +257,8 @@ def _parse_gpu_group(
     brands = {v: k for k, v in BRAND_NAMES.items()}
     architectures = {v: k for k, v in ARCHITECTURE_NAMES.items()}
     fields = {"productName", "count", "brand", "architecture", "computeCapability", "memoryMiB",
-              "pciBusIds", "pcieRoots", "numaNodes", "migCapable", "migEnabled", "mig"}  # fmt: skip
+              "pciBusIds", "pcieRoots", "numaNodes", "iommuGroups", "migCapable", "migEnabled",
+              "mig"}  # fmt: skip
     g = p.mapping(item, where, fields)
     count = p.integer(g.get("count"), f"{where}.count")
     brand = p.string(g.get("brand", "Nvidia"), f"{where}.brand")
@@ -261,6 +284,12 @@ def _parse_gpu_group(
         p.integer(n, f"{where}.numaNodes")
         for n in p.sequence(g.get("numaNodes", [-1] * count), f"{where}.numaNodes", count)
     )
+    groups: tuple[int | None, ...] = (None,) * count
+    if g.get("iommuGroups") is not None:
+        groups = tuple(
+            p.integer(n, f"{where}.iommuGroups")
+            for n in p.sequence(g["iommuGroups"], f"{where}.iommuGroups", count)
+        )
     layouts = _parse_mig_layouts(p, g.get("mig", []), where=f"{where}.mig", mig_profiles=mig_profiles)
     if len(layouts) > count:
         raise p.fail(f"{where}.mig", f"{len(layouts)} layouts for {count} GPUs")
@@ -274,6 +303,7 @@ def _parse_gpu_group(
         pci_bus_ids=bus_ids,
         pcie_roots=roots,
         numa_nodes=numa,
+        iommu_groups=groups,
         mig_capable=bool(g.get("migCapable", bool(layouts) or bool(g.get("migEnabled")))),
         mig_enabled=bool(g.get("migEnabled", False)),
         mig_layouts=tuple(layouts),
@@ -394,9 +424,17 @@ def simulated_gpus(profile: NvidiaProfile, *, node_name: str) -> list[FakeGpu]:
 
 
 def _gpu_pci_functions(profile: NvidiaProfile) -> list[FakePciFunction]:
-    functions = []
+    functions: list[FakePciFunction] = []
     for group in profile.gpus:
+        # BAR0 registers, BAR1 the framebuffer aperture (the memory, rounded up), BAR3 more registers.
+        memory = group.memory_mib << 20
+        bars = (
+            (16 << 20, BAR_MEM32),
+            (1 << (memory - 1).bit_length(), BAR_MEM64_PREFETCH),
+            (32 << 20, BAR_MEM64_PREFETCH),
+        )
         for position in range(group.count):
+            iommu = group.iommu_groups[position]
             functions.append(
                 FakePciFunction(
                     address=group.pci_bus_ids[position],
@@ -404,8 +442,10 @@ def _gpu_pci_functions(profile: NvidiaProfile) -> list[FakePciFunction]:
                     device=0x2330,
                     class_code=0x030200,
                     numa_node=group.numa_nodes[position],
-                    driver="nvidia",
+                    driver=NVIDIA_DRIVER,
                     pcie_root=group.pcie_roots[position],
+                    iommu_group=SIMULATED_GPU_GROUP_BASE + len(functions) if iommu is None else iommu,
+                    bars=bars,
                 )
             )
     return functions
@@ -440,6 +480,8 @@ class SimulatedHardware:
     char_devices: bool = False
     """Whether the fake /dev holds character devices (the agent may mknod), which a container
     runtime can inject as it would the real ones."""
+    kernel: FakePciKernel | None = field(default=None, repr=False)
+    """What the kernel does on writes to the fake sysfs (binding GPUs to vfio-pci and back)."""
 
 
 class SimulatedBackend:
@@ -464,7 +506,9 @@ class SimulatedBackend:
         tpu_env_path: str | Path | None = None,
         dynamic_mig: bool = False,
         cdi_hook_path: str | None = None,
+        passthrough: bool = False,
     ) -> None:
+        self._passthrough = passthrough
         self._cdi_hook_path = cdi_hook_path
         self._tpu_env_path = tpu_env_path
         self._dynamic_mig = dynamic_mig
@@ -521,45 +565,7 @@ class SimulatedBackend:
         root.mkdir(parents=True, exist_ok=True)
         driver = self._driver_override or profile.driver
         if profile.nvidia is not None:
-            gpus = simulated_gpus(profile.nvidia, node_name=self._node_name)
-            write_pci_tree(root, _gpu_pci_functions(profile.nvidia))
-            write_nvidia_nodes(root, gpus, char_devices=True)
-            char_devices = _char_device(root / "dev" / "nvidiactl")
-            # The GPUs' settings outlive the agent, as on hardware; the host's nvidia-smi sets the
-            # time slice there (gpu_sharing).
-            nvml = FakeNvml(
-                gpus=gpus,
-                driver_version=profile.nvidia.driver_version,
-                cuda_driver_version=profile.nvidia.cuda_driver_version,
-                state_dir=root / GPU_STATE_DIR,
-                node_root=root,
-                char_devices=char_devices,
-            )
-            # A driver root as a real driver lays it out, with stand-ins for its tools: the spec
-            # mounts its files into GPU containers, and time-slicing and MPS run its tools.
-            driver_root = root / SIMULATED_DRIVER_ROOT
-            container_tools.install_driver_files(driver_root, version=profile.nvidia.driver_version)
-            if not (driver_root / container_tools.NVIDIA_SMI).exists():
-                # The host's side needs the tool before discovery; discovery writes it with its
-                # device table (a restart rewrites nothing: the same devices give the same text).
-                container_tools.write_nvidia_smi(driver_root, state_dir=root / GPU_STATE_DIR)
-            install_simulated_mps_control(driver_root / MPS_CONTROL_PATHS[0])
-            backend: NvmlBackend | TpuBackend = NvmlBackend(
-                driver=driver,
-                nvml=nvml,
-                driver_root=driver_root,
-                # The agent and the runtime see the simulated tree at the same path.
-                host_driver_root=str(driver_root),
-                cdi_hook_path=self._cdi_hook_path,
-                sysfs_root=root / "sys",
-                proc_root=root / "proc",
-                host_dev_dir=str(root / "dev") if char_devices else "/dev",
-                simulated=True,
-                dynamic_mig=self._dynamic_mig,
-            )
-            return SimulatedHardware(
-                root=root, nvml=nvml, backend=backend, vendor=nvidia_record.RECORD, char_devices=char_devices
-            )
+            return self._build_nvidia(profile.nvidia, root=root, driver=driver)
         if profile.nic is not None:
             # NICs have no device nodes here: their CDI specs carry environment only.
             write_pci_tree(root, nic_pci_functions(profile.nic))
@@ -583,6 +589,59 @@ class SimulatedBackend:
         )
         return SimulatedHardware(
             root=root, backend=backend, vendor=tpu_record.RECORD, char_devices=char_devices
+        )
+
+    def _build_nvidia(self, profile: NvidiaProfile, *, root: Path, driver: str) -> SimulatedHardware:
+        gpus = simulated_gpus(profile, node_name=self._node_name)
+        write_pci_tree(
+            root, _gpu_pci_functions(profile), char_devices=True, drivers=(VFIO_PCI,), iommufd=profile.iommufd
+        )
+        write_nvidia_nodes(root, gpus, char_devices=True)
+        char_devices = _char_device(root / "dev" / "nvidiactl")
+        kernel = FakePciKernel(root, char_devices=char_devices, iommufd=profile.iommufd)
+        # The GPUs' settings outlive the agent, as on hardware; the host's nvidia-smi sets the
+        # time slice there (gpu_sharing).
+        nvml = FakeNvml(
+            gpus=gpus,
+            driver_version=profile.driver_version,
+            cuda_driver_version=profile.cuda_driver_version,
+            state_dir=root / GPU_STATE_DIR,
+            node_root=root,
+            char_devices=char_devices,
+            sysfs_root=root / "sys",
+        )
+        # A driver root as a real driver lays it out, with stand-ins for its tools: the spec
+        # mounts its files into GPU containers, and time-slicing and MPS run its tools.
+        driver_root = root / SIMULATED_DRIVER_ROOT
+        container_tools.install_driver_files(driver_root, version=profile.driver_version)
+        if not (driver_root / container_tools.NVIDIA_SMI).exists():
+            # The host's side needs the tool before discovery; discovery writes it with its
+            # device table (a restart rewrites nothing: the same devices give the same text).
+            container_tools.write_nvidia_smi(driver_root, state_dir=root / GPU_STATE_DIR)
+        install_simulated_mps_control(driver_root / MPS_CONTROL_PATHS[0])
+        backend = NvmlBackend(
+            driver=driver,
+            nvml=nvml,
+            driver_root=driver_root,
+            # The agent and the runtime see the simulated tree at the same path.
+            host_driver_root=str(driver_root),
+            cdi_hook_path=self._cdi_hook_path,
+            sysfs_root=root / "sys",
+            proc_root=root / "proc",
+            dev_root=root / "dev",
+            host_dev_dir=str(root / "dev") if char_devices else "/dev",
+            simulated=True,
+            dynamic_mig=self._dynamic_mig,
+            passthrough=self._passthrough,
+            sysfs_written=kernel,
+        )
+        return SimulatedHardware(
+            root=root,
+            nvml=nvml,
+            backend=backend,
+            vendor=nvidia_record.RECORD,
+            char_devices=char_devices,
+            kernel=kernel,
         )
 
 

@@ -22,9 +22,10 @@ from typing import Any
 import pynvml
 
 from dra_node_agent.nvidia.mig_discovery import COMPUTE_PROFILE_BY_SLICES
-from dra_node_agent.pci import split_address
+from dra_node_agent.pci import bound_driver, split_address
 from dra_node_agent.simulated.faketree import (
     NVIDIA_CAPS_MAJOR,
+    NVIDIA_DRIVER,
     NVIDIA_MAJOR,
     NVIDIA_UVM_MAJOR,
     NVIDIACTL_MINOR,
@@ -175,8 +176,12 @@ class FakeNvml:
         state_dir: Path | None = None,
         node_root: Path | None = None,
         char_devices: bool = False,
+        sysfs_root: Path | None = None,
     ) -> None:
         self.gpus = list(gpus)
+        # The fake sysfs tree whose `driver` links say which GPUs the NVIDIA driver holds (None:
+        # all): a GPU bound to another driver (vfio-pci, for passthrough) is none of NVML's.
+        self.sysfs_root = sysfs_root
         # Where a created MIG instance's /proc capability files and /dev/nvidia-caps nodes go, as
         # the kernel driver makes them (None: nowhere); ``char_devices`` as for write_nvidia_nodes.
         self.node_root = node_root
@@ -202,10 +207,21 @@ class FakeNvml:
         if self._refcount <= 0:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
 
+    def _held(self, gpu: FakeGpu) -> bool:
+        """Whether the NVIDIA driver holds the GPU (NVML sees only those)."""
+        if self.sysfs_root is None or not (self.sysfs_root / "bus/pci/devices" / gpu.pci_bus_id).exists():
+            return True
+        return bound_driver(self.sysfs_root, gpu.pci_bus_id) == NVIDIA_DRIVER
+
+    def _visible(self) -> list[FakeGpu]:
+        return [gpu for gpu in self.gpus if self._held(gpu)]
+
     def _gpu(self, handle: Any, function: str) -> FakeGpu:
         self._ready()
         if not isinstance(handle, _Handle):
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if not self._held(handle.gpu):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)  # a handle from before an unbind
         code = handle.gpu.failures.get(function)
         if code is not None:
             raise pynvml.NVMLError(code)
@@ -262,20 +278,21 @@ class FakeNvml:
     # --- devices -------------------------------------------------------------------------------
     def nvmlDeviceGetCount(self) -> int:
         self._ready()
-        return len(self.gpus)
+        return len(self._visible())
 
     def nvmlDeviceGetHandleByIndex(self, index: int) -> _Handle:
         self._ready()
-        if not 0 <= index < len(self.gpus):
+        visible = self._visible()
+        if not 0 <= index < len(visible):
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        handle = _Handle(self.gpus[index])
+        handle = _Handle(visible[index])
         self._gpu(handle, "nvmlDeviceGetHandleByIndex")
         return handle
 
     def nvmlDeviceGetHandleByUUID(self, uuid: str | bytes) -> _Handle:
         self._ready()
         wanted = uuid.decode() if isinstance(uuid, bytes) else uuid
-        for gpu in self.gpus:
+        for gpu in self._visible():
             if gpu.uuid == wanted:
                 handle = _Handle(gpu)
                 self._gpu(handle, "nvmlDeviceGetHandleByUUID")

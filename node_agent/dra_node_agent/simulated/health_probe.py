@@ -69,9 +69,13 @@ class FakeNvmlHealth(FakeNvml):
 
     @classmethod
     def wrapping(cls, fake: FakeNvml) -> FakeNvmlHealth:
-        """A health-capable fake over the same GPUs as ``fake`` (the simulated backend's)."""
+        """A health-capable fake over the same GPUs as ``fake`` (the simulated backend's), and the same
+        sysfs: a GPU the NVIDIA driver gives up (to vfio-pci) is none of its either."""
         return cls(
-            gpus=fake.gpus, driver_version=fake.driver_version, cuda_driver_version=fake.cuda_driver_version
+            gpus=fake.gpus,
+            driver_version=fake.driver_version,
+            cuda_driver_version=fake.cuda_driver_version,
+            sysfs_root=fake.sysfs_root,
         )
 
     # --- injectors -------------------------------------------------------------------------------
@@ -123,6 +127,8 @@ class FakeNvmlHealth(FakeNvml):
         self._ready()
         text = uuid.decode() if isinstance(uuid, bytes) else uuid
         gpu = self._by_uuid(text)
+        if not self._held(gpu):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)  # as FakeNvml: vfio-pci holds it
         if self.health[text].lost:
             raise pynvml.NVMLError(_LOST_CODE)
         return _Handle(gpu)

@@ -60,6 +60,7 @@ def backends(config: DiscoveryConfig) -> list[SimulatedBackend]:
                 driver=driver,
                 tpu_env_path=config.tpu_env_path if profile.tpu is not None else None,
                 dynamic_mig=config.dynamic_mig,
+                passthrough=config.passthrough,
                 cdi_hook_path=config.cdi_hook_path,
             )
         )
@@ -99,6 +100,7 @@ RECORD: VendorRecord[SimulatedBackend] = VendorRecord(
         backend, lambda vendor, inner: vendor.mps_daemons(inner, root, options)
     ),
     mig_instances=lambda backend: _vendors(backend, lambda vendor, inner: vendor.mig_instances(inner)),
+    passthrough=lambda backend: _vendors(backend, lambda vendor, inner: vendor.passthrough(inner)),
     container_env=lambda backend: _vendors(backend, lambda vendor, inner: vendor.container_env(inner)),
     status_data=lambda backend: _vendors(backend, lambda vendor, inner: vendor.status_data(inner)),
     claim_context=lambda backend, access: _vendors(

@@ -27,6 +27,7 @@ def test_defaults_with_node_name_from_the_downward_api_variable() -> None:
     assert settings.kubelet_plugins_dir == Path("/var/lib/kubelet/plugins")
     assert settings.cdi_dir == Path("/var/run/cdi")
     assert settings.metrics_address == ":8081"
+    assert settings.passthrough_support is False
     assert settings.checkpoint_dir(driver="gpu.nvidia.com") == Path("/var/lib/accel-dra/gpu.nvidia.com")
     # MPS: a 1Gi shm tmpfs and a 1Gi cgroup per claim, under /sys/fs/cgroup/accel-dra-mps.
     options = prepare_tools.mps_options(settings)
@@ -82,6 +83,11 @@ def test_lists_and_paths() -> None:
         (["--mps-daemon-memory-limit=1Mi"], {"NODE_NAME": "n"}, "mps_daemon_memory_limit: '1Mi' is not a"),
         (["--mps-cgroup-parent=/abs"], {"NODE_NAME": "n"}, "mps_cgroup_parent: '/abs' is not a relative"),
         (["--mps-cgroup-parent=a/../b"], {"NODE_NAME": "n"}, "mps_cgroup_parent: 'a/../b' is not a relative"),
+        (
+            ["--passthrough-support=true", "--dynamic-mig=true"],
+            {"NODE_NAME": "n"},
+            "passthrough_support and dynamic_mig cannot both be on",
+        ),
     ],
 )
 def test_bad_values_name_the_field(argv: list[str], env: dict[str, str], message: str) -> None:

@@ -14,10 +14,22 @@ from tests.unit.agent.prepare.test_prepare_configs import GPU, NODE, Claims
 
 
 class SimulatedNode:
-    def __init__(self, tmp_path: Path, *, profile: str = "h100-80gb-x8", dynamic_mig: bool = False) -> None:
+    def __init__(
+        self,
+        tmp_path: Path,
+        *,
+        profile: str | Path = "h100-80gb-x8",
+        dynamic_mig: bool = False,
+        passthrough: bool = False,
+    ) -> None:
         self.tmp_path = tmp_path
         self.backend = SimulatedBackend(
-            profile=profile, node_name=NODE, state_dir=tmp_path / "hw", driver=GPU, dynamic_mig=dynamic_mig
+            profile=profile,
+            node_name=NODE,
+            state_dir=tmp_path / "hw",
+            driver=GPU,
+            dynamic_mig=dynamic_mig,
+            passthrough=passthrough,
         )
         self.claims = Claims(GPU)
         (tmp_path / "proc/sys/kernel/random").mkdir(parents=True, exist_ok=True)
@@ -26,8 +38,8 @@ class SimulatedNode:
 
     async def handler(self, **components: Any) -> PrepareHandler:
         """A fresh handler over the same hardware and state (an agent (re)start); ``components``
-        are the handler's optional parts (gpu_sharing, mps, dynamic_mig). The vendor's container
-        environment is the one the agent's wiring picks for these GPUs."""
+        are the handler's optional parts (gpu_sharing, mps, dynamic_mig, passthrough). The vendor's
+        container environment is the one the agent's wiring picks for these GPUs."""
         components.setdefault("vendor_env", prepare_tools.vendor_env(self.backend))
         handler = PrepareHandler(
             driver=GPU,

@@ -165,16 +165,17 @@ async def test_time_slicing_on_a_mig_device_is_refused_as_not_applying(
     assert f"request r, device {device}" in error
 
 
-async def test_vfio_passthrough_is_refused_even_for_every_request(gpu: tuple[PrepareHandler, Claims]) -> None:
+async def test_a_vfio_config_naming_a_gpus_request_is_refused(gpu: tuple[PrepareHandler, Claims]) -> None:
     handler, claims = gpu
-    # Unscoped, it would match no device here (none is VFIO); asking for passthrough still fails.
+    # A GPU for containers is no GPU for passthrough: the config cannot apply (as NVIDIA's driver says).
+    device = first_gpu(handler, "gpu")
     claims.objects["c"] = claim(
-        GPU,
-        [("r", first_gpu(handler, "gpu"))],
-        [entry(GPU, {"apiVersion": NVIDIA, "kind": "VfioDeviceConfig"})],
+        GPU, [("r", device)], [entry(GPU, {"apiVersion": NVIDIA, "kind": "VfioDeviceConfig"}, requests=["r"])]
     )
     error = await refused(handler)
-    assert "config[0]: VfioDeviceConfig: VFIO passthrough is not implemented by this driver yet" in error
+    assert (
+        f"config[0]: cannot apply VfioDeviceConfig to device '{device}' of type 'gpu' (request: r)" in error
+    )
 
 
 async def test_compute_domain_config_names_its_driver(gpu: tuple[PrepareHandler, Claims]) -> None:
