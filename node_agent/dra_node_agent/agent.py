@@ -84,6 +84,7 @@ def discovery_config(settings: Settings) -> DiscoveryConfig:
         tpu_env_path=settings.tpu_env_file or (None if settings.simulate_profile else DEFAULT_TPU_ENV_FILE),
         simulation_dir=str(settings.state_dir / "simulated"),
         dynamic_mig=settings.dynamic_mig,
+        consumable_shares=settings.consumable_shares,
     )
 
 

@@ -19,6 +19,7 @@ from typing import Any, Final
 from dra_api.kubeletapi.socketpaths import MAX_SOCKET_PATH_BYTES, longest_socket_path, path_bytes
 from dra_api.names import GPU_DRIVER, TPU_DRIVER
 from dra_api.quantity import Quantity
+from dra_node_agent.discovery_config import consumable_shares
 
 ENV_PREFIX: Final = "DRA_AGENT_"
 BACKENDS: Final = ("nvidia", "tpu")
@@ -269,6 +270,19 @@ class Settings:
             metavar="BOOL",
         ),
     )
+    consumable_shares: str = field(
+        default="disabled",
+        metadata=_opt(
+            "Share whole GPUs and MIG devices between claims (NVIDIA's ConsumableShares): 'memory' "
+            "publishes them with allowMultipleAllocations and a request policy on their memory, each "
+            "claim taking the whole memory unless it asks for less (capacity.requests.memory, in "
+            "steps of 1Mi); 'unlimited' the same, a claim taking no memory unless it asks; a number N "
+            "adds a capacity 'shares' of N, each claim taking 1 unless it asks for more. 'disabled': "
+            "every device serves one claim.",
+            env=("CONSUMABLE_SHARES",),
+            metavar="MODE",
+        ),
+    )
     health_enabled: bool = field(
         default=True,
         metadata=_opt(
@@ -460,6 +474,10 @@ def validate(settings: Settings) -> None:
     if settings.max_prepared_claims < 1:
         raise SettingsError(f"setting max_prepared_claims: {settings.max_prepared_claims} is less than 1")
     _check_mps(settings)
+    try:
+        consumable_shares(settings.consumable_shares)
+    except ValueError as exc:
+        raise SettingsError(f"setting consumable_shares: {exc}") from None
     if settings.claim_read_attempts < 1:
         raise SettingsError(f"setting claim_read_attempts: {settings.claim_read_attempts} is less than 1")
     if settings.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):

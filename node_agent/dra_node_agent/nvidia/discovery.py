@@ -29,6 +29,9 @@ from dra_node_agent.devices import (
     string_attr,
     version_attr,
 )
+from dra_node_agent.discovery_config import SHARES_DISABLED
+from dra_node_agent.discovery_config import consumable_shares as consumable_shares_mode
+from dra_node_agent.nvidia import shares
 from dra_node_agent.nvidia.driver_files import DriverFiles, scan_driver_root
 from dra_node_agent.nvidia.mig_discovery import (
     DiscoveryPass,
@@ -143,8 +146,11 @@ class NvmlBackend:
         cdi_hook_path: str | None = None,
         simulated: bool = False,
         dynamic_mig: bool = False,
+        consumable_shares: str = SHARES_DISABLED,
     ) -> None:
         self._driver = driver
+        # Whole GPUs published as shares of several claims (``shares``); None: one claim each.
+        self.consumable_shares = consumable_shares_mode(consumable_shares)
         self._host_driver_root = host_driver_root
         self._cdi_hook_path = cdi_hook_path
         self._driver_files: DriverFiles | None = None
@@ -329,18 +335,17 @@ class NvmlBackend:
                 add_mig_devices(nvml, gpu, state, cap_nodes=self.mig_cap_nodes)
             return
         attributes = {"type": string_attr("gpu"), "uuid": string_attr(uuid), **shared}
-        state.devices.append(
-            DiscoveredDevice(
-                name=f"gpu-{minor}",
-                kind="gpu",
-                uuid=uuid,
-                attributes=attributes,
-                capacity={"memory": memory} if memory is not None else {},
-                pci_bus_id=bus_id,
-                local_id=str(minor),
-                edits=ContainerEdits(device_nodes=(parent_node,)),
-            )
+        device = DiscoveredDevice(
+            name=f"gpu-{minor}",
+            kind="gpu",
+            uuid=uuid,
+            attributes=attributes,
+            capacity={"memory": memory} if memory is not None else {},
+            pci_bus_id=bus_id,
+            local_id=str(minor),
+            edits=ContainerEdits(device_nodes=(parent_node,)),
         )
+        state.devices.append(shares.shared(device, self.consumable_shares))
 
     def _pci_attributes(self, bus_id: str) -> dict[str, Attribute]:
         # NVIDIA's driver dropped its own pcieBusID for the standard attribute; so does this one.

@@ -53,6 +53,7 @@ def backends(config: DiscoveryConfig) -> list[NvmlBackend]:
         proc_root=config.proc_root,
         host_dev_dir=config.host_dev_dir,
         dynamic_mig=config.dynamic_mig,
+        consumable_shares=config.consumable_shares,
     )
     return [backend] if config.selects("nvidia", detected=lambda: nvml_usable(backend)) else []
 

@@ -25,6 +25,7 @@ import yaml
 
 from dra_api.names import GPU_DRIVER, TPU_DRIVER
 from dra_node_agent.devices import DiscoveredInventory
+from dra_node_agent.discovery_config import SHARES_DISABLED
 from dra_node_agent.nvidia import record as nvidia_record
 from dra_node_agent.nvidia.discovery import (
     ARCHITECTURE_NAMES,
@@ -464,7 +465,9 @@ class SimulatedBackend:
         tpu_env_path: str | Path | None = None,
         dynamic_mig: bool = False,
         cdi_hook_path: str | None = None,
+        consumable_shares: str = SHARES_DISABLED,
     ) -> None:
+        self._consumable_shares = consumable_shares
         self._cdi_hook_path = cdi_hook_path
         self._tpu_env_path = tpu_env_path
         self._dynamic_mig = dynamic_mig
@@ -556,6 +559,7 @@ class SimulatedBackend:
                 host_dev_dir=str(root / "dev") if char_devices else "/dev",
                 simulated=True,
                 dynamic_mig=self._dynamic_mig,
+                consumable_shares=self._consumable_shares,
             )
             return SimulatedHardware(
                 root=root, nvml=nvml, backend=backend, vendor=nvidia_record.RECORD, char_devices=char_devices
