@@ -130,6 +130,9 @@ class CheckpointedDevice:
     # hold at once (allowMultipleAllocations); ``share_id`` is that share's ID, when it has one.
     shared: bool = False
     share_id: str | None = None
+    # What the share consumes of the device's capacities, in base units (checked against them at
+    # prepare, with the other shares recorded on the device).
+    consumed: tuple[tuple[str, int], ...] = ()
     # The time slice (timeSlicingConfig.interval) this claim set on the GPU, reset when the last claim
     # holding the GPU with one is unprepared (``nvidia.gpu_sharing``).
     time_slice: str | None = None
@@ -158,6 +161,8 @@ class CheckpointedDevice:
             out["shared"] = True
         if self.share_id is not None:
             out["shareID"] = self.share_id
+        if self.consumed:
+            out["consumedCapacity"] = dict(self.consumed)
         if self.time_slice is not None:
             out["timeSlice"] = self.time_slice
         if self.mps:
@@ -178,6 +183,7 @@ class CheckpointedDevice:
             admin_access=bool(raw.get("adminAccess", False)),
             shared=bool(raw.get("shared", False)),
             share_id=None if raw.get("shareID") is None else str(raw["shareID"]),
+            consumed=tuple(sorted((str(k), int(v)) for k, v in (raw.get("consumedCapacity") or {}).items())),
             time_slice=None if raw.get("timeSlice") is None else str(raw["timeSlice"]),
             mps=bool(raw.get("mps", False)),
             dynamic_mig=bool(raw.get("dynamicMIG", False)),

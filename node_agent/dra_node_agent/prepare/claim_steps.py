@@ -13,7 +13,8 @@ Prepare:
      a TPU claim with every chip of a host of a multi-host slice, the pod's worker identity);
   4. a ``PrepareStarted`` entry left by a crash -> roll its partial work back first;
   5. record ``PrepareStarted`` (written while the claim is read, the two slow steps overlapping),
-     set the devices up (``set_up.DeviceSetUp``; the devices are recorded first, a dynamic MIG
+     check that the device shares it holds fit beside those recorded for other claims, set the
+     devices up (``set_up.DeviceSetUp``; the devices are recorded first, a dynamic MIG
      instance's UUID as soon as it exists), write the claim's CDI spec, record
      ``PrepareCompleted``; the checkpoint refuses a device held by another claim (unless both use
      admin access) before a device is touched, and at the latest at ``PrepareCompleted``, and a
@@ -211,6 +212,7 @@ class ClaimSteps:
         """Set the devices up: dynamic MIG instances, whose UUIDs are recorded before anything names
         them (a crash from here on leaves an entry that says what to destroy), then time slices and
         the MPS daemon. Returns the entry and the devices as the CDI spec must name them."""
+        await self.devices.check_shares(entry, plan)
         made = await self.devices.make_instances(entry, plan)
         if made.uuids is not None:
             uuids = made.uuids

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from dra_node_agent import checkpoint as cp
 from dra_node_agent.claim_reader import AllocatedDevice, ClaimAllocation, describe
 from dra_node_agent.device_setup import DeviceSetupError
-from dra_node_agent.devices import ContainerEdits, DiscoveredDevice
+from dra_node_agent.devices import ContainerEdits, DiscoveredDevice, format_quantity
 from dra_node_agent.opaqueconfig import (
     DriverConfig,
     GoogleTpuConfig,
@@ -35,6 +36,8 @@ from dra_node_agent.prepare.driver_node import DriverNode
 from dra_node_agent.prepare.errors import PrepareError
 
 logger = logging.getLogger(__name__)
+
+_ENV_UNSAFE = re.compile(r"[^A-Za-z0-9_]")
 
 
 @dataclass(frozen=True)
@@ -80,11 +83,46 @@ def _record(
         admin_access=result.admin_access,
         shared=result.shared,
         share_id=result.share_id,
+        consumed=result.consumed,
         time_slice=sharing.time_slice_interval if sharing is not None else None,
         mps=sharing is not None and sharing.mps is not None,
         # A placement's instance is made by the claims that hold it, never by one that observes it.
         dynamic_mig=device.mig_placement is not None and not result.admin_access,
     )
+
+
+def shares_of(planned: Sequence[cp.CheckpointedDevice]) -> dict[str, dict[str, int]]:
+    """What the claim's shares consume of each device it holds shares of, summed over its results
+    (one claim may hold two shares of one device), by device name."""
+    out: dict[str, dict[str, int]] = {}
+    for result in planned:
+        if not result.shared or result.admin_access:
+            continue
+        consumed = out.setdefault(result.device, {})
+        for name, amount in result.consumed:
+            consumed[name] = consumed.get(name, 0) + amount
+    return out
+
+
+def share_env(device: str, *, share_ids: Sequence[str], consumed: Mapping[str, int]) -> tuple[str, ...]:
+    """What a container learns of its share of ``device``: the share IDs (``DRA_SHARE_<DEVICE>_ID``)
+    and what they consume of each capacity (``DRA_SHARE_<DEVICE>_MEMORY=10Gi``)."""
+    key = _ENV_UNSAFE.sub("_", device).upper()
+    env = [f"DRA_SHARE_{key}_ID={','.join(share_ids)}"]
+    env.extend(
+        f"DRA_SHARE_{key}_{_ENV_UNSAFE.sub('_', name).upper()}={format_quantity(amount)}"
+        for name, amount in sorted(consumed.items())
+    )
+    return tuple(env)
+
+
+def _add_share_env(planned: Sequence[cp.CheckpointedDevice], devices: dict[str, DiscoveredDevice]) -> None:
+    """Each shared device's edits get ``share_env`` (``devices`` is updated)."""
+    for name, consumed in shares_of(planned).items():
+        ids = [r.share_id for r in planned if r.device == name and r.shared and r.share_id is not None]
+        device = devices[name]
+        env = share_env(name, share_ids=ids, consumed=consumed)
+        devices[name] = dataclasses.replace(device, edits=device.edits.merged(ContainerEdits(env=env)))
 
 
 class Planner:
@@ -155,7 +193,8 @@ class Planner:
                 f"entries {', '.join(sorted(claim_configs.values()))} differ, but they apply to the whole "
                 "container"
             )
-        mps_limits = self._mps_limits(allocation, mps_configs, list(mps_devices.values()), devices)
+        _add_share_env(planned, devices)
+        mps_limits = self._mps_limits(allocation, mps_configs, list(mps_devices.values()), devices, planned)
         return PreparePlan(
             results=tuple(planned),
             devices=tuple(devices.values()),
@@ -169,9 +208,11 @@ class Planner:
         configs: Sequence[tuple[MpsConfig, list[str]]],
         gpus: Sequence[DiscoveredDevice],
         devices: dict[str, DiscoveredDevice],
+        planned: Sequence[cp.CheckpointedDevice],
     ) -> object | None:
         """One daemon serves the claim: its settings, and its folders and limits added to the
-        container edits of the claim's first MPS GPU (``devices`` is updated)."""
+        container edits of the claim's first MPS GPU (``devices`` is updated). On a GPU the claim
+        holds a share of, the share bounds the limits (``shares_of``)."""
         if not configs:
             return None
         where = describe(allocation.ref)
@@ -186,7 +227,10 @@ class Planner:
         ((config, _),) = configs
         try:
             limits: object = mps.limits(
-                config, gpus, where=f"request {', '.join(requests)}: GpuConfig sharing.mpsConfig"
+                config,
+                gpus,
+                where=f"request {', '.join(requests)}: GpuConfig sharing.mpsConfig",
+                shares=shares_of(planned),
             )
         except DeviceSetupError as exc:
             raise PrepareError(f"{where}: {exc}") from exc

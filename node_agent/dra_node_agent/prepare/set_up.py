@@ -25,11 +25,11 @@ from dataclasses import dataclass
 from dra_node_agent import checkpoint as cp
 from dra_node_agent.claim_reader import describe
 from dra_node_agent.device_setup import DeviceSetupError
-from dra_node_agent.devices import DiscoveredDevice
+from dra_node_agent.devices import DiscoveredDevice, format_quantity
 from dra_node_agent.prepare.driver_node import DriverNode
 from dra_node_agent.prepare.errors import PrepareError
 from dra_node_agent.prepare.metrics import DEVICE_SETUPS
-from dra_node_agent.prepare.plan import PreparePlan
+from dra_node_agent.prepare.plan import PreparePlan, shares_of
 from dra_node_agent.prepare.records import entry_ref
 
 logger = logging.getLogger(__name__)
@@ -53,6 +53,47 @@ class DeviceSetUp:
         # The checkpoint's entries (blocking; read in a thread): what the other claims hold.
         self._recorded = recorded
         self.count = 0
+
+    async def check_shares(self, entry: cp.ClaimEntry, plan: PreparePlan) -> None:
+        """Before any device is touched: the shares of each device, this claim's and those recorded
+        for other claims, fit its capacity. The allocators account for them; this is the last line
+        against a device booked beyond what it has (two allocators racing, a stale view)."""
+        mine = shares_of(plan.results)
+        if not mine:
+            return
+        others = [e for e in await asyncio.to_thread(self._recorded) if e.uid != entry.uid]
+        for name, consumed in sorted(mine.items()):
+            device = self._node.devices.get(name)
+            held: dict[str, int] = {}
+            holders = []
+            for other in others:
+                theirs = shares_of(other.devices).get(name)
+                if theirs:
+                    holders.append(f"{other.namespace}/{other.name}")
+                    for capacity, amount in theirs.items():
+                        held[capacity] = held.get(capacity, 0) + amount
+            for capacity, amount in sorted(consumed.items()):
+                total = None if device is None else device.capacity.get(capacity)
+                if total is None or amount + held.get(capacity, 0) <= total:
+                    continue
+                logger.error(
+                    "%s: device %s: its shares would consume %s of its %s %s; the claims holding it: %s",
+                    describe(entry_ref(entry)),
+                    name,
+                    format_quantity(amount + held.get(capacity, 0)),
+                    capacity,
+                    format_quantity(total),
+                    ", ".join(holders),
+                )
+                # Other tenants' claims are counted, not named: this text reaches the pod's Events.
+                raise PrepareError(
+                    f"{describe(entry_ref(entry))}: device {name}: its shares would consume "
+                    f"{format_quantity(amount + held.get(capacity, 0))} of its {capacity} "
+                    f"{format_quantity(total)} ({format_quantity(amount)} for this claim, "
+                    f"{format_quantity(held.get(capacity, 0))} for {len(holders)} other claim(s) prepared "
+                    "here): more than it has, so it was allocated beyond its capacity; the claim is not "
+                    "prepared"
+                )
 
     async def make_instances(self, entry: cp.ClaimEntry, plan: PreparePlan) -> Instances:
         """The first step of a set-up: create the instance of each dynamic MIG placement. A placement
