@@ -590,17 +590,8 @@ def not_implemented(config: DriverConfig) -> str | None:
             "(the GPU's time slice is shared by all its MIG devices, so one claim cannot set it); leave "
             "sharing out for a MIG device"
         )
-    if isinstance(config, GpuConfig) and config.sharing is not None:
-        return None  # applied at prepare (gpu_sharing, mps; multiUser too)
-    if isinstance(config, MigDeviceConfig) and config.sharing is not None:
-        detail = f"sharing.strategy {config.sharing.strategy}"
-        if config.sharing.mps is not None and config.sharing.mps.multi_user:
-            detail += " with mpsConfig.multiUser"
-        what = "MPS on MIG devices"
-        return (
-            f"{config.KIND} {detail}: {what} is not implemented by this driver yet, so the device "
-            "would not be shared as configured"
-        )
+    if isinstance(config, GpuConfig | MigDeviceConfig) and config.sharing is not None:
+        return None  # applied at prepare (gpu_sharing, mps; multiUser, and MPS on MIG devices, too)
     if isinstance(config, VfioDeviceConfig):
         return (
             "VfioDeviceConfig: VFIO passthrough is not implemented by this driver yet "

@@ -142,6 +142,13 @@ def _bytes(text: str, where: str) -> int:
     return value
 
 
+def cuda_order(device: DiscoveredDevice) -> tuple[str, tuple[int, ...]]:
+    """The order in which CUDA numbers a container's devices: by PCI bus ID, and a GPU's MIG
+    devices by GPU and compute instance (``local_id`` is ``<minor>:<gi>:<ci>`` for them)."""
+    parts = tuple(int(p) for p in device.local_id.split(":") if p.isdigit())
+    return device.pci_bus_id or device.name, parts
+
+
 def resolve_limits(
     config: MpsConfig,
     gpus: Sequence[DiscoveredDevice],
@@ -156,7 +163,7 @@ def resolve_limits(
     the ceiling: its memory bounds the pinned-memory limit and its part of the GPU's ``shares`` the
     active thread percentage, each the limit when the config sets none; a config asking for more
     than the share is refused."""
-    ordered = sorted(gpus, key=lambda d: d.pci_bus_id or d.name)
+    ordered = sorted(gpus, key=cuda_order)
     pinned: dict[str, int] = {}
     fields: dict[str, str] = {}
     if config.default_pinned_device_memory_limit is not None:

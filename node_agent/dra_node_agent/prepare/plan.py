@@ -22,6 +22,7 @@ from dra_node_agent.opaqueconfig import (
     DriverConfig,
     GoogleTpuConfig,
     GpuConfig,
+    MigDeviceConfig,
     MpsConfig,
     OpaqueConfigError,
     OpaqueConfigParser,
@@ -53,6 +54,8 @@ class PreparePlan:
     claim_config: DriverConfig | None
     # The settings of the claim's MPS daemon (as the MPS tool computed them), if it asks for one.
     mps_limits: object | None
+    # The config kind that asked for the daemon (GpuConfig, or MigDeviceConfig for MIG devices).
+    mps_kind: str = "GpuConfig"
 
     @property
     def touches_devices(self) -> bool:
@@ -73,7 +76,7 @@ def _record(
     if result.admin_access and sharing is not None:
         raise PrepareError(
             f"{where}: request {result.request}: admin access observes device {device.name} and "
-            f"never reconfigures it (other claims may hold it), so GpuConfig sharing.strategy "
+            f"never reconfigures it (other claims may hold it), so {config_kind(device)} sharing.strategy "
             f"{sharing.strategy} cannot apply; leave sharing out of admin-access requests"
         )
     return cp.CheckpointedDevice(
@@ -89,6 +92,12 @@ def _record(
         # A placement's instance is made by the claims that hold it, never by one that observes it.
         dynamic_mig=device.mig_placement is not None and not result.admin_access,
     )
+
+
+def config_kind(device: DiscoveredDevice) -> str:
+    """The NVIDIA config kind that applies to ``device`` (``opaqueconfig.effective_entry`` picks
+    entries by it), for messages."""
+    return "MigDeviceConfig" if device.kind == "mig" else "GpuConfig"
 
 
 def shares_of(planned: Sequence[cp.CheckpointedDevice]) -> dict[str, dict[str, int]]:
@@ -194,12 +203,14 @@ class Planner:
                 "container"
             )
         _add_share_env(planned, devices)
-        mps_limits = self._mps_limits(allocation, mps_configs, list(mps_devices.values()), devices, planned)
+        mps_gpus = list(mps_devices.values())
+        mps_limits = self._mps_limits(allocation, mps_configs, mps_gpus, devices, planned)
         return PreparePlan(
             results=tuple(planned),
             devices=tuple(devices.values()),
             claim_config=next(iter(claim_configs), None),
             mps_limits=mps_limits,
+            mps_kind=config_kind(mps_gpus[0]) if mps_gpus else "GpuConfig",
         )
 
     def _mps_limits(
@@ -210,16 +221,26 @@ class Planner:
         devices: dict[str, DiscoveredDevice],
         planned: Sequence[cp.CheckpointedDevice],
     ) -> object | None:
-        """One daemon serves the claim: its settings, and its folders and limits added to the
-        container edits of the claim's first MPS GPU (``devices`` is updated). On a GPU the claim
-        holds a share of, the share bounds the limits (``shares_of``)."""
+        """One daemon serves the claim, over its whole GPUs or over its MIG devices: its settings,
+        and its folders and limits added to the container edits of the claim's first MPS device
+        (``devices`` is updated). On a GPU the claim holds a share of, the share bounds the limits
+        (``shares_of``)."""
         if not configs:
             return None
         where = describe(allocation.ref)
         requests = sorted({r for _, rs in configs for r in rs})
+        kinds = sorted({config_kind(d) for d in gpus})
+        if len(kinds) > 1:
+            # CUDA refuses a server that would see MIG devices and whole GPUs together.
+            raise PrepareError(
+                f"{where}: requests {', '.join(requests)}: GpuConfig and MigDeviceConfig both ask for MPS, "
+                "but one MPS control daemon serves the whole claim, over either whole GPUs or MIG devices; "
+                "ask for MPS on one kind of device per claim"
+            )
+        (kind,) = kinds
         if len(configs) > 1:
             raise PrepareError(
-                f"{where}: requests {', '.join(requests)}: their GpuConfig sharing.mpsConfig entries differ, "
+                f"{where}: requests {', '.join(requests)}: their {kind} sharing.mpsConfig entries differ, "
                 "but one MPS control daemon serves the whole claim; give them the same mpsConfig"
             )
         mps = self._node.mps
@@ -229,12 +250,12 @@ class Planner:
             limits: object = mps.limits(
                 config,
                 gpus,
-                where=f"request {', '.join(requests)}: GpuConfig sharing.mpsConfig",
+                where=f"request {', '.join(requests)}: {kind} sharing.mpsConfig",
                 shares=shares_of(planned),
             )
         except DeviceSetupError as exc:
             raise PrepareError(f"{where}: {exc}") from exc
-        first = min(gpus, key=lambda d: d.pci_bus_id or d.name).name
+        first = min(gpus, key=lambda d: (d.pci_bus_id or d.name, d.name)).name
         device = devices[first]
         devices[first] = dataclasses.replace(
             device, edits=device.edits.merged(mps.edits(allocation.ref.uid, limits))
@@ -276,8 +297,15 @@ class Planner:
                 env.extend(config.env())
             elif isinstance(config, TpuConfig):
                 claim_configs.setdefault(config, entry.where)
-            elif isinstance(config, GpuConfig) and config.sharing is not None:
+            elif isinstance(config, GpuConfig | MigDeviceConfig) and config.sharing is not None:
                 sharing = config.sharing
+                if sharing.mps is not None and device.mig_placement is not None:
+                    # NVIDIA's driver refuses MPS with DynamicMIG too.
+                    raise PrepareError(
+                        f"{entry.where}: MigDeviceConfig sharing.strategy MPS: MPS on a dynamic MIG "
+                        "placement is not implemented (its instance is made at prepare); use MPS on static "
+                        f"MIG devices (request {request}, device {device.name})"
+                    )
                 if sharing.time_slice_interval is not None and self._node.gpu_sharing is None:
                     raise PrepareError(
                         f"{entry.where}: GpuConfig sharing.strategy TimeSlicing: this driver's GPUs cannot "
@@ -285,7 +313,7 @@ class Planner:
                     )
                 if sharing.mps is not None and self._node.mps is None:
                     raise PrepareError(
-                        f"{entry.where}: GpuConfig sharing.strategy MPS: MPS is off on this node "
+                        f"{entry.where}: {config.KIND} sharing.strategy MPS: MPS is off on this node "
                         f"(--mps-support=false) (request {request}, device {device.name})"
                     )
             # GpuConfig and MigDeviceConfig without sharing ask for nothing beyond the default.

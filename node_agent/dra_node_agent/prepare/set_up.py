@@ -133,7 +133,8 @@ class DeviceSetUp:
     async def share(
         self, entry: cp.ClaimEntry, devices: Sequence[DiscoveredDevice], plan: PreparePlan
     ) -> None:
-        """The second step: the time slices, then the MPS daemon the claim's GpuConfig asks for."""
+        """The second step: the time slices, then the MPS daemon the claim's GpuConfig (or, for MIG
+        devices, MigDeviceConfig) asks for."""
         await self._set_up_time_slices(entry, devices)
         if plan.mps_limits is not None:
             assert self._node.mps is not None
@@ -142,7 +143,7 @@ class DeviceSetUp:
             except DeviceSetupError as exc:
                 requests = sorted({p.request for p in entry.devices if p.mps})
                 raise PrepareError(
-                    f"{describe(entry_ref(entry))}: request {', '.join(requests)}: GpuConfig "
+                    f"{describe(entry_ref(entry))}: request {', '.join(requests)}: {plan.mps_kind} "
                     f"sharing.strategy MPS: {exc}"
                 ) from exc
 
