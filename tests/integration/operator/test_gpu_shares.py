@@ -6,8 +6,9 @@ slices of the test's own driver.
 First one GPU, shared in turn: a pod's 30Gi share (kube-scheduler), then a standalone 40Gi share of
 another namespace (the operator) on the same GPU, and a third share that would pass its memory stays
 unallocated, the operator saying why. Then a burst: pods and standalone claims of two namespaces,
-all created at once, ask for more than four GPUs hold; while they settle, and after, the shares
-allocated on each GPU never add up to more than its memory, and every slot the GPUs have is filled.
+created in turn, ask for more than four GPUs hold; every slot the GPUs have is filled, and the shares
+allocated on each GPU never add up to more than its memory, but for a race both allocators win, which
+the operator repairs (it gives its share up, with a DeviceConflict Event).
 """
 
 from __future__ import annotations
@@ -98,11 +99,14 @@ def shares(claims: list[dict[str, Any]]) -> dict[tuple[str, str], list[tuple[str
     return held
 
 
-def assert_within_capacity(claims: list[dict[str, Any]]) -> None:
+def beyond_capacity(claims: list[dict[str, Any]]) -> list[str]:
+    """The GPUs whose allocated shares add up to more than their 80Gi, with their holders."""
+    found = []
     for device, holders in shares(claims).items():
         assert all(share for _, _, share in holders), f"{device}: a result without a shareID: {holders}"
-        used = sum(amount for _, amount, _ in holders)
-        assert used <= MEMORY, f"{device} booked beyond its 80Gi: {holders}"
+        if sum(amount for _, amount, _ in holders) > MEMORY:
+            found.append(f"{device}: {holders}")
+    return found
 
 
 def by_operator(claim: dict[str, Any]) -> bool:
@@ -162,22 +166,23 @@ def test_both_allocators_share_gpus_by_memory_and_never_book_beyond_capacity(
 
     # The first GPU's slice goes (its shares stay allocated): the burst has four GPUs of its own.
     cluster.kubectl("delete", "resourceslice", f"op-shares-1-{DRIVER}")
-    # The burst: four GPUs hold two 30Gi shares each; six pods and eight standalone claims ask for
-    # fourteen. Each allocator allocates what it sees free; together they never pass a GPU's memory.
+    # The burst: four GPUs hold two 30Gi shares each; six pods and eight standalone claims, created
+    # in turn, ask for fourteen. Each allocator allocates what it sees free. Shares two allocators
+    # wrote at once past a GPU's memory may show for a moment; the operator gives its copy up then.
     add_nodes(cluster, scratch, {"op-shares-2": 2, "op-shares-3": 2})
     burst: list[dict[str, Any]] = []
-    for i in range(3):
-        for ns in NAMESPACES:
-            burst += share_pod(f"p{i}", ns, cls=cls, memory="30Gi")
     for i in range(4):
-        burst += [share_claim(f"c{i}", ns, cls=cls, memory="30Gi") for ns in NAMESPACES]
+        for ns in NAMESPACES:
+            burst += share_pod(f"p{i}", ns, cls=cls, memory="30Gi") if i < 3 else []
+            burst.append(share_claim(f"c{i}", ns, cls=cls, memory="30Gi"))
     cluster.apply(burst)
+    overbooked: list[str] = []
 
     def settled() -> list[dict[str, Any]] | None:
         claims = [c for c in all_claims(cluster) if c["metadata"].get("deletionTimestamp") is None]
-        assert_within_capacity(claims)
+        overbooked.extend(beyond_capacity(claims))
         burst_shares = [h for (pool, _), hs in shares(claims).items() if pool != "op-shares-1" for h in hs]
-        return claims if len(burst_shares) == 8 else None
+        return claims if len(burst_shares) == 8 and not beyond_capacity(claims) else None
 
     claims = cluster.wait_for(settled, timeout=180, interval=0.3, what="every slot of the four GPUs filled")
     allocated = [c for c in claims if (c.get("status") or {}).get("allocation")]
@@ -188,4 +193,14 @@ def test_both_allocators_share_gpus_by_memory_and_never_book_beyond_capacity(
     assert standalone, "the operator allocated none of the burst"
     # Every GPU holds two shares, of either allocator and either namespace.
     assert sorted(len(h) for (pool, _), h in shares(claims).items() if pool != "op-shares-1") == [2, 2, 2, 2]
-    assert_within_capacity(all_claims(cluster))
+    assert beyond_capacity(all_claims(cluster)) == []
+    if overbooked:
+        # A race both allocators won: the operator said so on its claim and gave its share up.
+        conflicts = [
+            e["message"]
+            for ns in NAMESPACES
+            for e in cluster.get_json("events", "-n", ns)["items"]
+            if e["reason"] == "DeviceConflict"
+        ]
+        assert conflicts, f"seen beyond capacity without the operator giving way: {overbooked[:3]}"
+        print(f"shares beyond capacity seen {len(overbooked)} times, repaired: {conflicts}")
