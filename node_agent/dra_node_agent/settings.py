@@ -273,12 +273,12 @@ class Settings:
     consumable_shares: str = field(
         default="disabled",
         metadata=_opt(
-            "Share whole GPUs and MIG devices between claims (NVIDIA's ConsumableShares): 'memory' "
-            "publishes them with allowMultipleAllocations and a request policy on their memory, each "
-            "claim taking the whole memory unless it asks for less (capacity.requests.memory, in "
-            "steps of 1Mi); 'unlimited' the same, a claim taking no memory unless it asks; a number N "
-            "adds a capacity 'shares' of N, each claim taking 1 unless it asks for more. 'disabled': "
-            "every device serves one claim.",
+            "Share whole GPUs between claims (NVIDIA's ConsumableShares; MIG devices serve one claim "
+            "each): 'memory' publishes GPUs with allowMultipleAllocations and a request policy on "
+            "their memory, each claim taking the whole memory unless it asks for less "
+            "(capacity.requests.memory, in steps of 1Mi); 'unlimited' the same, a claim taking no "
+            "memory unless it asks; a number N (1 to 1000000) adds a capacity 'shares' of N, each "
+            "claim taking 1 unless it asks for more. 'disabled': every device serves one claim.",
             env=("CONSUMABLE_SHARES",),
             metavar="MODE",
         ),
