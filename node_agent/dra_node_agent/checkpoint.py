@@ -344,7 +344,7 @@ class CheckpointStore:
                     f"most the agent keeps (--max-prepared-claims={self.max_claims}); try again once "
                     "others are unprepared"
                 )
-            self._check_overlap(contents, claim.uid, devices)
+            self._check_overlap(contents, claim.uid, devices, namespace=claim.namespace)
             entry = ClaimEntry(
                 uid=claim.uid,
                 namespace=claim.namespace,
@@ -363,7 +363,7 @@ class CheckpointStore:
             existing = contents.claims.get(uid)
             if existing is None:
                 raise KeyError(f"claim {uid}: not in the checkpoint; call begin() first")
-            self._check_overlap(contents, uid, devices)
+            self._check_overlap(contents, uid, devices, namespace=existing.namespace)
             entry = replace(
                 existing,
                 state=ClaimState.PREPARE_COMPLETED,
@@ -528,9 +528,13 @@ class CheckpointStore:
         with self._locked():
             return remove_temp_files(self.path.parent, prefix=f".{self.path.name}")
 
-    def _check_overlap(self, contents: _Contents, uid: str, devices: Sequence[CheckpointedDevice]) -> None:
+    def _check_overlap(
+        self, contents: _Contents, uid: str, devices: Sequence[CheckpointedDevice], *, namespace: str
+    ) -> None:
         # Admin access never conflicts (the allocator ignores it too). Consumable-capacity shares of
-        # a device coexist with each other, never with an exclusive hold.
+        # a device coexist with each other, never with an exclusive hold. The error reaches the
+        # pod's Events: a claim of another namespace (another tenant, now that shares put tenants
+        # on one GPU) is not named there, only in the log.
         wanted = {(d.pool, d.device) for d in devices if d.exclusive}
         shares = {(d.pool, d.device) for d in devices if d.shared and not d.admin_access}
         for other in contents.claims.values():
@@ -541,7 +545,17 @@ class CheckpointStore:
             clash = sorted((wanted & (held | held_shares)) | (shares & held))
             if clash:
                 pool, device = clash[0]
-                raise DeviceAlreadyPrepared(
-                    f"device {pool}/{device} is already prepared for claim {other.namespace}/{other.name} "
-                    f"({other.uid}, {other.state.value})"
-                )
+                if other.namespace != namespace:
+                    log.warning(
+                        "device %s/%s: claim %s is refused, claim %s/%s (%s) holds it",
+                        pool,
+                        device,
+                        uid,
+                        other.namespace,
+                        other.name,
+                        other.uid,
+                    )
+                    holder = f"a claim of another namespace ({other.state.value})"
+                else:
+                    holder = f"claim {other.namespace}/{other.name} ({other.uid}, {other.state.value})"
+                raise DeviceAlreadyPrepared(f"device {pool}/{device} is already prepared for {holder}")

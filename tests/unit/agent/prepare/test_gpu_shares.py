@@ -151,6 +151,22 @@ async def test_an_exclusive_claim_and_shares_never_meet_on_a_gpu(node: Node) -> 
     assert "device node-a/gpu-0 is already prepared for claim ns/share-2" in error
 
 
+async def test_a_clash_with_another_tenants_claim_does_not_name_it(
+    node: Node, caplog: pytest.LogCaptureFixture
+) -> None:
+    handler = await node.handler()
+    held = node.add("secret-share", namespace="team-a", consumed={"memory": "1Gi"})
+    assert await prepare(handler, held) == ""
+    # An exclusive claim of another tenant on the GPU (an allocator that ignored the policy).
+    error = await prepare(handler, node.add("whole", namespace="team-b", consumed=None))
+    assert "device node-a/gpu-0 is already prepared for a claim of another namespace" in error
+    assert "team-a" not in error
+    assert "secret-share" not in error
+    assert held.uid not in error
+    # The operator of the node still learns which claim holds it.
+    assert "team-a/secret-share" in caplog.text
+
+
 async def test_mps_on_a_share_is_bounded_by_it_and_each_shares_daemon_is_its_own(node: Node) -> None:
     handler = await node.handler()
     first = node.add("a", namespace="team-a", consumed={"memory": "10Gi"}, sharing={"strategy": "MPS"})
