@@ -161,12 +161,18 @@ class DeviceSetUp:
                 mine = wanted.get(held.device)
                 if mine is None or held.time_slice is None or held.time_slice == mine.time_slice:
                     continue
+                # The error reaches the pod's Events: another tenant's claim is named in the log only.
+                holder = f"claim {other.namespace}/{other.name} (request {held.request})"
+                if other.namespace != entry.namespace:
+                    logger.warning(
+                        "%s: the time slice on GPU %s was set by %s", entry.uid, held.device, holder
+                    )
+                    holder = "a claim of another namespace"
                 raise PrepareError(
                     f"{describe(entry_ref(entry))}: request {mine.request}: GpuConfig "
                     f"sharing.timeSlicingConfig.interval {mine.time_slice} conflicts with interval "
-                    f"{held.time_slice} that claim {other.namespace}/{other.name} (request {held.request}) "
-                    f"set on GPU {held.device}; a GPU has one time slice, so claims sharing it must ask for "
-                    "the same interval"
+                    f"{held.time_slice} that {holder} set on GPU {held.device}; a GPU has one time "
+                    "slice, so claims sharing it must ask for the same interval"
                 )
         by_name = {d.name: d for d in devices}
         by_interval: dict[str, list[str]] = {}
