@@ -32,7 +32,8 @@ class ShareLedger:
         than the device has, with the claims holding those shares."""
         holding = self.model.holding_allocations()
         out: dict[DeviceID, frozenset[ClaimKey]] = {}
-        for device in self.model.devices_in_use():
+        # Only devices that take shares can hold shares: none to look at when no GPU is published so.
+        for device, capacity in self._shared_devices().items():
             holders = self.model.holders(device)
             if len(holders) < 2:
                 continue
@@ -47,12 +48,11 @@ class ShareLedger:
                         totals[name] = totals.get(name, _ZERO) + amount
             if len(sharing) < 2:
                 continue  # one claim's own shares: one allocator placed them together
-            capacity = self._capacity(device)
             if any(name in capacity and total > capacity[name] for name, total in totals.items()):
                 out[device] = frozenset(sharing)
         return out
 
-    def _capacity(self, device: DeviceID) -> Mapping[str, Quantity]:
+    def _shared_devices(self) -> Mapping[DeviceID, Mapping[str, Quantity]]:
         if self._generation != self.model.generation:
             self._capacities = {
                 (s.driver, s.pool.name, d.name): {name: c.value for name, c in d.capacity.items()}
@@ -61,4 +61,4 @@ class ShareLedger:
                 if d.allow_multiple_allocations
             }
             self._generation = self.model.generation
-        return self._capacities.get(device, {})
+        return self._capacities
