@@ -141,14 +141,14 @@ class ClaimReleaser:
                 others = [k for k in holders if k != key]
                 what = "shares beyond the capacity of device" if shares else "device"
                 logger.warning("%s %s allocated to %s and %s; releasing ours", what, device, key, others)
+                # Other tenants' claims are counted, not named (the log names them).
                 message = (
-                    # Other tenants' claims are counted, not named (the log names them).
                     f"device {'/'.join(device)}: this claim's share and those of {len(others)} other "
                     "claim(s), allocated by another allocator at the same time, together ask for more "
                     "than the device has; allocating this claim again"
                     if shares
-                    else f"device {'/'.join(device)} was also allocated to "
-                    f"{', '.join(map(str, others))} by another allocator; allocating this claim again"
+                    else f"device {'/'.join(device)} was also allocated to {len(others)} other claim(s) "
+                    "by another allocator at the same time; allocating this claim again"
                 )
                 self.events.post(
                     involved=involved(claim, api_version=self.api.api_version),

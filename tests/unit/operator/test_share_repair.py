@@ -1,6 +1,6 @@
-"""Shares two allocators wrote at once past a device's capacity: the operator gives its own copy up
-(if no pod uses it yet), says so on its claim without naming the other tenants' claims, and places
-its claim again."""
+"""Shares two allocators wrote at once past a device's capacity, and a whole device both wrote: the
+operator gives its own copy up (if no pod uses it yet), says so on its claim without naming the
+other tenants' claims, and places its claim again."""
 
 from __future__ import annotations
 
@@ -100,3 +100,27 @@ async def test_a_share_a_pod_already_uses_is_never_pulled_from_under_it() -> Non
     await releaser(model, recorder).repair_double_bookings()
     # kube-scheduler's share is not ours to give up; ours runs: both stay, nothing is said.
     assert (recorder.cleared, recorder.events, recorder.marked) == ([], [], [])
+
+
+async def test_a_whole_device_both_allocators_wrote_is_given_up_without_naming_the_other_claim() -> None:
+    model = ClusterModel()
+    model.upsert_slice(h.gpu_slice("n1", 1))
+    model.upsert_claim(
+        h.claim("pods-claim", namespace="team-a", rv="1", allocation=h.allocation("n1", "gpu-0"))
+    )
+    model.upsert_claim(
+        h.claim(
+            "standalone",
+            namespace="team-b",
+            rv="2",
+            allocation=h.allocation("n1", "gpu-0"),
+            finalizers=[OPERATOR_FINALIZER],
+        )
+    )
+    recorder = Recorder()
+    await releaser(model, recorder).repair_double_bookings()
+    assert recorder.cleared == ["standalone"]
+    (event,) = recorder.events
+    assert "was also allocated to 1 other claim(s) by another allocator" in event["message"]
+    assert "team-a" not in event["message"]
+    assert "pods-claim" not in event["message"]
