@@ -5,7 +5,9 @@ slices of the test's own driver.
 
 First one GPU, shared in turn: a pod's 30Gi share (kube-scheduler), then a standalone 40Gi share of
 another namespace (the operator) on the same GPU, and a third share that would pass its memory stays
-unallocated, the operator saying why. Then a burst: pods and standalone claims of two namespaces,
+unallocated, the operator saying why. A race is staged there: another allocator's 20Gi share
+written past the GPU's memory, and the operator gives its own share up (a DeviceConflict Event that
+names no claim of the other namespace). Then a burst: pods and standalone claims of two namespaces,
 created in turn, ask for more than four GPUs hold; every slot the GPUs have is filled, and the shares
 allocated on each GPU never add up to more than its memory, but for a race both allocators win, which
 the operator repairs (it gives its share up, with a DeviceConflict Event).
@@ -13,6 +15,8 @@ the operator repairs (it gives its share up, with a DeviceConflict Event).
 
 from __future__ import annotations
 
+import json
+import uuid
 from collections import defaultdict
 from typing import Any
 
@@ -109,6 +113,37 @@ def beyond_capacity(claims: list[dict[str, Any]]) -> list[str]:
     return found
 
 
+def write_share(
+    cluster: LocalCluster, name: str, namespace: str, *, device: tuple[str, str], memory: str
+) -> None:
+    """Allocate claim ``name`` a ``memory`` share of ``device`` as an allocator other than the
+    operator would: its status written directly."""
+    pool, gpu = device
+    result = {
+        "request": "gpu",
+        "driver": DRIVER,
+        "pool": pool,
+        "device": gpu,
+        "shareID": str(uuid.uuid4()),
+        "consumedCapacity": {"memory": memory},
+    }
+    selector = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [pool]}]}
+    status = {
+        "allocation": {"devices": {"results": [result]}, "nodeSelector": {"nodeSelectorTerms": [selector]}}
+    }
+    cluster.kubectl(
+        "patch",
+        "resourceclaim",
+        name,
+        "-n",
+        namespace,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps({"status": status}),
+    )
+
+
 def by_operator(claim: dict[str, Any]) -> bool:
     return OPERATOR_FINALIZER in (claim["metadata"].get("finalizers") or [])
 
@@ -160,7 +195,39 @@ def test_both_allocators_share_gpus_by_memory_and_never_book_beyond_capacity(
     assert not (cluster.get_json("resourceclaim", "third", "-n", team_a).get("status") or {}).get(
         "allocation"
     )
-    for ns, name in ((team_a, "first"), (team_b, "second"), (team_a, "third")):
+
+    # The race staged: another allocator (as kube-scheduler would) writes a 20Gi share of the GPU to
+    # a claim of team-a, past the GPU's memory with the operator's 40Gi. The operator gives its own
+    # share up, says so on its claim without naming team-a's, and cannot place it again (30 + 20 +
+    # 40 Gi is too much), while the other allocator's shares stay.
+    cluster.apply([share_claim("raced", team_a, cls=cls, memory="20Gi")])
+    write_share(cluster, "raced", team_a, device=("op-shares-1", "gpu-0"), memory="20Gi")
+    conflict = cluster.wait_for(
+        lambda: [
+            e["message"] for e in events_for(cluster, team_b, "second") if e["reason"] == "DeviceConflict"
+        ],
+        timeout=60,
+        what="the operator giving its share up",
+    )
+    assert "this claim's share and those of 2 other claim(s)" in conflict[0], conflict
+    assert team_a not in conflict[0], conflict
+    assert "raced" not in conflict[0], conflict
+    cluster.wait_for(
+        lambda: (
+            not (cluster.get_json("resourceclaim", "second", "-n", team_b).get("status") or {}).get(
+                "allocation"
+            )
+        ),
+        timeout=60,
+        what="the operator's share released",
+    )
+    on_gpu = shares(all_claims(cluster))[("op-shares-1", "gpu-0")]
+    assert sorted(name.split("/")[1].split("-")[0] for name, _, _ in on_gpu if "third" not in name) == [
+        "first",
+        "raced",
+    ], on_gpu
+    assert beyond_capacity(all_claims(cluster)) == []
+    for ns, name in ((team_a, "first"), (team_b, "second"), (team_a, "third"), (team_a, "raced")):
         kind = "pod" if name == "first" else "resourceclaim"
         cluster.kubectl("delete", kind, name, "-n", ns, "--wait=false")
 
