@@ -112,6 +112,7 @@ def discovery_config(settings: Settings) -> DiscoveryConfig:
         simulation_dir=str(settings.state_dir / "simulated"),
         dynamic_mig=settings.dynamic_mig,
         passthrough=settings.passthrough_support,
+        consumable_shares=settings.consumable_shares,
     )
 
 

@@ -146,6 +146,9 @@ class CheckpointedDevice:
     # hold at once (allowMultipleAllocations); ``share_id`` is that share's ID, when it has one.
     shared: bool = False
     share_id: str | None = None
+    # What the share consumes of the device's capacities, in base units (checked against them at
+    # prepare, with the other shares recorded on the device).
+    consumed: tuple[tuple[str, int], ...] = ()
     # The time slice (timeSlicingConfig.interval) this claim set on the GPU, reset when the last claim
     # holding the GPU with one is unprepared (``nvidia.gpu_sharing``).
     time_slice: str | None = None
@@ -176,6 +179,8 @@ class CheckpointedDevice:
             out["shared"] = True
         if self.share_id is not None:
             out["shareID"] = self.share_id
+        if self.consumed:
+            out["consumedCapacity"] = dict(self.consumed)
         if self.time_slice is not None:
             out["timeSlice"] = self.time_slice
         if self.mps:
@@ -198,6 +203,7 @@ class CheckpointedDevice:
             admin_access=bool(raw.get("adminAccess", False)),
             shared=bool(raw.get("shared", False)),
             share_id=None if raw.get("shareID") is None else str(raw["shareID"]),
+            consumed=tuple(sorted((str(k), int(v)) for k, v in (raw.get("consumedCapacity") or {}).items())),
             time_slice=None if raw.get("timeSlice") is None else str(raw["timeSlice"]),
             mps=bool(raw.get("mps", False)),
             dynamic_mig=bool(raw.get("dynamicMIG", False)),
@@ -359,7 +365,7 @@ class CheckpointStore:
                     f"most the agent keeps (--max-prepared-claims={self.max_claims}); try again once "
                     "others are unprepared"
                 )
-            self._check_overlap(contents, claim.uid, devices)
+            self._check_overlap(contents, claim.uid, devices, namespace=claim.namespace)
             entry = ClaimEntry(
                 uid=claim.uid,
                 namespace=claim.namespace,
@@ -378,7 +384,7 @@ class CheckpointStore:
             existing = contents.claims.get(uid)
             if existing is None:
                 raise KeyError(f"claim {uid}: not in the checkpoint; call begin() first")
-            self._check_overlap(contents, uid, devices)
+            self._check_overlap(contents, uid, devices, namespace=existing.namespace)
             entry = replace(
                 existing,
                 state=ClaimState.PREPARE_COMPLETED,
@@ -543,9 +549,13 @@ class CheckpointStore:
         with self._locked():
             return remove_temp_files(self.path.parent, prefix=f".{self.path.name}")
 
-    def _check_overlap(self, contents: _Contents, uid: str, devices: Sequence[CheckpointedDevice]) -> None:
+    def _check_overlap(
+        self, contents: _Contents, uid: str, devices: Sequence[CheckpointedDevice], *, namespace: str
+    ) -> None:
         # Admin access never conflicts (the allocator ignores it too). Consumable-capacity shares of
-        # a device coexist with each other, never with an exclusive hold.
+        # a device coexist with each other, never with an exclusive hold. The error reaches the
+        # pod's Events: a claim of another namespace (another tenant, now that shares put tenants
+        # on one GPU) is not named there, only in the log.
         wanted = {(d.pool, d.device) for d in devices if d.exclusive}
         shares = {(d.pool, d.device) for d in devices if d.shared and not d.admin_access}
         for other in contents.claims.values():
@@ -556,7 +566,17 @@ class CheckpointStore:
             clash = sorted((wanted & (held | held_shares)) | (shares & held))
             if clash:
                 pool, device = clash[0]
-                raise DeviceAlreadyPrepared(
-                    f"device {pool}/{device} is already prepared for claim {other.namespace}/{other.name} "
-                    f"({other.uid}, {other.state.value})"
-                )
+                if other.namespace != namespace:
+                    log.warning(
+                        "device %s/%s: claim %s is refused, claim %s/%s (%s) holds it",
+                        pool,
+                        device,
+                        uid,
+                        other.namespace,
+                        other.name,
+                        other.uid,
+                    )
+                    holder = f"a claim of another namespace ({other.state.value})"
+                else:
+                    holder = f"claim {other.namespace}/{other.name} ({other.uid}, {other.state.value})"
+                raise DeviceAlreadyPrepared(f"device {pool}/{device} is already prepared for {holder}")

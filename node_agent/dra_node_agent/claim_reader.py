@@ -25,6 +25,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from dra_api.kubeletapi.model import ClaimRef
 from dra_api.model import ModelError, ResourceClaim
 from dra_api.names import RESOURCE_GROUP
+from dra_api.quantity import Quantity
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +53,9 @@ class AllocatedDevice:
     admin_access: bool = False
     share_id: str | None = None
     shared: bool = False  # consumed capacity was allocated: the device serves several claims
+    # What the share consumes of each of the device's capacities (``consumedCapacity``), in base
+    # units (bytes, counts), by capacity name.
+    consumed: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,7 @@ def driver_allocation(*, ref: ClaimRef, obj: Mapping[str, Any], driver: str) -> 
             admin_access=bool(result.admin_access),
             share_id=result.share_id,
             shared=result.share_id is not None or bool(result.consumed_capacity),
+            consumed=_consumed(ref, result.device, result.consumed_capacity),
         )
         for result in allocation.devices
         if result.driver == driver
@@ -116,6 +121,21 @@ def driver_allocation(*, ref: ClaimRef, obj: Mapping[str, Any], driver: str) -> 
     return ClaimAllocation(
         ref=ref, devices=devices, config_entries=entries, pods=pods, selectors=tuple(selectors)
     )
+
+
+def _consumed(ref: ClaimRef, device: str, consumed: Mapping[str, Quantity]) -> tuple[tuple[str, int], ...]:
+    """A result's consumed capacity in base units; a fraction of a byte or share is no share of a
+    GPU, and fails the prepare naming it."""
+    out = []
+    for name in sorted(consumed):
+        amount = consumed[name].as_int()
+        if amount is None or amount < 0:
+            raise ClaimError(
+                f"{describe(ref)}: device {device}: consumedCapacity {name} {consumed[name]} is not a "
+                "whole, non-negative amount"
+            )
+        out.append((name.rpartition("/")[2], amount))
+    return tuple(out)
 
 
 class ClaimSource(Protocol):

@@ -9,7 +9,7 @@ Methods that are not coroutines block, so prepare calls them in a thread.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Protocol, TypeVar
@@ -123,7 +123,17 @@ Limits = TypeVar("Limits")
 class MpsControl(Protocol[Limits]):
     """Runs one MPS control daemon per claim, and finds the daemons of earlier runs."""
 
-    def limits(self, config: MpsConfig, gpus: Sequence[DiscoveredDevice], *, where: str) -> Limits: ...
+    def limits(
+        self,
+        config: MpsConfig,
+        gpus: Sequence[DiscoveredDevice],
+        *,
+        where: str,
+        shares: Mapping[str, Mapping[str, int]],
+    ) -> Limits:
+        """The daemon's settings for ``gpus``; ``shares``: what the claim's shares consume of the
+        devices it holds shares of, by device name, which bound the limits on them."""
+        ...
 
     def edits(self, uid: str, limits: Limits) -> ContainerEdits: ...
 

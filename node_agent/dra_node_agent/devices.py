@@ -214,6 +214,39 @@ class CounterSet:
 
 
 @dataclass(frozen=True)
+class CapacityPolicy:
+    """A consumable capacity's ``requestPolicy`` (KEP-5075), in base units: what a claim that names
+    none consumes (``default``), and the range a request is rounded up into (``minimum`` to
+    ``maximum`` in steps of ``step``). Only a device with ``allowMultipleAllocations`` has one."""
+
+    default: int
+    minimum: int
+    maximum: int
+    step: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "default": format_quantity(self.default),
+            "validRange": {
+                "min": format_quantity(self.minimum),
+                "max": format_quantity(self.maximum),
+                "step": format_quantity(self.step),
+            },
+        }
+
+    def problems(self, *, value: int) -> list[str]:
+        """What the API server's validation would refuse in this policy of a capacity of ``value``."""
+        found = []
+        if self.step <= 0 or self.minimum < 0:
+            found.append("step must be positive and min not negative")
+        elif not self.minimum <= self.default <= self.maximum <= value:
+            found.append("min <= default <= max <= value does not hold")
+        elif (self.default - self.minimum) % self.step or (self.maximum - self.minimum) % self.step:
+            found.append("default and max must be min plus whole steps")
+        return found
+
+
+@dataclass(frozen=True)
 class DiscoveredDevice:
     """One allocatable device as discovered on this node.
 
@@ -235,6 +268,10 @@ class DiscoveredDevice:
     # then) and what it consumes of its GPU's counter set.
     mig_placement: MigPlacement | None = None
     consumes: CounterSet | None = None
+    # Consumable capacity (KEP-5075): several claims may each hold a share of the device, as much of
+    # each capacity as ``capacity_policies`` lets them ask for (``--consumable-shares``).
+    allow_multiple_allocations: bool = False
+    capacity_policies: Mapping[str, CapacityPolicy] = field(default_factory=dict)
 
     def to_slice_device(self) -> dict[str, Any]:
         """The device as a `resource.k8s.io/v1` ResourceSlice `spec.devices[]` entry."""
@@ -243,10 +280,19 @@ class DiscoveredDevice:
             "attributes": {k: self.attributes[k].to_json() for k in sorted(self.attributes)},
         }
         if self.capacity:
-            out["capacity"] = {k: {"value": format_quantity(self.capacity[k])} for k in sorted(self.capacity)}
+            out["capacity"] = {k: self._capacity_json(k) for k in sorted(self.capacity)}
+        if self.allow_multiple_allocations:
+            out["allowMultipleAllocations"] = True
         if self.consumes is not None:
             used = self.consumes.to_json()
             out["consumesCounters"] = [{"counterSet": used["name"], "counters": used["counters"]}]
+        return out
+
+    def _capacity_json(self, name: str) -> dict[str, Any]:
+        out: dict[str, Any] = {"value": format_quantity(self.capacity[name])}
+        policy = self.capacity_policies.get(name)
+        if policy is not None:
+            out["requestPolicy"] = policy.to_json()
         return out
 
 
@@ -408,6 +454,21 @@ def check_inventory(inventory: DiscoveredInventory) -> list[str]:
             problems.append(f"device {device.name!r}: duplicate name in pool")
         seen.add(device.name)
         problems.extend(validate_slice_device(device.to_slice_device(), driver=inventory.driver))
+        problems.extend(_policy_problems(device))
+    return problems
+
+
+def _policy_problems(device: DiscoveredDevice) -> list[str]:
+    """A request policy needs allowMultipleAllocations and a capacity it bounds, as the API asks."""
+    problems = []
+    for name, policy in sorted(device.capacity_policies.items()):
+        where = f"device {device.name!r}: capacity {name!r} requestPolicy"
+        if not device.allow_multiple_allocations:
+            problems.append(f"{where}: only a device with allowMultipleAllocations may have one")
+        if name not in device.capacity:
+            problems.append(f"{where}: the device has no such capacity")
+            continue
+        problems.extend(f"{where}: {p}" for p in policy.problems(value=device.capacity[name]))
     return problems
 
 

@@ -14,6 +14,25 @@ from dra_api.names import GPU_DRIVER, TPU_DRIVER
 
 AUTO: Final = "auto"
 BACKEND_CHOICES: Final = (AUTO, "nvidia", "tpu")
+SHARES_DISABLED: Final = "disabled"
+SHARES_MODES: Final = ("memory", "unlimited")
+# More shares of one GPU than claims one node's checkpoint could ever hold means nothing.
+MAX_SHARES: Final = 1_000_000
+
+
+def consumable_shares(text: str) -> str | int | None:
+    """``--consumable-shares`` as NVIDIA's driver reads it: None for ``disabled`` (or empty),
+    ``memory``, ``unlimited``, or a number of shares per GPU. ValueError names what is wrong."""
+    value = text.strip()
+    if value in ("", SHARES_DISABLED):
+        return None
+    if value in SHARES_MODES:
+        return value
+    if value.isdigit() and 0 < int(value) <= MAX_SHARES:
+        return int(value)
+    raise ValueError(
+        f"{text!r} is not 'disabled', 'memory', 'unlimited' or a number of shares from 1 to {MAX_SHARES}"
+    )
 
 
 @dataclass(frozen=True)
@@ -35,6 +54,7 @@ class DiscoveryConfig:
     simulation_dir: where simulated fake trees are written (a temporary directory if None).
     dynamic_mig: MIG-enabled GPUs publish their placements, instances made at prepare.
     passthrough: GPUs are also published for passthrough (``gpu-vfio-<index>``).
+    consumable_shares: GPUs and MIG devices publish as shares (``consumable_shares`` says how).
     """
 
     node_name: str
@@ -54,8 +74,10 @@ class DiscoveryConfig:
     tpu_topology: str | None = None
     tpu_env_path: str | None = "/etc/tpu/tpu-env"
     simulation_dir: str | None = None
+    consumable_shares: str = SHARES_DISABLED
 
     def __post_init__(self) -> None:
+        consumable_shares(self.consumable_shares)  # ValueError for a value no backend could use
         unknown = [b for b in self.backends if b not in BACKEND_CHOICES]
         if unknown:
             raise ValueError(

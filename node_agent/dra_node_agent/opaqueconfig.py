@@ -590,15 +590,6 @@ def not_implemented(config: DriverConfig) -> str | None:
             "(the GPU's time slice is shared by all its MIG devices, so one claim cannot set it); leave "
             "sharing out for a MIG device"
         )
-    if isinstance(config, GpuConfig) and config.sharing is not None:
-        return None  # applied at prepare (gpu_sharing, mps; multiUser too)
-    if isinstance(config, MigDeviceConfig) and config.sharing is not None:
-        detail = f"sharing.strategy {config.sharing.strategy}"
-        if config.sharing.mps is not None and config.sharing.mps.multi_user:
-            detail += " with mpsConfig.multiUser"
-        what = "MPS on MIG devices"
-        return (
-            f"{config.KIND} {detail}: {what} is not implemented by this driver yet, so the device "
-            "would not be shared as configured"
-        )
-    return None  # VfioDeviceConfig too: prepare refuses a GPU for passthrough where none can be
+    # Sharing on GPUs and MIG devices is applied at prepare (gpu_sharing, mps; multiUser, and MPS on
+    # MIG devices, too); so is VfioDeviceConfig (prepare refuses a GPU for passthrough where none can be).
+    return None

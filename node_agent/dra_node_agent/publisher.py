@@ -189,6 +189,15 @@ def counters_dropped(*, sent: Mapping[str, Any], written: Mapping[str, Any]) -> 
     return any(d.get("name") in consuming and not d.get("consumesCounters") for d in server_devices(written))
 
 
+def shares_dropped(*, sent: Mapping[str, Any], written: Mapping[str, Any]) -> bool:
+    """Whether the server stored a device sent with ``allowMultipleAllocations`` without it (the
+    consumable-capacity gate is off on that API server): its claims then take it whole."""
+    sharing = {d.get("name") for d in server_devices(sent) if d.get("allowMultipleAllocations")}
+    return any(
+        d.get("name") in sharing and not d.get("allowMultipleAllocations") for d in server_devices(written)
+    )
+
+
 def slice_content(obj: Mapping[str, Any]) -> dict[str, Any]:
     """A slice's devices and counter sets as v1 JSON (``SliceChunk.content``'s form), any version."""
     return {
@@ -380,6 +389,8 @@ class SlicePublisher:
         # placements) are no longer published, since without them the scheduler would give out
         # overlapping placements.
         self.counters_refused = False
+        # The API server dropped allowMultipleAllocations once (said once; nothing else changes).
+        self.shares_refused = False
         self._dirty = asyncio.Event()
         self._lock = asyncio.Lock()
         self.syncs = 0  # passes that wrote something; for tests and metrics
@@ -513,6 +524,15 @@ class SlicePublisher:
                 "DRAPartitionableDevices feature gate is off): the devices that consume them (dynamic MIG "
                 "placements) are withdrawn from the pool, since without counters overlapping ones would "
                 "be allocated; turn the gate on and restart the agent, or run without --dynamic-mig",
+                name,
+                self.driver,
+            )
+        if shares_dropped(sent=body, written=written) and not self.shares_refused:
+            self.shares_refused = True
+            logger.error(
+                "ResourceSlice %s: the API server dropped allowMultipleAllocations and the request policies "
+                "of driver %s's devices (the DRAConsumableCapacity feature gate is off): each device serves "
+                "one claim, as without --consumable-shares; turn the gate on for shares",
                 name,
                 self.driver,
             )

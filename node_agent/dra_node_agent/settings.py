@@ -19,6 +19,7 @@ from typing import Any, Final
 from dra_api.kubeletapi.socketpaths import MAX_SOCKET_PATH_BYTES, longest_socket_path, path_bytes
 from dra_api.names import GPU_DRIVER, TPU_DRIVER
 from dra_api.quantity import Quantity
+from dra_node_agent.discovery_config import consumable_shares
 
 ENV_PREFIX: Final = "DRA_AGENT_"
 BACKENDS: Final = ("nvidia", "tpu")
@@ -277,8 +278,22 @@ class Settings:
             "claim for one binds the GPU to vfio-pci at prepare and gives its container the IOMMU "
             "group's device nodes, and unprepare gives it back to the NVIDIA driver. Needs the IOMMU "
             "on, vfio-pci loaded and a privileged agent (on real GPUs, for now, --health-enabled=false: the "
-            "monitor's NVML session holds the GPUs); not with --dynamic-mig.",
+            "monitor's NVML session holds the GPUs); not with --dynamic-mig or --consumable-shares.",
             metavar="BOOL",
+        ),
+    )
+    consumable_shares: str = field(
+        default="disabled",
+        metadata=_opt(
+            "Share whole GPUs between claims (NVIDIA's ConsumableShares; MIG devices serve one claim "
+            "each): 'memory' publishes GPUs with allowMultipleAllocations and a request policy on "
+            "their memory, each claim taking the whole memory unless it asks for less "
+            "(capacity.requests.memory, in steps of 1Mi); 'unlimited' the same, a claim taking no "
+            "memory unless it asks; a number N (1 to 1000000) adds a capacity 'shares' of N, each "
+            "claim taking 1 unless it asks for more. 'disabled': every device serves one claim. Not "
+            "with --passthrough-support.",
+            env=("CONSUMABLE_SHARES",),
+            metavar="MODE",
         ),
     )
     health_enabled: bool = field(
@@ -476,6 +491,14 @@ def validate(settings: Settings) -> None:
         # As NVIDIA's gates: a GPU's MIG placements and its passthrough device would share nothing
         # the scheduler could see, so both would be given out at once.
         raise SettingsError("settings passthrough_support and dynamic_mig cannot both be on")
+    try:
+        shares = consumable_shares(settings.consumable_shares)
+    except ValueError as exc:
+        raise SettingsError(f"setting consumable_shares: {exc}") from None
+    if settings.passthrough_support and shares is not None:
+        # A shared GPU holds claims of several namespaces at once, and passthrough hands the GPU whole
+        # to one VM: each would keep the other off the GPU, with nothing the scheduler could see.
+        raise SettingsError("settings passthrough_support and consumable_shares cannot both be on")
     if settings.claim_read_attempts < 1:
         raise SettingsError(f"setting claim_read_attempts: {settings.claim_read_attempts} is less than 1")
     if settings.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):

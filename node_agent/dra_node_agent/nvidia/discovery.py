@@ -28,6 +28,9 @@ from dra_node_agent.devices import (
     string_attr,
     version_attr,
 )
+from dra_node_agent.discovery_config import SHARES_DISABLED
+from dra_node_agent.discovery_config import consumable_shares as consumable_shares_mode
+from dra_node_agent.nvidia import shares
 from dra_node_agent.nvidia.driver_files import DriverFiles, scan_driver_root
 from dra_node_agent.nvidia.mig_discovery import (
     DiscoveryPass,
@@ -146,6 +149,7 @@ class NvmlBackend:
         dev_root: str | Path = "/dev",
         passthrough: bool = False,
         sysfs_written: SysfsWritten | None = None,
+        consumable_shares: str = SHARES_DISABLED,
     ) -> None:
         self._driver = driver
         # GPUs are also published for passthrough (``passthrough_discovery``); ``sysfs_written`` is
@@ -155,6 +159,8 @@ class NvmlBackend:
         self._dev_root = Path(dev_root)
         # NVML's product name of each GPU seen, by PCI address: a GPU bound to vfio-pci keeps it.
         self._product_names: dict[str, str] = {}
+        # Whole GPUs published as shares of several claims (``shares``); None: one claim each.
+        self.consumable_shares = consumable_shares_mode(consumable_shares)
         self._host_driver_root = host_driver_root
         self._cdi_hook_path = cdi_hook_path
         self._driver_files: DriverFiles | None = None
@@ -369,18 +375,17 @@ class NvmlBackend:
                 add_mig_devices(nvml, gpu, state, cap_nodes=self.mig_cap_nodes)
             return
         attributes = {"type": string_attr("gpu"), "uuid": string_attr(uuid), **shared}
-        state.devices.append(
-            DiscoveredDevice(
-                name=f"gpu-{minor}",
-                kind="gpu",
-                uuid=uuid,
-                attributes=attributes,
-                capacity={"memory": memory} if memory is not None else {},
-                pci_bus_id=bus_id,
-                local_id=str(minor),
-                edits=ContainerEdits(device_nodes=(parent_node,)),
-            )
+        device = DiscoveredDevice(
+            name=f"gpu-{minor}",
+            kind="gpu",
+            uuid=uuid,
+            attributes=attributes,
+            capacity={"memory": memory} if memory is not None else {},
+            pci_bus_id=bus_id,
+            local_id=str(minor),
+            edits=ContainerEdits(device_nodes=(parent_node,)),
         )
+        state.devices.append(shares.shared(device, self.consumable_shares))
 
     def mig_cap_nodes(self, *, minor: int, gi_id: int, ci_id: int) -> list[DeviceNode]:
         """The /dev/nvidia-caps nodes granting access to one GPU and compute instance."""

@@ -45,11 +45,13 @@ from typing import Any, Final
 from dra_api.kubeletapi.socketpaths import MAX_SOCKET_PATH_BYTES
 from dra_api.quantity import Quantity
 from dra_node_agent.device_setup import MpsOptions
-from dra_node_agent.devices import ContainerEdits, DiscoveredDevice, Mount
+from dra_node_agent.devices import ContainerEdits, DiscoveredDevice, Mount, format_quantity
 from dra_node_agent.nvidia import mps_folders
 from dra_node_agent.nvidia.cgroups import CgroupError, MemoryCgroups
 from dra_node_agent.nvidia.discovery import MPS_CONTROL_PATHS
 from dra_node_agent.nvidia.gpu_sharing import SharingError, run_tool
+from dra_node_agent.nvidia.shares import MEMORY as MEMORY_CAPACITY
+from dra_node_agent.nvidia.shares import SHARES as SHARES_CAPACITY
 from dra_node_agent.opaqueconfig import MpsConfig
 
 logger = logging.getLogger(__name__)
@@ -140,14 +142,35 @@ def _bytes(text: str, where: str) -> int:
     return value
 
 
-def resolve_limits(config: MpsConfig, gpus: Sequence[DiscoveredDevice], *, where: str) -> MpsLimits:
+def cuda_order(device: DiscoveredDevice) -> tuple[str, tuple[int, ...]]:
+    """The order in which CUDA numbers a container's devices: by PCI bus ID, and a GPU's MIG
+    devices by GPU and compute instance (``local_id`` is ``<minor>:<gi>:<ci>`` for them)."""
+    parts = tuple(int(p) for p in device.local_id.split(":") if p.isdigit())
+    return device.pci_bus_id or device.name, parts
+
+
+def resolve_limits(
+    config: MpsConfig,
+    gpus: Sequence[DiscoveredDevice],
+    *,
+    where: str,
+    shares: Mapping[str, Mapping[str, int]] | None = None,
+) -> MpsLimits:
     """The claim's MPS limits per GPU: per-device entries (by UUID or by the GPU's index on the
-    node, as NVIDIA's driver accepts) over the default. A key naming no GPU of the claim is an error."""
-    ordered = sorted(gpus, key=lambda d: d.pci_bus_id or d.name)
+    node, as NVIDIA's driver accepts) over the default. A key naming no GPU of the claim is an error.
+
+    On a GPU the claim holds a share of (``shares``: consumed capacity by device name), the share is
+    the ceiling: its memory bounds the pinned-memory limit and its part of the GPU's ``shares`` the
+    active thread percentage, each the limit when the config sets none; a config asking for more
+    than the share is refused."""
+    ordered = sorted(gpus, key=cuda_order)
     pinned: dict[str, int] = {}
+    fields: dict[str, str] = {}
     if config.default_pinned_device_memory_limit is not None:
-        default = _bytes(config.default_pinned_device_memory_limit, f"{where}.defaultPinnedDeviceMemoryLimit")
+        path = f"{where}.defaultPinnedDeviceMemoryLimit"
+        default = _bytes(config.default_pinned_device_memory_limit, path)
         pinned = dict.fromkeys((d.uuid for d in ordered), default)
+        fields = dict.fromkeys(pinned, path)
     by_key = {d.uuid: d.uuid for d in ordered} | {d.local_id: d.uuid for d in ordered if d.local_id}
     for key, text in (config.default_per_device_pinned_memory_limit or {}).items():
         path = f"{where}.defaultPerDevicePinnedMemoryLimit.{key}"
@@ -156,14 +179,59 @@ def resolve_limits(config: MpsConfig, gpus: Sequence[DiscoveredDevice], *, where
             known = ", ".join(f"{d.local_id} ({d.uuid})" for d in ordered)
             raise MpsError(f"{path}: names no GPU of this claim; its GPUs are {known}")
         pinned[uuid] = _bytes(text, path)
+        fields[uuid] = path
+    percentage = config.default_active_thread_percentage
+    if shares:
+        percentage = _within_shares(
+            ordered, shares, pinned=pinned, fields=fields, percentage=percentage, where=where
+        )
     if config.multi_user:
         _check_multi_user(ordered, where=f"{where}.multiUser")
     return MpsLimits(
         uuids=tuple(d.uuid for d in ordered),
-        active_thread_percentage=config.default_active_thread_percentage,
+        active_thread_percentage=percentage,
         pinned_memory=pinned,
         multi_user=config.multi_user,
     )
+
+
+def _within_shares(
+    gpus: Sequence[DiscoveredDevice],
+    shares: Mapping[str, Mapping[str, int]],
+    *,
+    pinned: dict[str, int],
+    fields: Mapping[str, str],
+    percentage: int | None,
+    where: str,
+) -> int | None:
+    """Bound the limits by the claim's shares (``pinned`` is updated); returns the percentage."""
+    bound: int | None = None
+    for gpu in gpus:
+        share = shares.get(gpu.name)
+        if share is None:
+            continue
+        memory = share.get(MEMORY_CAPACITY, 0)
+        if memory > 0:  # a share that consumes no memory (unlimited mode) bounds none
+            asked = pinned.get(gpu.uuid)
+            if asked is not None and asked > memory:
+                raise MpsError(
+                    f"{fields[gpu.uuid]}: {format_quantity(asked)} on GPU {gpu.local_id} is more than the "
+                    f"claim's share of its memory ({format_quantity(memory)}); ask for at most the share"
+                )
+            pinned.setdefault(gpu.uuid, memory)
+        total = gpu.capacity.get(SHARES_CAPACITY, 0)
+        taken = share.get(SHARES_CAPACITY, 0)
+        if total > 0 and taken > 0:
+            part = max(1, min(100, taken * 100 // total))
+            bound = part if bound is None else min(bound, part)
+    if bound is None or percentage is None:
+        return bound if percentage is None else percentage
+    if percentage > bound:
+        raise MpsError(
+            f"{where}.defaultActiveThreadPercentage: {percentage} is more than the claim's share of its "
+            f"GPUs' threads ({bound}%, its part of their shares); ask for at most the share"
+        )
+    return percentage
 
 
 def _check_multi_user(gpus: Sequence[DiscoveredDevice], *, where: str) -> None:
@@ -210,9 +278,16 @@ class MpsDaemons:
             else None
         )
 
-    def limits(self, config: MpsConfig, gpus: Sequence[DiscoveredDevice], *, where: str) -> MpsLimits:
+    def limits(
+        self,
+        config: MpsConfig,
+        gpus: Sequence[DiscoveredDevice],
+        *,
+        where: str,
+        shares: Mapping[str, Mapping[str, int]],
+    ) -> MpsLimits:
         """The claim's limits (``resolve_limits``), for prepare, which knows MPS only as a protocol."""
-        return resolve_limits(config, gpus, where=where)
+        return resolve_limits(config, gpus, where=where, shares=shares)
 
     def claim_dir(self, uid: str) -> Path:
         return self.root / uid

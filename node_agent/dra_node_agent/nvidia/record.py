@@ -57,6 +57,7 @@ def backends(config: DiscoveryConfig) -> list[NvmlBackend]:
         dev_root=config.dev_root,
         dynamic_mig=config.dynamic_mig,
         passthrough=config.passthrough,
+        consumable_shares=config.consumable_shares,
     )
     return [backend] if config.selects("nvidia", detected=lambda: nvml_usable(backend)) else []
 

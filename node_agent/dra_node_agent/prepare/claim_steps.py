@@ -13,7 +13,8 @@ Prepare:
      a TPU claim with every chip of a host of a multi-host slice, the pod's worker identity);
   4. a ``PrepareStarted`` entry left by a crash -> roll its partial work back first;
   5. record ``PrepareStarted`` (written while the claim is read, the two slow steps overlapping),
-     set the devices up (``set_up.DeviceSetUp``; the devices are recorded first, a dynamic MIG
+     check that the device shares it holds fit beside those recorded for other claims, set the
+     devices up (``set_up.DeviceSetUp``; the devices are recorded first, a dynamic MIG
      instance's UUID as soon as it exists), write the claim's CDI spec, record
      ``PrepareCompleted``; a GPU for passthrough is recorded before it is bound to vfio-pci, and
      refused before anything is recorded when it or its IOMMU group is another claim's (``set_up``);
@@ -268,9 +269,10 @@ class ClaimSteps:
     ) -> tuple[cp.ClaimEntry, list[DiscoveredDevice], ContainerEdits | None]:
         """Set the devices up: dynamic MIG instances, whose UUIDs are recorded before anything names
         them (a crash from here on leaves an entry that says what to destroy), then time slices and
-        the MPS daemon, then GPUs for passthrough to vfio-pci (recorded before: ``begin``). Returns
-        the entry, the devices as the CDI spec must name them, and the edits every container gets
-        instead of the driver's (None: the driver's)."""
+        the MPS daemon, then GPUs for passthrough to vfio-pci (recorded before: ``begin``); the
+        device shares it holds are checked first. Returns the entry, the devices as the CDI spec must
+        name them, and the edits every container gets instead of the driver's (None: the driver's)."""
+        await self.devices.check_shares(entry, plan)
         made = await self.devices.make_instances(entry, plan)
         if made.uuids is not None:
             uuids = made.uuids

@@ -15,18 +15,20 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterable, Sequence
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from dra_node_agent import checkpoint as cp
 from dra_node_agent.claim_reader import AllocatedDevice, ClaimAllocation, describe
 from dra_node_agent.device_setup import DeviceSetupError
-from dra_node_agent.devices import ContainerEdits, DiscoveredDevice
+from dra_node_agent.devices import ContainerEdits, DiscoveredDevice, format_quantity
 from dra_node_agent.opaqueconfig import (
     DriverConfig,
     GoogleTpuConfig,
     GpuConfig,
     IommuConfig,
+    MigDeviceConfig,
     MpsConfig,
     OpaqueConfigError,
     OpaqueConfigParser,
@@ -41,6 +43,8 @@ from dra_node_agent.prepare.driver_node import DriverNode
 from dra_node_agent.prepare.errors import PrepareError
 
 logger = logging.getLogger(__name__)
+
+_ENV_UNSAFE = re.compile(r"[^A-Za-z0-9_]")
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,8 @@ class PreparePlan:
     mps_limits: object | None
     # The IOMMU settings of the claim's GPUs for passthrough (None: it has none).
     iommu: IommuConfig | None = None
+    # The config kind that asked for the daemon (GpuConfig, or MigDeviceConfig for MIG devices).
+    mps_kind: str = "GpuConfig"
 
     @property
     def touches_devices(self) -> bool:
@@ -80,7 +86,7 @@ def _record(
     if result.admin_access and sharing is not None:
         raise PrepareError(
             f"{where}: request {result.request}: admin access observes device {device.name} and "
-            f"never reconfigures it (other claims may hold it), so GpuConfig sharing.strategy "
+            f"never reconfigures it (other claims may hold it), so {config_kind(device)} sharing.strategy "
             f"{sharing.strategy} cannot apply; leave sharing out of admin-access requests"
         )
     return cp.CheckpointedDevice(
@@ -90,6 +96,7 @@ def _record(
         admin_access=result.admin_access,
         shared=result.shared,
         share_id=result.share_id,
+        consumed=result.consumed,
         time_slice=sharing.time_slice_interval if sharing is not None else None,
         mps=sharing is not None and sharing.mps is not None,
         # A placement's instance is made by the claims that hold it, never by one that observes it.
@@ -98,6 +105,46 @@ def _record(
         if device.kind == "vfio" and device.pci_bus_id is not None
         else None,
     )
+
+
+def config_kind(device: DiscoveredDevice) -> str:
+    """The NVIDIA config kind that applies to ``device`` (``opaqueconfig.effective_entry`` picks
+    entries by it), for messages."""
+    return "MigDeviceConfig" if device.kind == "mig" else "GpuConfig"
+
+
+def shares_of(planned: Sequence[cp.CheckpointedDevice]) -> dict[str, dict[str, int]]:
+    """What the claim's shares consume of each device it holds shares of, summed over its results
+    (one claim may hold two shares of one device), by device name."""
+    out: dict[str, dict[str, int]] = {}
+    for result in planned:
+        if not result.shared or result.admin_access:
+            continue
+        consumed = out.setdefault(result.device, {})
+        for name, amount in result.consumed:
+            consumed[name] = consumed.get(name, 0) + amount
+    return out
+
+
+def share_env(device: str, *, share_ids: Sequence[str], consumed: Mapping[str, int]) -> tuple[str, ...]:
+    """What a container learns of its share of ``device``: the share IDs (``DRA_SHARE_<DEVICE>_ID``)
+    and what they consume of each capacity (``DRA_SHARE_<DEVICE>_MEMORY=10Gi``)."""
+    key = _ENV_UNSAFE.sub("_", device).upper()
+    env = [f"DRA_SHARE_{key}_ID={','.join(share_ids)}"]
+    env.extend(
+        f"DRA_SHARE_{key}_{_ENV_UNSAFE.sub('_', name).upper()}={format_quantity(amount)}"
+        for name, amount in sorted(consumed.items())
+    )
+    return tuple(env)
+
+
+def _add_share_env(planned: Sequence[cp.CheckpointedDevice], devices: dict[str, DiscoveredDevice]) -> None:
+    """Each shared device's edits get ``share_env`` (``devices`` is updated)."""
+    for name, consumed in shares_of(planned).items():
+        ids = [r.share_id for r in planned if r.device == name and r.shared and r.share_id is not None]
+        device = devices[name]
+        env = share_env(name, share_ids=ids, consumed=consumed)
+        devices[name] = dataclasses.replace(device, edits=device.edits.merged(ContainerEdits(env=env)))
 
 
 class Planner:
@@ -166,13 +213,16 @@ class Planner:
                 f"entries {', '.join(sorted(claim_configs.values()))} differ, but they apply to the whole "
                 "container"
             )
-        mps_limits = self._mps_limits(allocation, mps_configs, list(mps_devices.values()), devices)
+        _add_share_env(planned, devices)
+        mps_gpus = list(mps_devices.values())
+        mps_limits = self._mps_limits(allocation, mps_configs, mps_gpus, devices, planned)
         return PreparePlan(
             results=tuple(planned),
             devices=tuple(devices.values()),
             claim_config=next(iter(claim_configs), None),
             mps_limits=mps_limits,
             iommu=_one_iommu_config(iommu, devices.values(), where=where),
+            mps_kind=config_kind(mps_gpus[0]) if mps_gpus else "GpuConfig",
         )
 
     def _passthrough(
@@ -209,16 +259,28 @@ class Planner:
         configs: Sequence[tuple[MpsConfig, list[str]]],
         gpus: Sequence[DiscoveredDevice],
         devices: dict[str, DiscoveredDevice],
+        planned: Sequence[cp.CheckpointedDevice],
     ) -> object | None:
-        """One daemon serves the claim: its settings, and its folders and limits added to the
-        container edits of the claim's first MPS GPU (``devices`` is updated)."""
+        """One daemon serves the claim, over its whole GPUs or over its MIG devices: its settings,
+        and its folders and limits added to the container edits of the claim's first MPS device
+        (``devices`` is updated). On a GPU the claim holds a share of, the share bounds the limits
+        (``shares_of``)."""
         if not configs:
             return None
         where = describe(allocation.ref)
         requests = sorted({r for _, rs in configs for r in rs})
+        kinds = sorted({config_kind(d) for d in gpus})
+        if len(kinds) > 1:
+            # CUDA refuses a server that would see MIG devices and whole GPUs together.
+            raise PrepareError(
+                f"{where}: requests {', '.join(requests)}: GpuConfig and MigDeviceConfig both ask for MPS, "
+                "but one MPS control daemon serves the whole claim, over either whole GPUs or MIG devices; "
+                "ask for MPS on one kind of device per claim"
+            )
+        (kind,) = kinds
         if len(configs) > 1:
             raise PrepareError(
-                f"{where}: requests {', '.join(requests)}: their GpuConfig sharing.mpsConfig entries differ, "
+                f"{where}: requests {', '.join(requests)}: their {kind} sharing.mpsConfig entries differ, "
                 "but one MPS control daemon serves the whole claim; give them the same mpsConfig"
             )
         mps = self._node.mps
@@ -226,11 +288,14 @@ class Planner:
         ((config, _),) = configs
         try:
             limits: object = mps.limits(
-                config, gpus, where=f"request {', '.join(requests)}: GpuConfig sharing.mpsConfig"
+                config,
+                gpus,
+                where=f"request {', '.join(requests)}: {kind} sharing.mpsConfig",
+                shares=shares_of(planned),
             )
         except DeviceSetupError as exc:
             raise PrepareError(f"{where}: {exc}") from exc
-        first = min(gpus, key=lambda d: d.pci_bus_id or d.name).name
+        first = min(gpus, key=lambda d: (d.pci_bus_id or d.name, d.name)).name
         device = devices[first]
         devices[first] = dataclasses.replace(
             device, edits=device.edits.merged(mps.edits(allocation.ref.uid, limits))
@@ -272,8 +337,15 @@ class Planner:
                 env.extend(config.env())
             elif isinstance(config, TpuConfig):
                 claim_configs.setdefault(config, entry.where)
-            elif isinstance(config, GpuConfig) and config.sharing is not None:
+            elif isinstance(config, GpuConfig | MigDeviceConfig) and config.sharing is not None:
                 sharing = config.sharing
+                if sharing.mps is not None and device.mig_placement is not None:
+                    # NVIDIA's driver refuses MPS with DynamicMIG too.
+                    raise PrepareError(
+                        f"{entry.where}: MigDeviceConfig sharing.strategy MPS: MPS on a dynamic MIG "
+                        "placement is not implemented (its instance is made at prepare); use MPS on static "
+                        f"MIG devices (request {request}, device {device.name})"
+                    )
                 if sharing.time_slice_interval is not None and self._node.gpu_sharing is None:
                     raise PrepareError(
                         f"{entry.where}: GpuConfig sharing.strategy TimeSlicing: this driver's GPUs cannot "
@@ -281,7 +353,7 @@ class Planner:
                     )
                 if sharing.mps is not None and self._node.mps is None:
                     raise PrepareError(
-                        f"{entry.where}: GpuConfig sharing.strategy MPS: MPS is off on this node "
+                        f"{entry.where}: {config.KIND} sharing.strategy MPS: MPS is off on this node "
                         f"(--mps-support=false) (request {request}, device {device.name})"
                     )
             # GpuConfig and MigDeviceConfig without sharing ask for nothing beyond the default.

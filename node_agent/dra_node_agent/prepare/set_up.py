@@ -30,11 +30,11 @@ from dataclasses import dataclass
 from dra_node_agent import checkpoint as cp
 from dra_node_agent.claim_reader import describe
 from dra_node_agent.device_setup import DeviceSetupError, Passthrough
-from dra_node_agent.devices import ContainerEdits, DiscoveredDevice
+from dra_node_agent.devices import ContainerEdits, DiscoveredDevice, format_quantity
 from dra_node_agent.prepare.driver_node import DriverNode
 from dra_node_agent.prepare.errors import PrepareError
 from dra_node_agent.prepare.metrics import DEVICE_SETUPS
-from dra_node_agent.prepare.plan import PreparePlan
+from dra_node_agent.prepare.plan import PreparePlan, shares_of
 from dra_node_agent.prepare.records import entry_ref
 
 logger = logging.getLogger(__name__)
@@ -58,6 +58,47 @@ class DeviceSetUp:
         # The checkpoint's entries (blocking; read in a thread): what the other claims hold.
         self._recorded = recorded
         self.count = 0
+
+    async def check_shares(self, entry: cp.ClaimEntry, plan: PreparePlan) -> None:
+        """Before any device is touched: the shares of each device, this claim's and those recorded
+        for other claims, fit its capacity. The allocators account for them; this is the last line
+        against a device booked beyond what it has (two allocators racing, a stale view)."""
+        mine = shares_of(plan.results)
+        if not mine:
+            return
+        others = [e for e in await asyncio.to_thread(self._recorded) if e.uid != entry.uid]
+        for name, consumed in sorted(mine.items()):
+            device = self._node.devices.get(name)
+            held: dict[str, int] = {}
+            holders = []
+            for other in others:
+                theirs = shares_of(other.devices).get(name)
+                if theirs:
+                    holders.append(f"{other.namespace}/{other.name}")
+                    for capacity, amount in theirs.items():
+                        held[capacity] = held.get(capacity, 0) + amount
+            for capacity, amount in sorted(consumed.items()):
+                total = None if device is None else device.capacity.get(capacity)
+                if total is None or amount + held.get(capacity, 0) <= total:
+                    continue
+                logger.error(
+                    "%s: device %s: its shares would consume %s of its %s %s; the claims holding it: %s",
+                    describe(entry_ref(entry)),
+                    name,
+                    format_quantity(amount + held.get(capacity, 0)),
+                    capacity,
+                    format_quantity(total),
+                    ", ".join(holders),
+                )
+                # Other tenants' claims are counted, not named: this text reaches the pod's Events.
+                raise PrepareError(
+                    f"{describe(entry_ref(entry))}: device {name}: its shares would consume "
+                    f"{format_quantity(amount + held.get(capacity, 0))} of its {capacity} "
+                    f"{format_quantity(total)} ({format_quantity(amount)} for this claim, "
+                    f"{format_quantity(held.get(capacity, 0))} for {len(holders)} other claim(s) prepared "
+                    "here): more than it has, so it was allocated beyond its capacity; the claim is not "
+                    "prepared"
+                )
 
     async def make_instances(self, entry: cp.ClaimEntry, plan: PreparePlan) -> Instances:
         """The first step of a set-up: create the instance of each dynamic MIG placement. A placement
@@ -109,8 +150,8 @@ class DeviceSetUp:
                 if bus in members and mine.device != held.device:
                     raise PrepareError(
                         f"{where}: request {mine.request}: device {mine.device} is on IOMMU group "
-                        f"{held.vfio.iommu_group if held.vfio else ''}, which claim {held_by} holds for "
-                        f"passthrough ({held.device}); a virtual machine has its group alone"
+                        f"{held.vfio.iommu_group if held.vfio else ''}, which {_holder(entry, held_by)} "
+                        f"holds for passthrough ({held.device}); a virtual machine has its group alone"
                     )
         for mine in vfio:
             assert mine.vfio is not None
@@ -122,8 +163,8 @@ class DeviceSetUp:
                             raise PrepareError(
                                 f"{where}: request {mine.request}: GPU {mine.vfio.pci_bus_id} (device "
                                 f"{mine.device}) would go to a virtual machine with IOMMU group "
-                                f"{mine.vfio.iommu_group}, which holds {held.device}, prepared for claim "
-                                f"{other.namespace}/{other.name}; a GPU in use is not passed through"
+                                f"{mine.vfio.iommu_group}, which holds {held.device}, prepared for "
+                                f"{_holder(entry, other)}; a GPU in use is not passed through"
                             )
                 await asyncio.to_thread(tool.check, mine.vfio, gpu_minor=self._minor(mine.vfio.pci_bus_id))
             except DeviceSetupError as exc:
@@ -131,7 +172,7 @@ class DeviceSetUp:
 
     async def _groups(
         self, tool: Passthrough, others: Sequence[cp.ClaimEntry]
-    ) -> list[tuple[str, cp.CheckpointedDevice, list[str]]]:
+    ) -> list[tuple[cp.ClaimEntry, cp.CheckpointedDevice, list[str]]]:
         """Each device other claims hold for passthrough, with its claim and its group's members."""
         found = []
         for other in others:
@@ -141,7 +182,7 @@ class DeviceSetUp:
                         members = await asyncio.to_thread(tool.group_members, held.vfio)
                     except DeviceSetupError:
                         members = [held.vfio.pci_bus_id]
-                    found.append((f"{other.namespace}/{other.name}", held, members))
+                    found.append((other, held, members))
         return found
 
     def _bus_of(self, held: cp.CheckpointedDevice) -> str | None:
@@ -194,7 +235,8 @@ class DeviceSetUp:
     async def share(
         self, entry: cp.ClaimEntry, devices: Sequence[DiscoveredDevice], plan: PreparePlan
     ) -> None:
-        """The second step: the time slices, then the MPS daemon the claim's GpuConfig asks for."""
+        """The second step: the time slices, then the MPS daemon the claim's GpuConfig (or, for MIG
+        devices, MigDeviceConfig) asks for."""
         await self._set_up_time_slices(entry, devices)
         if plan.mps_limits is not None:
             assert self._node.mps is not None
@@ -203,7 +245,7 @@ class DeviceSetUp:
             except DeviceSetupError as exc:
                 requests = sorted({p.request for p in entry.devices if p.mps})
                 raise PrepareError(
-                    f"{describe(entry_ref(entry))}: request {', '.join(requests)}: GpuConfig "
+                    f"{describe(entry_ref(entry))}: request {', '.join(requests)}: {plan.mps_kind} "
                     f"sharing.strategy MPS: {exc}"
                 ) from exc
 
@@ -221,12 +263,18 @@ class DeviceSetUp:
                 mine = wanted.get(held.device)
                 if mine is None or held.time_slice is None or held.time_slice == mine.time_slice:
                     continue
+                # The error reaches the pod's Events: another tenant's claim is named in the log only.
+                holder = f"claim {other.namespace}/{other.name} (request {held.request})"
+                if other.namespace != entry.namespace:
+                    logger.warning(
+                        "%s: the time slice on GPU %s was set by %s", entry.uid, held.device, holder
+                    )
+                    holder = "a claim of another namespace"
                 raise PrepareError(
                     f"{describe(entry_ref(entry))}: request {mine.request}: GpuConfig "
                     f"sharing.timeSlicingConfig.interval {mine.time_slice} conflicts with interval "
-                    f"{held.time_slice} that claim {other.namespace}/{other.name} (request {held.request}) "
-                    f"set on GPU {held.device}; a GPU has one time slice, so claims sharing it must ask for "
-                    "the same interval"
+                    f"{held.time_slice} that {holder} set on GPU {held.device}; a GPU has one time "
+                    "slice, so claims sharing it must ask for the same interval"
                 )
         by_name = {d.name: d for d in devices}
         by_interval: dict[str, list[str]] = {}
@@ -335,3 +383,14 @@ class DeviceSetUp:
             )
         for target in targets:
             await asyncio.to_thread(tool.restore, target)
+
+
+def _holder(entry: cp.ClaimEntry, other: cp.ClaimEntry) -> str:
+    """``other`` as a refusal of ``entry`` names it: the text reaches the pod's Events, so a claim of
+    another namespace (another tenant) is named in the agent's log only."""
+    if other.namespace == entry.namespace:
+        return f"claim {other.namespace}/{other.name}"
+    logger.warning(
+        "%s: refused for passthrough, claim %s/%s is in the way", entry.uid, other.namespace, other.name
+    )
+    return "a claim of another namespace"

@@ -25,6 +25,7 @@ import yaml
 
 from dra_api.names import GPU_DRIVER, TPU_DRIVER
 from dra_node_agent.devices import DiscoveredInventory
+from dra_node_agent.discovery_config import SHARES_DISABLED
 from dra_node_agent.nvidia import record as nvidia_record
 from dra_node_agent.nvidia.discovery import (
     ARCHITECTURE_NAMES,
@@ -507,8 +508,10 @@ class SimulatedBackend:
         dynamic_mig: bool = False,
         cdi_hook_path: str | None = None,
         passthrough: bool = False,
+        consumable_shares: str = SHARES_DISABLED,
     ) -> None:
         self._passthrough = passthrough
+        self._consumable_shares = consumable_shares
         self._cdi_hook_path = cdi_hook_path
         self._tpu_env_path = tpu_env_path
         self._dynamic_mig = dynamic_mig
@@ -633,6 +636,7 @@ class SimulatedBackend:
             simulated=True,
             dynamic_mig=self._dynamic_mig,
             passthrough=self._passthrough,
+            consumable_shares=self._consumable_shares,
             sysfs_written=kernel,
         )
         return SimulatedHardware(

@@ -61,6 +61,7 @@ def backends(config: DiscoveryConfig) -> list[SimulatedBackend]:
                 tpu_env_path=config.tpu_env_path if profile.tpu is not None else None,
                 dynamic_mig=config.dynamic_mig,
                 passthrough=config.passthrough,
+                consumable_shares=config.consumable_shares,
                 cdi_hook_path=config.cdi_hook_path,
             )
         )

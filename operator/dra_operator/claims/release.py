@@ -20,6 +20,7 @@ from dra_operator.model.book import ClaimBook
 from dra_operator.model.cluster import ClaimKey, ClusterModel
 from dra_operator.model.metrics import Metrics
 from dra_operator.model.ownership import allocated_by_us, generated_from_template
+from dra_operator.model.shares import ShareLedger
 from dra_operator.model.workqueue import ClaimQueue
 
 logger = logging.getLogger(__name__)
@@ -47,6 +48,7 @@ class ClaimReleaser:
         self.writer = writer
         self.queue = queue
         self.refetch = refetch
+        self.shares = ShareLedger(model)
         # The claim book's claims a pod has reserved: a template claim among them is deallocated
         # when no pod reserves it any more (a claim never reserved is waiting for its first pod).
         self.was_reserved: set[ClaimKey] = (book if book is not None else ClaimBook()).reserved_by_pods
@@ -119,27 +121,41 @@ class ClaimReleaser:
         return meta.get("uid") != uid or phase in _TERMINAL_PHASES
 
     async def repair_double_bookings(self) -> None:
-        """A device in two claims can only come from two allocators racing on different claims
-        (the scheduler and this operator). Give up our copy if no pod uses it yet.
+        """A device in two claims, or shares of a device that together pass its capacity, can only
+        come from two allocators racing on different claims (the scheduler and this operator). Give
+        up our copy if no pod uses it yet.
 
         kube-scheduler (1.36) keeps allocated devices in a set, adds a claim's devices when it sees
         the claim allocated and removes them when it sees it deallocated or deleted; an update that
         leaves the allocation as it was changes nothing. So after this release it counts the device
         free although the other claim still holds it, until it lists claims again: no write of ours
-        can tell it otherwise. Avoiding the race (the scheduler grace period) is the real cure."""
-        for device, holders in self.model.double_booked().items():
+        can tell it otherwise. Avoiding the race (the scheduler grace period) is the real cure.
+        (Shares are counted by their share IDs and consumed capacity, so releasing ours leaves its
+        count right.)"""
+        conflicts = [(device, holders, False) for device, holders in self.model.double_booked().items()]
+        conflicts += [(device, holders, True) for device, holders in self.shares.overbooked().items()]
+        for device, holders, shares in conflicts:
             for key in sorted(holders):
                 claim = self.model.claims.get(key)
                 if claim is None or not allocated_by_us(claim) or claim.status.reserved_for:
                     continue
                 others = [k for k in holders if k != key]
-                logger.warning("device %s is allocated to %s and %s; releasing ours", device, key, others)
+                what = "shares beyond the capacity of device" if shares else "device"
+                logger.warning("%s %s allocated to %s and %s; releasing ours", what, device, key, others)
+                # Other tenants' claims are counted, not named (the log names them).
+                message = (
+                    f"device {'/'.join(device)}: this claim's share and those of {len(others)} other "
+                    "claim(s), allocated by another allocator at the same time, together ask for more "
+                    "than the device has; allocating this claim again"
+                    if shares
+                    else f"device {'/'.join(device)} was also allocated to {len(others)} other claim(s) "
+                    "by another allocator at the same time; allocating this claim again"
+                )
                 self.events.post(
                     involved=involved(claim, api_version=self.api.api_version),
                     type_="Warning",
                     reason="DeviceConflict",
-                    message=f"device {'/'.join(device)} was also allocated to "
-                    f"{', '.join(map(str, others))} by another allocator; allocating this claim again",
+                    message=message,
                 )
                 try:
                     await self._deallocate(claim)

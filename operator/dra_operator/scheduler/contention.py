@@ -28,6 +28,14 @@ operator has not seen yet count one device each while the pod is young (:data:`U
 the claim controller makes a template's claim at once; a claim missing for longer belongs to a pod
 kube-scheduler cannot place either, such as one naming a template that does not exist), and
 ``headroom`` devices more are left for what either side has not seen yet (the watch delay).
+
+Shares of a device (consumable capacity, a result with a ``shareID``) collide too: kube-scheduler
+gives shares of the first matching device that still has room, and two shares written at once may
+together ask for more than the device has. So a share the operator picks is checked like a whole
+device, more strictly: every waiting request that could use the device counts (whether the node
+looks full does not matter: a held device may still have room for a share), and only the devices
+ahead that nothing holds and that have at least the device's capacity shield it (a request that fits
+on it fits on them, so kube-scheduler stops there first).
 """
 
 from __future__ import annotations
@@ -207,7 +215,7 @@ class Clearance:
         in_use = model.devices_in_use()
         mine = {r.device_id for r in allocation.devices}
         for result in allocation.devices:
-            if result.admin_access or result.share_id is not None:
+            if result.admin_access:
                 continue  # takes the device for no one: nothing to collide with
             if result.device_id in reserved:
                 continue
@@ -216,8 +224,21 @@ class Clearance:
                 continue
             entry, position = found
             shapes = [(s, n) for s, n in demand.requests.items() if key_matches(key=s[0], entry=entry)]
-            fitting = _fitting(
-                shapes, node=entry.slice.node_name, index=index, in_use=in_use, mine=mine, headroom=headroom
+            # A share takes part of a device that kube-scheduler can still give shares of while it
+            # has room: any request that could use it counts, however full the node looks, and only
+            # an unheld device ahead that holds as much as this one shields it (see the module).
+            shared = result.share_id is not None
+            fitting = (
+                shapes
+                if shared
+                else _fitting(
+                    shapes,
+                    node=entry.slice.node_name,
+                    index=index,
+                    in_use=in_use,
+                    mine=mine,
+                    headroom=headroom,
+                )
             )
             if any(all_mode for (_, _, all_mode), _ in fitting):
                 return Crowded(device=entry.id, ahead=0, needed=1, pods=demand.pods)
@@ -227,11 +248,22 @@ class Clearance:
             for other in index.entries(entry.slice)[:position]:
                 if other.id in in_use or other.id in mine:
                     continue
+                if shared and not _holds_as_much(other, entry):
+                    continue
                 if all(key_matches(key=key, entry=other) for key in keys):
                     ahead += 1
             if ahead < needed:
                 return Crowded(device=entry.id, ahead=ahead, needed=needed, pods=demand.pods)
         return None
+
+
+def _holds_as_much(other: DeviceEntry, entry: DeviceEntry) -> bool:
+    """Whether ``other`` has at least each capacity ``entry`` has: a share that fits on ``entry``
+    fits on ``other`` when nothing holds it."""
+    theirs = other.device.capacity
+    return all(
+        name in theirs and theirs[name].value >= cap.value for name, cap in entry.device.capacity.items()
+    )
 
 
 def _fitting(

@@ -51,6 +51,14 @@ def test_flag_beats_prefixed_env_beats_alias() -> None:
     assert load([], env).resync_interval == 30.0
 
 
+def test_consumable_shares_is_off_by_default_and_reads_nvidias_values_and_variable() -> None:
+    assert load([], {"NODE_NAME": "n"}).consumable_shares == "disabled"
+    for value in ("memory", "unlimited", "4", "disabled", ""):
+        assert load([f"--consumable-shares={value}"], {"NODE_NAME": "n"}).consumable_shares == value
+    # NVIDIA's chart sets CONSUMABLE_SHARES; the agent reads it too.
+    assert load([], {"NODE_NAME": "n", "CONSUMABLE_SHARES": "memory"}).consumable_shares == "memory"
+
+
 def test_lists_and_paths() -> None:
     settings = load(
         ["--simulate-profile=h100-80gb-x8, tpu-v6e-2x4", "--cdi-dir=/tmp/cdi", "--kubeconfig=/k"],
@@ -87,6 +95,15 @@ def test_lists_and_paths() -> None:
             ["--passthrough-support=true", "--dynamic-mig=true"],
             {"NODE_NAME": "n"},
             "passthrough_support and dynamic_mig cannot both be on",
+        ),
+        (["--consumable-shares=half"], {"NODE_NAME": "n"}, "consumable_shares: 'half' is not 'disabled'"),
+        (["--consumable-shares=0"], {"NODE_NAME": "n"}, "consumable_shares: '0' is not"),
+        ([], {"NODE_NAME": "n", "CONSUMABLE_SHARES": "-2"}, "consumable_shares: '-2' is not"),
+        (["--consumable-shares=1000001"], {"NODE_NAME": "n"}, "number of shares from 1 to 1000000"),
+        (
+            ["--passthrough-support=true", "--consumable-shares=memory"],
+            {"NODE_NAME": "n"},
+            "passthrough_support and consumable_shares cannot both be on",
         ),
     ],
 )

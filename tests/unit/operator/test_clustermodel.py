@@ -4,6 +4,7 @@ import time
 
 from dra_api.model import AllocationResult, ResourceClaim
 from dra_operator.model.cluster import ClaimKey, ClusterModel
+from dra_operator.model.shares import ShareLedger
 from tests.unit.operator.helpers import allocation, claim, gpu_class, gpu_slice
 
 
@@ -43,6 +44,58 @@ def test_double_booking_is_detected() -> None:
     assert model.double_booked() == {
         ("gpu.nvidia.com", "n1", "gpu-0"): {ClaimKey("ns", "a"), ClaimKey("ns", "b")}
     }
+
+
+def test_shares_beyond_a_devices_capacity_are_overbooked_and_within_it_are_not() -> None:
+    model = ClusterModel()
+    shared = gpu_slice("n1", 2)
+    for device in shared["spec"]["devices"]:
+        device["allowMultipleAllocations"] = True
+        device["capacity"] = {"memory": {"value": "80Gi"}}
+    model.upsert_slice(shared)
+
+    def share(name: str, device: str, memory: str, rv: str) -> None:
+        raw = allocation("n1", device)
+        raw["devices"]["results"][0]["shareID"] = f"0b8e0c52-5d7d-4c6e-9a51-3c2f1e0d9a0{rv}"
+        raw["devices"]["results"][0]["consumedCapacity"] = {"memory": memory}
+        model.upsert_claim(claim(name, rv=rv, allocation=raw))
+
+    share("a", "gpu-0", "40Gi", "1")
+    share("b", "gpu-0", "40Gi", "2")
+    share("c", "gpu-1", "50Gi", "3")
+    assert model.double_booked() == {}
+    assert ShareLedger(model).overbooked() == {}
+    share("d", "gpu-1", "40Gi", "4")  # 90Gi of 80Gi: two allocators raced
+    ledger = ShareLedger(model)
+    assert ledger.overbooked() == {
+        ("gpu.nvidia.com", "n1", "gpu-1"): {ClaimKey("ns", "c"), ClaimKey("ns", "d")}
+    }
+    model.upsert_claim(claim("d", rv="5"))  # ours given up
+    assert ledger.overbooked() == {}
+    share("d", "gpu-1", "40Gi", "6")
+    assert ledger.overbooked() != {}
+    # The capacities follow the slices: a GPU published with more memory holds both shares.
+    grown = gpu_slice("n1", 2, rv="7")
+    for device in grown["spec"]["devices"]:
+        device["allowMultipleAllocations"] = True
+        device["capacity"] = {"memory": {"value": "96Gi"}}
+    model.upsert_slice(grown)
+    assert ledger.overbooked() == {}
+
+
+def test_one_claims_own_shares_of_a_device_are_not_a_race() -> None:
+    model = ClusterModel()
+    shared = gpu_slice("n1", 1)
+    shared["spec"]["devices"][0]["allowMultipleAllocations"] = True
+    shared["spec"]["devices"][0]["capacity"] = {"memory": {"value": "80Gi"}}
+    model.upsert_slice(shared)
+    raw = allocation("n1", "gpu-0", "gpu-0")
+    for i, result in enumerate(raw["devices"]["results"]):
+        result["shareID"] = f"0b8e0c52-5d7d-4c6e-9a51-3c2f1e0d9a0{i}"
+        result["consumedCapacity"] = {"memory": "50Gi"}
+    model.upsert_claim(claim("both", rv="1", allocation=raw))
+    # Alone on the device: whatever one allocator wrote is not two allocators racing.
+    assert ShareLedger(model).overbooked() == {}
 
 
 def test_unparsable_claim_is_kept_as_invalid_with_the_reason() -> None:

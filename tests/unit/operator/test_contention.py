@@ -212,3 +212,72 @@ def test_a_pod_taking_all_matching_devices_rules_out_its_node() -> None:
         model=model, allocation=allocation("n1", "gpu-3"), demand=demand_of(model), headroom=0
     )
     assert crowded is not None
+
+
+def shared_slice(node: str, memories: list[int]) -> dict[str, Any]:
+    """GPUs published as shares (``--consumable-shares=memory``), with ``memories`` GiB each."""
+    obj = h.gpu_slice(node, len(memories))
+    for device, gib in zip(obj["spec"]["devices"], memories, strict=True):
+        device["allowMultipleAllocations"] = True
+        device["capacity"] = {
+            "memory": {
+                "value": f"{gib}Gi",
+                "requestPolicy": {
+                    "default": f"{gib}Gi",
+                    "validRange": {"min": "1Mi", "max": f"{gib}Gi", "step": "1Mi"},
+                },
+            }
+        }
+    return obj
+
+
+def share(
+    node: str, device: str, memory: str, *, share_id: str = "0b8e0c52-5d7d-4c6e-9a51-3c2f1e0d9a01"
+) -> Any:
+    raw = h.allocation(node, device)
+    raw["devices"]["results"][0]["shareID"] = share_id
+    raw["devices"]["results"][0]["consumedCapacity"] = {"memory": memory}
+    return raw
+
+
+def test_a_share_gives_way_like_a_device_and_only_unheld_roomy_devices_ahead_shield_it() -> None:
+    model = ClusterModel()
+    model.upsert_class(h.gpu_class())
+    model.upsert_node(h.node("n1"))
+    model.upsert_slice(shared_slice("n1", [80, 80, 80, 80]))
+    model.upsert_claim(pod_claim("p-a", pod_name="a"))
+    model.upsert_pod(pod("a", claims=("p-a",)))
+    demand = demand_of(model)
+    clearance = Clearance()
+    mine = AllocationResult.from_json(share("n1", "gpu-3", "10Gi"))
+    # One pod, a headroom of 2: three unheld devices ahead of gpu-3 shield the share.
+    assert clearance.crowded(model=model, allocation=mine, demand=demand, headroom=2) is None
+    on_two = AllocationResult.from_json(share("n1", "gpu-2", "10Gi"))
+    crowded = clearance.crowded(model=model, allocation=on_two, demand=demand, headroom=2)
+    assert crowded is not None
+    assert (crowded.ahead, crowded.needed) == (2, 3)
+    # A device ahead holding a share (room left or not) no longer shields it: kube-scheduler may
+    # give a share of it or pass on to gpu-3.
+    other = h.claim(
+        "held", allocation=share("n1", "gpu-0", "70Gi", share_id="6f1c3b2a-0e4d-4b5a-8c7d-9e0f1a2b3c4d")
+    )
+    model.upsert_claim(other)
+    crowded = clearance.crowded(model=model, allocation=mine, demand=demand, headroom=2)
+    assert crowded is not None
+    assert crowded.ahead == 2
+
+
+def test_a_share_counts_requests_that_look_too_big_for_the_node_and_smaller_devices_do_not_shield_it() -> (
+    None
+):
+    model = ClusterModel()
+    model.upsert_class(h.gpu_class())
+    model.upsert_node(h.node("n1"))
+    # Three 40 GiB GPUs ahead of an 80 GiB one: a share that fits the last may not fit them.
+    model.upsert_slice(shared_slice("n1", [40, 40, 40, 80]))
+    model.upsert_claim(pod_claim("p-big", count=7, pod_name="big"))
+    model.upsert_pod(pod("big", claims=("p-big",)))
+    mine = AllocationResult.from_json(share("n1", "gpu-3", "10Gi"))
+    crowded = Clearance().crowded(model=model, allocation=mine, demand=demand_of(model), headroom=0)
+    assert crowded is not None
+    assert (crowded.ahead, crowded.needed) == (0, 7)

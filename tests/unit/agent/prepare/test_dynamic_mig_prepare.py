@@ -123,6 +123,18 @@ async def test_time_slicing_on_a_dynamic_mig_device_is_refused_before_anything_i
     assert node.instances() == []
 
 
+async def test_mps_on_a_dynamic_mig_device_is_refused_before_anything_is_made(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    handler = await node.handler()
+    ref = node.add_claim(
+        "mps", THREE_G, {"apiVersion": NVIDIA, "kind": "MigDeviceConfig", "sharing": {"strategy": "MPS"}}
+    )
+    error = (await handler.prepare([ref]))[ref.uid].error
+    assert "MigDeviceConfig sharing.strategy MPS: MPS on a dynamic MIG placement is not implemented" in error
+    assert node.instances() == []
+    assert handler.store.load() == []
+
+
 async def test_an_interrupted_prepare_is_rolled_back_and_redone_with_one_instance(tmp_path: Path) -> None:
     node = Node(tmp_path)
     handler = await node.handler()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,7 @@ class Node(SimulatedNode):
         configs: list[dict[str, Any]] | None = None,
         *,
         admin: bool = False,
+        namespace: str = "ns",
     ) -> ClaimRef:
         uid = f"uid-{name}"
         results = []
@@ -76,11 +78,11 @@ class Node(SimulatedNode):
                 result["adminAccess"] = True
             results.append(result)
         self.claims.objects[name] = {
-            "metadata": {"name": name, "namespace": "ns", "uid": uid},
+            "metadata": {"name": name, "namespace": namespace, "uid": uid},
             "spec": {"devices": {"requests": []}},
             "status": {"allocation": {"devices": {"results": results, "config": configs or []}}},
         }
-        return ClaimRef(namespace="ns", name=name, uid=uid)
+        return ClaimRef(namespace=namespace, name=name, uid=uid)
 
 
 def spec_of(handler: PrepareHandler, uid: str) -> dict[str, Any]:
@@ -182,6 +184,30 @@ async def test_a_gpu_in_use_by_a_container_is_not_passed_through_nor_the_other_w
     again = node.add_claim("cuda2", ["gpu-0"])
     error = await refused(node, handler, again)
     assert "device gpu-0 is on IOMMU group 40, which claim ns/vm holds for passthrough (gpu-vfio-0)" in error
+
+
+async def test_a_refusal_for_passthrough_names_no_claim_of_another_namespace(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The error reaches the pod's Events: another tenant's claim is counted out, named in the log only.
+    node = Node(tmp_path)
+    handler = await node.handler()
+    cuda = node.add_claim("secret-cuda", ["gpu-0"], namespace="tenant-b")
+    assert await prepare(handler, cuda) == ""
+    vm = node.add_claim("vm", ["gpu-vfio-0"], [entry(GPU, KUBEVIRT)])
+    with caplog.at_level(logging.WARNING, logger="dra_node_agent.prepare.set_up"):
+        error = await refused(node, handler, vm)
+    assert "which holds gpu-0, prepared for a claim of another namespace" in error
+    assert "secret-cuda" not in error
+    assert "tenant-b" not in error
+    assert "tenant-b/secret-cuda" in caplog.text
+
+    assert (await handler.unprepare([cuda]))[cuda.uid] == ""
+    assert await prepare(handler, vm) == ""
+    other = node.add_claim("secret-cuda2", ["gpu-0"], namespace="tenant-b")
+    error = await refused(node, handler, other)
+    assert "which a claim of another namespace holds for passthrough (gpu-vfio-0)" in error
+    assert "ns/vm" not in error
 
 
 async def test_a_group_shared_with_a_function_the_host_uses_is_refused(tmp_path: Path) -> None:

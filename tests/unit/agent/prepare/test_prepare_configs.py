@@ -123,27 +123,20 @@ def first_gpu(handler: PrepareHandler, kind: str) -> str:
 
 
 @pytest.mark.parametrize(
-    ("kind", "sharing", "words"),
-    [
-        ("MigDeviceConfig", {"strategy": "MPS"}, "sharing.strategy MPS"),
-        (
-            "MigDeviceConfig",
-            {"strategy": "MPS", "mpsConfig": {"multiUser": True}},
-            "sharing.strategy MPS with mpsConfig.multiUser",
-        ),
-    ],
+    "sharing", [{"strategy": "MPS"}, {"strategy": "MPS", "mpsConfig": {"multiUser": True}}]
 )
-async def test_gpu_sharing_is_refused_as_not_implemented(
-    gpu: tuple[PrepareHandler, Claims], kind: str, sharing: dict[str, Any], words: str
+async def test_mps_on_a_mig_device_without_mps_on_the_node_is_refused_saying_so(
+    gpu: tuple[PrepareHandler, Claims], sharing: dict[str, Any]
 ) -> None:
-    handler, claims = gpu
-    device = first_gpu(handler, "gpu" if kind == "GpuConfig" else "mig")
+    handler, claims = gpu  # a handler without the MPS tool, as with --mps-support=false
+    device = first_gpu(handler, "mig")
     claims.objects["c"] = claim(
-        GPU, [("r", device)], [entry(GPU, {"apiVersion": NVIDIA, "kind": kind, "sharing": sharing})]
+        GPU,
+        [("r", device)],
+        [entry(GPU, {"apiVersion": NVIDIA, "kind": "MigDeviceConfig", "sharing": sharing})],
     )
     error = await refused(handler)
-    assert f"status.allocation.devices.config[0]: {kind} {words}" in error
-    assert "not implemented by this driver yet" in error
+    assert "status.allocation.devices.config[0]: MigDeviceConfig sharing.strategy MPS: MPS is off" in error
     assert f"device {device}" in error
 
 

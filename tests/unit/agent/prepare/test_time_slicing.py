@@ -53,6 +53,7 @@ class Node(SimulatedNode):
         interval: str | None,
         admin: bool = False,
         shared: bool = False,
+        namespace: str = "ns",
     ) -> ClaimRef:
         config: list[dict[str, Any]] = []
         if interval is not None:
@@ -68,11 +69,11 @@ class Node(SimulatedNode):
                 result["shareID"] = f"share-{name}"
         uid = f"uid-{name}"
         self.claims.objects[name] = {
-            "metadata": {"name": name, "namespace": "ns", "uid": uid},
+            "metadata": {"name": name, "namespace": namespace, "uid": uid},
             "spec": {"devices": {"requests": []}},
             "status": {"allocation": {"devices": {"results": results, "config": config}}},
         }
-        return ClaimRef(namespace="ns", name=name, uid=uid)
+        return ClaimRef(namespace=namespace, name=name, uid=uid)
 
 
 @pytest.fixture
@@ -161,6 +162,24 @@ async def test_two_claims_asking_one_gpu_for_different_slices_fail_the_second(no
     # Nothing of the refused claim is left, and the first claim's slice is as it set it.
     assert [e.uid for e in handler.store.load()] == [first.uid]
     assert not handler.cdi.spec_path(second.uid).exists()
+    assert node.state(uuid)[1] == 1
+
+
+async def test_another_tenants_slice_on_a_shared_gpu_is_given_but_its_claim_not_named(
+    node: Node, caplog: pytest.LogCaptureFixture
+) -> None:
+    handler = await node.handler()
+    name, uuid = node.gpu(0)
+    first = node.add_claim("secret-first", [name], interval="Short", shared=True, namespace="team-a")
+    second = node.add_claim("second", [name], interval="Long", shared=True, namespace="team-b")
+    await prepared(handler, first)
+
+    error = (await handler.prepare([second]))[second.uid].error
+    # What the GPU is set to is the GPU's; whose claim set it is not this tenant's to know.
+    assert "conflicts with interval Short that a claim of another namespace set on GPU" in error
+    assert "team-a" not in error
+    assert "secret-first" not in error
+    assert "team-a/secret-first (request gpus)" in caplog.text
     assert node.state(uuid)[1] == 1
 
 
