@@ -1,4 +1,4 @@
-"""Opaque configs on a real node: a config the driver does not implement yet fails the prepare with
+"""Opaque configs on a real node: a config the driver does not carry out fails the prepare with
 the agent's message in the pod's Events and leaves nothing prepared; a config it carries out reaches
 the container (Google's TPU logging settings, as environment)."""
 
@@ -34,22 +34,24 @@ def test_a_config_the_driver_does_not_implement_fails_the_prepare_with_its_reaso
     node_with_agent: NodeWithAgent,
 ) -> None:
     setup = node_with_agent
-    vfio = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "VfioDeviceConfig"}
-    setup.cluster.apply(with_config(gpu_pod("gpu-vfio", command="echo should not run"), GPU, vfio))
+    # NVIDIA's compute-domain channel config: valid for NVIDIA's group, for a driver this product
+    # does not provide (VfioDeviceConfig and MPS on MIG devices, refused before, are carried out now).
+    channel = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomainChannelConfig"}
+    setup.cluster.apply(with_config(gpu_pod("gpu-channel", command="echo should not run"), GPU, channel))
     message = setup.cluster.wait_for(
-        lambda: warning_with(setup, "gpu-vfio", "not implemented by this driver yet"),
+        lambda: warning_with(setup, "gpu-channel", "this product does not provide that driver"),
         timeout=90,
         what="a Warning Event with the agent's refusal",
     )
     # The agent's own words, passed on by the kubelet: which entry, which field, and why.
-    assert "VfioDeviceConfig: VFIO passthrough is not implemented" in message, message
+    assert "ComputeDomainChannelConfig configures NVIDIA's compute-domain driver" in message, message
     assert "config[0]" in message, message
-    uid = setup.claim_of("gpu-vfio")["metadata"]["uid"]
-    pod = setup.cluster.get_json("pod", "gpu-vfio", "-n", NAMESPACE)
+    uid = setup.claim_of("gpu-channel")["metadata"]["uid"]
+    pod = setup.cluster.get_json("pod", "gpu-channel", "-n", NAMESPACE)
     assert pod["status"]["phase"] == "Pending"
-    assert setup.pod_log("gpu-vfio") == ""
+    assert setup.pod_log("gpu-channel") == ""
     assert not setup.agent.dirs.cdi_spec(uid).exists()
-    setup.cluster.kubectl("delete", "pod", "gpu-vfio", "-n", NAMESPACE, "--wait=true", "--timeout=60s")
+    setup.cluster.kubectl("delete", "pod", "gpu-channel", "-n", NAMESPACE, "--wait=true", "--timeout=60s")
     assert not setup.agent.dirs.cdi_spec(uid).exists()
     assert uid not in setup.agent.dirs.checkpoint_claims()
 
