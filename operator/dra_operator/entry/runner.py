@@ -49,6 +49,7 @@ from dra_operator.claims.coordinator import ClaimReconciler
 from dra_operator.client.events import EventSink
 from dra_operator.client.kubeapi import KubeApi, error_text, server_version, transient
 from dra_operator.client.login import kubeconfig_login, service_account_login
+from dra_operator.computedomains import build_controller
 from dra_operator.model.cluster import ClusterModel
 from dra_operator.model.metrics import Metrics
 from dra_operator.model.ownership import allocated_by_us
@@ -191,6 +192,15 @@ async def run(
             return kubeconfig_login(settings.kubeconfig)
         return service_account_login(os.environ, trust_env=kopf_settings.networking.trust_env)
 
+    domains = None
+    if settings.compute_domains:
+        domains = build_controller(
+            settings=settings,
+            api_client=api_client,
+            events=events,
+            active=lambda: health.active,
+            registry=metrics.registry,
+        )
     parts = OperatorParts(
         settings=settings,
         model=model,
@@ -200,6 +210,7 @@ async def run(
         metrics=metrics,
         login=login,
         configure=lambda s: configure_kopf(s, settings),
+        compute_domains=domains,
     )
     registry = build_registry(parts)
     kopf_settings = kopf.OperatorSettings()
@@ -250,6 +261,8 @@ async def run(
             name="signals",
         ),
     ]
+    if domains is not None:
+        background.append(asyncio.create_task(domains.run(), name="compute domains"))
     if peering is not None:
         background += [
             asyncio.create_task(peering.run(), name="peering keep-alive"),
