@@ -9,8 +9,8 @@
   ``compute-domain-daemon`` only on nodes labelled with the domain (the node agent labels a node when
   it prepares a channel claim there), tolerating every taint.
 
-Each carries the domain's label and finalizer, so that nothing is deleted before the controller
-has cleaned up after the domain.
+Each carries the domain's label; the DaemonSet also the controller's finalizer, so that it is not
+deleted before the controller has cleaned up after the domain.
 """
 
 from __future__ import annotations
@@ -102,7 +102,10 @@ def _template(
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaimTemplate",
-        "metadata": {"namespace": namespace, "name": name, "labels": labels, "finalizers": [cd.FINALIZER]},
+        # No finalizer: a template is immutable, and the server compares its opaque parameters as
+        # the bytes it was sent, so the merge patch that would remove one (re-encoded by the server)
+        # is refused as a change of spec. The controller deletes the templates itself.
+        "metadata": {"namespace": namespace, "name": name, "labels": labels},
         "spec": {
             "spec": {
                 "devices": {

@@ -222,6 +222,9 @@ def test_the_workload_template_asks_for_channel_0_of_the_domain() -> None:
     assert template["metadata"]["namespace"] == TENANT
     assert template["metadata"]["name"] == "imex-channel"
     assert template["metadata"]["labels"][cd.TARGET_LABEL] == cd.TARGET_WORKLOAD
+    # A template is immutable and its parameters are compared as sent: a finalizer could never be
+    # patched away (the integration test deletes a domain through the real API server).
+    assert "finalizers" not in template["metadata"]
     devices = template["spec"]["spec"]["devices"]
     assert devices["requests"] == [{"name": "channel", "exactly": {"deviceClassName": cd.CHANNEL_CLASS}}]
     assert devices["config"][0]["opaque"] == {
