@@ -215,6 +215,8 @@ class ComputeDomain:
     finalizers: tuple[str, ...]
     resource_version: str = ""
     creation: str = ""
+    # Whether the object has a status yet (the controller writes one on its first pass).
+    has_status: bool = False
 
     @property
     def key(self) -> str:
@@ -277,6 +279,7 @@ class ComputeDomain:
             finalizers=tuple(str(f) for f in finalizers if isinstance(f, str)),
             resource_version=_string(meta.get("resourceVersion"), "metadata.resourceVersion"),
             creation=_string(meta.get("creationTimestamp"), "metadata.creationTimestamp"),
+            has_status=bool(obj.get("status")),
         )
 
 

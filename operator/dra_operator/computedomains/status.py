@@ -96,7 +96,7 @@ def compute(
 
 def same_status(domain: cd.ComputeDomain, status: DomainStatus) -> bool:
     """Whether ``status`` is what the domain already says (nodes compared by name)."""
-    if domain.status != status.status:
+    if not domain.has_status or domain.status != status.status:
         return False
     return {n.name: n for n in domain.nodes} == {n.name: n for n in status.nodes}
 

@@ -70,6 +70,9 @@ def test_a_domains_objects_are_made_and_removed_in_order_across_an_operator_kill
         what="the domain's DaemonSet and claim templates",
     )
     assert cd.FINALIZER in (_domain(cluster) or {})["metadata"]["finalizers"]
+    # No daemon joined yet: NotReady, written through the status subresource.
+    status = cluster.wait_for(lambda: (_domain(cluster) or {}).get("status"), what="the domain's status")
+    assert status == {"status": cd.NOT_READY, "nodes": []}
     assert _exists(cluster, "deviceclass", cd.CHANNEL_CLASS)
     assert _exists(cluster, "deviceclass", cd.DAEMON_CLASS)
     workload = cluster.get_json("resourceclaimtemplate", template, "-n", TENANT)
