@@ -104,3 +104,48 @@ def test_a_domains_objects_are_made_and_removed_in_order_across_an_operator_kill
         assert not _exists(cluster, "resourceclaimtemplate", daemons, "-n", DAEMONS)
     finally:
         cluster.kubectl("delete", "node", NODE, "--ignore-not-found", "--wait=false", check=False)
+
+
+def _claim(name: str, namespace: str, request: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"devices": {"requests": [{"name": "r", **request}]}},
+    }
+
+
+def test_only_the_daemons_namespace_may_claim_the_daemon_class(local_cluster: LocalCluster) -> None:
+    """A tenant's claim for an IMEX daemon device (which would get a domain's IMEX folder) is
+    refused by the component's admission policy, however it is spelled; the agent refuses such a
+    claim at prepare too."""
+    cluster = local_cluster
+    policy = REPO / "manifests" / "optional" / "compute-domains" / "daemon-claim-policy.yaml"
+    cluster.apply(policy.read_text())
+    cluster.create_namespace("cd-policy-tenant")
+    cluster.create_namespace("cd-policy-daemons", labels={"accel-dra.dev/compute-domain-daemons": "true"})
+    daemon = {"exactly": {"deviceClassName": cd.DAEMON_CLASS}}
+    either = {"firstAvailable": [{"name": "a", "deviceClassName": cd.DAEMON_CLASS}]}
+    try:
+        for i, request in enumerate((daemon, either)):
+
+            def refused(request: dict[str, Any] = request, i: int = i) -> bool:
+                body = json.dumps(_claim(f"steal-{i}", "cd-policy-tenant", request))
+                result = cluster.kubectl("create", "-f", "-", input=body, check=False)
+                if result.returncode == 0:  # the new policy is not enforced yet: try again
+                    cluster.kubectl("delete", "resourceclaim", f"steal-{i}", "-n", "cd-policy-tenant")
+                    return False
+                assert "is for the IMEX daemons" in result.stderr, result.stderr
+                return True
+
+            # A new policy takes a moment to be enforced, so poll.
+            cluster.wait_for(refused, timeout=30, what=f"daemon claim {i} refused")
+        channel = _claim("channel", "cd-policy-tenant", {"exactly": {"deviceClassName": cd.CHANNEL_CLASS}})
+        cluster.kubectl("create", "-f", "-", input=json.dumps(channel))
+        own = _claim("daemon", "cd-policy-daemons", daemon)
+        cluster.kubectl("create", "-f", "-", input=json.dumps(own))
+    finally:
+        for kind in ("validatingadmissionpolicybinding", "validatingadmissionpolicy"):
+            cluster.kubectl("delete", kind, "accel-dra-compute-domain-daemon-claims", "--ignore-not-found")
+        for ns in ("cd-policy-tenant", "cd-policy-daemons"):
+            cluster.kubectl("delete", "namespace", ns, "--ignore-not-found", "--wait=false")
