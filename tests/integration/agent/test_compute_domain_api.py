@@ -49,6 +49,8 @@ async def domain_api(local_cluster: LocalCluster) -> AsyncIterator[DomainApi]:
         await api.aclose()
         await client.close()
         local_cluster.kubectl("delete", "node", NODE, "--ignore-not-found", "--wait=false", check=False)
+        # No domain is left for a ComputeDomain controller of a later test to adopt.
+        local_cluster.kubectl("delete", "namespace", TENANT, DAEMONS, "--ignore-not-found", check=False)
 
 
 def _create_domain(cluster: LocalCluster, name: str) -> str:

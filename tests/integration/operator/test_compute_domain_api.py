@@ -5,6 +5,7 @@ refused before anything acts on it; status goes through its subresource only."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ def domains_of(path: Path) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def crds(local_cluster: LocalCluster) -> LocalCluster:
+def crds(local_cluster: LocalCluster) -> Iterator[LocalCluster]:
     local_cluster.kubectl("apply", "-k", str(REPO / "crds"))
     local_cluster.kubectl(
         "wait",
@@ -34,7 +35,9 @@ def crds(local_cluster: LocalCluster) -> LocalCluster:
         "--timeout=60s",
     )
     local_cluster.create_namespace(NAMESPACE)
-    return local_cluster
+    yield local_cluster
+    # Gone before any ComputeDomain controller of a later test could adopt them.
+    local_cluster.kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found")
 
 
 def test_nvidias_examples_apply_unchanged_with_nvidias_defaults(crds: LocalCluster) -> None:
