@@ -139,6 +139,9 @@ class CheckpointedDevice:
     # destroyed at unprepare (``nvidia.dynamic_mig``).
     dynamic_mig: bool = False
     mig_uuid: str | None = None
+    # A compute-domain channel or daemon: the ComputeDomain (its UID) the claim joined the node to,
+    # which unprepare leaves (``nvidia.cd_membership``).
+    compute_domain: str | None = None
 
     @property
     def exclusive(self) -> bool:
@@ -166,6 +169,8 @@ class CheckpointedDevice:
             out["dynamicMIG"] = True
         if self.mig_uuid is not None:
             out["migUUID"] = self.mig_uuid
+        if self.compute_domain is not None:
+            out["computeDomain"] = self.compute_domain
         return out
 
     @staticmethod
@@ -182,6 +187,7 @@ class CheckpointedDevice:
             mps=bool(raw.get("mps", False)),
             dynamic_mig=bool(raw.get("dynamicMIG", False)),
             mig_uuid=None if raw.get("migUUID") is None else str(raw["migUUID"]),
+            compute_domain=None if raw.get("computeDomain") is None else str(raw["computeDomain"]),
         )
 
 

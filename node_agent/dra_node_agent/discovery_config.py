@@ -34,6 +34,11 @@ class DiscoveryConfig:
     tpu_env_path: the Cloud TPU `tpu-env` file (simulated TPU hosts read it too); None to ignore.
     simulation_dir: where simulated fake trees are written (a temporary directory if None).
     dynamic_mig: MIG-enabled GPUs publish their placements, instances made at prepare.
+    compute_domains: NVIDIA's compute-domain driver runs beside the GPU driver (channel and
+        daemon devices, the node's NVLink clique).
+    imex_host_managed: the hosts run nvidia-imex themselves (no daemon devices).
+    strict_fabric: an NVLink fabric whose registration did not complete (or failed) stops the
+        compute-domain driver from publishing, rather than counting as no clique.
     """
 
     node_name: str
@@ -52,6 +57,9 @@ class DiscoveryConfig:
     tpu_topology: str | None = None
     tpu_env_path: str | None = "/etc/tpu/tpu-env"
     simulation_dir: str | None = None
+    compute_domains: bool = False
+    imex_host_managed: bool = False
+    strict_fabric: bool = True
 
     def __post_init__(self) -> None:
         unknown = [b for b in self.backends if b not in BACKEND_CHOICES]

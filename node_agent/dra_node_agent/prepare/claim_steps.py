@@ -176,10 +176,15 @@ class ClaimSteps:
             await self._pauses.reached("cdi-written")
 
             by_device = {d.name: cdi_id for d, cdi_id in zip(devices, ids, strict=True)}
-            # The recorded devices carry what set-up learned (a dynamic MIG instance's UUID).
+            # The recorded devices carry what set-up learned (a dynamic MIG instance's UUID). A device
+            # that needs no CDI device (a channel without NVLink fabric) gets no ID.
             recorded = {p.device: p.mig_uuid for p in entry.devices}
             prepared = [
-                dataclasses.replace(p, cdi_device_ids=(by_device[p.device],), mig_uuid=recorded.get(p.device))
+                dataclasses.replace(
+                    p,
+                    cdi_device_ids=(cdi_id,) if (cdi_id := by_device[p.device]) is not None else (),
+                    mig_uuid=recorded.get(p.device),
+                )
                 for p in plan.results
             ]
             done = await asyncio.to_thread(store.complete, claim.uid, prepared)
@@ -218,8 +223,9 @@ class ClaimSteps:
                 dataclasses.replace(p, mig_uuid=uuids.get(p.device, p.mig_uuid)) for p in entry.devices
             ]
             entry = await asyncio.to_thread(self._store.begin, entry_ref(entry), recorded)
-        await self.devices.share(entry, made.devices, plan)
-        return entry, made.devices
+        devices = await self.devices.join_domains(entry, made.devices, plan)
+        await self.devices.share(entry, devices, plan)
+        return entry, devices
 
     async def _claim_context(self, allocation: ClaimAllocation, plan: PreparePlan) -> Any:
         """The vendor's context of the claim (``claim_context``); None where it has none."""

@@ -26,6 +26,7 @@ import yaml
 from dra_api.names import GPU_DRIVER, TPU_DRIVER
 from dra_node_agent.devices import DiscoveredInventory
 from dra_node_agent.nvidia import record as nvidia_record
+from dra_node_agent.nvidia.cd_discovery import ComputeDomainBackend
 from dra_node_agent.nvidia.discovery import (
     ARCHITECTURE_NAMES,
     BRAND_NAMES,
@@ -33,9 +34,17 @@ from dra_node_agent.nvidia.discovery import (
     NvmlBackend,
 )
 from dra_node_agent.simulated import container_tools
-from dra_node_agent.simulated.fakehw import FakeGpu, FakeMig, FakeMigProfile, FakeNvml, write_nvidia_nodes
+from dra_node_agent.simulated.fakehw import (
+    FakeFabric,
+    FakeGpu,
+    FakeMig,
+    FakeMigProfile,
+    FakeNvml,
+    write_fabric_nodes,
+    write_nvidia_nodes,
+)
 from dra_node_agent.simulated.faketree import FakePciFunction, write_pci_tree
-from dra_node_agent.simulated.host_tools import install_simulated_mps_control
+from dra_node_agent.simulated.host_tools import install_simulated_imex, install_simulated_mps_control
 from dra_node_agent.simulated.migtables import MIG_TABLES
 from dra_node_agent.simulated.nic import (
     NIC_DRIVER,
@@ -80,12 +89,32 @@ class GpuGroup:
     mig_layouts: tuple[tuple[tuple[str, int], ...], ...]
 
 
+FABRIC_STATES: Final = {"NotSupported": 0, "NotStarted": 1, "InProgress": 2, "Completed": 3}
+
+
+@dataclass(frozen=True)
+class FabricProfile:
+    """What NVML's fabric info says of every GPU of a node: the NVLink fabric's cluster UUID, the
+    clique (the default, or per node name), its registration state and status."""
+
+    cluster_uuid: str
+    clique: int
+    state: int
+    status: int = 0
+    cliques: Mapping[str, int] = field(default_factory=dict)
+
+    def clique_of(self, node_name: str) -> int:
+        return self.cliques.get(node_name, self.clique)
+
+
 @dataclass(frozen=True)
 class NvidiaProfile:
     driver_version: str
     cuda_driver_version: int
     mig_profiles: Mapping[str, FakeMigProfile]
     gpus: tuple[GpuGroup, ...]
+    # None: the driver has no fabric info for these GPUs (NVML says NotSupported).
+    fabric: FabricProfile | None = None
 
 
 @dataclass(frozen=True)
@@ -194,7 +223,9 @@ class _Reader:
 
 
 def _parse_nvidia(p: _Reader, raw: Any) -> NvidiaProfile:
-    section = p.mapping(raw, "nvidia", {"driverVersion", "cudaDriverVersion", "migProfiles", "gpus"})
+    section = p.mapping(
+        raw, "nvidia", {"driverVersion", "cudaDriverVersion", "migProfiles", "gpus", "fabric"}
+    )
     mig_profiles: dict[str, FakeMigProfile] = {}
     for i, item in enumerate(p.sequence(section.get("migProfiles", []), "nvidia.migProfiles")):
         name, profile = _parse_mig_profile(p, item, where=f"nvidia.migProfiles[{i}]")
@@ -208,6 +239,27 @@ def _parse_nvidia(p: _Reader, raw: Any) -> NvidiaProfile:
         cuda_driver_version=p.integer(section.get("cudaDriverVersion"), "nvidia.cudaDriverVersion"),
         mig_profiles=mig_profiles,
         gpus=tuple(groups),
+        fabric=_parse_fabric(p, section["fabric"]) if "fabric" in section else None,
+    )
+
+
+def _parse_fabric(p: _Reader, raw: Any) -> FabricProfile:
+    f = p.mapping(raw, "nvidia.fabric", {"clusterUUID", "clique", "state", "status", "cliques"})
+    cluster = p.string(f.get("clusterUUID"), "nvidia.fabric.clusterUUID")
+    try:
+        uuidlib.UUID(cluster)
+    except ValueError:
+        raise p.fail("nvidia.fabric.clusterUUID", f"{cluster!r} is not a UUID") from None
+    state = p.string(f.get("state", "Completed"), "nvidia.fabric.state")
+    if state not in FABRIC_STATES:
+        raise p.fail("nvidia.fabric.state", f"unknown state {state!r} (known: {', '.join(FABRIC_STATES)})")
+    cliques = p.mapping(f.get("cliques", {}), "nvidia.fabric.cliques", set(f.get("cliques") or {}))
+    return FabricProfile(
+        cluster_uuid=cluster,
+        clique=p.integer(f.get("clique", 0), "nvidia.fabric.clique"),
+        state=FABRIC_STATES[state],
+        status=p.integer(f.get("status", 0), "nvidia.fabric.status"),
+        cliques={str(k): p.integer(v, f"nvidia.fabric.cliques.{k}") for k, v in cliques.items()},
     )
 
 
@@ -356,6 +408,17 @@ def _parse_nic(p: _Reader, raw: Any) -> NicProfile:
 
 def simulated_gpus(profile: NvidiaProfile, *, node_name: str) -> list[FakeGpu]:
     """The fake GPUs of a profile, with UUIDs derived from the node name."""
+    fabric = profile.fabric
+    gpu_fabric = (
+        FakeFabric(
+            cluster_uuid=fabric.cluster_uuid,
+            clique=fabric.clique_of(node_name),
+            state=fabric.state,
+            status=fabric.status,
+        )
+        if fabric is not None
+        else None
+    )
     gpus: list[FakeGpu] = []
     for group in profile.gpus:
         for position in range(group.count):
@@ -388,6 +451,7 @@ def simulated_gpus(profile: NvidiaProfile, *, node_name: str) -> list[FakeGpu]:
                     if group.mig_capable
                     else (),
                     migs=migs,
+                    fabric=gpu_fabric,
                 )
             )
     return gpus
@@ -435,7 +499,9 @@ class SimulatedHardware:
 
     root: Path
     nvml: FakeNvml | None = None
-    backend: NvmlBackend | TpuBackend | SimulatedNicBackend | None = field(default=None, repr=False)
+    backend: NvmlBackend | TpuBackend | SimulatedNicBackend | ComputeDomainBackend | None = field(
+        default=None, repr=False
+    )
     vendor: VendorRecord[Any] | None = field(default=None, repr=False)
     char_devices: bool = False
     """Whether the fake /dev holds character devices (the agent may mknod), which a container
@@ -544,6 +610,9 @@ class SimulatedBackend:
                 # device table (a restart rewrites nothing: the same devices give the same text).
                 container_tools.write_nvidia_smi(driver_root, state_dir=root / GPU_STATE_DIR)
             install_simulated_mps_control(driver_root / MPS_CONTROL_PATHS[0])
+            # /proc/devices, the IMEX tools and (in a multi-node clique) the IMEX capability.
+            write_fabric_nodes(root, with_fabric=_multi_node(profile.nvidia.fabric), char_devices=True)
+            install_simulated_imex(driver_root)
             backend: NvmlBackend | TpuBackend = NvmlBackend(
                 driver=driver,
                 nvml=nvml,
@@ -584,6 +653,15 @@ class SimulatedBackend:
         return SimulatedHardware(
             root=root, backend=backend, vendor=tpu_record.RECORD, char_devices=char_devices
         )
+
+
+def _multi_node(fabric: FabricProfile | None) -> bool:
+    """Whether a profile's fabric joins its node to others (a non-zero cluster UUID)."""
+    return (
+        fabric is not None
+        and fabric.state == FABRIC_STATES["Completed"]
+        and uuidlib.UUID(fabric.cluster_uuid).int != 0
+    )
 
 
 def _char_device(path: Path) -> bool:

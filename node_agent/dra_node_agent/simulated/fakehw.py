@@ -17,13 +17,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Final
 
 import pynvml
 
 from dra_node_agent.nvidia.mig_discovery import COMPUTE_PROFILE_BY_SLICES
 from dra_node_agent.pci import split_address
 from dra_node_agent.simulated.faketree import (
+    IMEX_CHANNELS_MAJOR,
     NVIDIA_CAPS_MAJOR,
     NVIDIA_MAJOR,
     NVIDIA_UVM_MAJOR,
@@ -69,6 +70,8 @@ NVML_FUNCTIONS = (
     "nvmlComputeInstanceGetInfo",
     "nvmlComputeInstanceDestroy",
     "nvmlGpuInstanceDestroy",
+    # The NVLink fabric (``nvidia.fabric``: the compute-domain driver's clique).
+    "nvmlDeviceGetGpuFabricInfo",
 )
 
 # Where a FakeNvml with a ``state_dir`` keeps what a real GPU would keep across agent restarts, one
@@ -129,6 +132,16 @@ class FakeMig:
         }
 
 
+@dataclass(frozen=True)
+class FakeFabric:
+    """One GPU's NVLink fabric as NVML tells it: cluster UUID, clique, registration state, status."""
+
+    cluster_uuid: str
+    clique: int
+    state: int = pynvml.NVML_GPU_FABRIC_STATE_COMPLETED
+    status: int = pynvml.NVML_SUCCESS
+
+
 @dataclass
 class FakeGpu:
     uuid: str
@@ -145,6 +158,8 @@ class FakeGpu:
     # pynvml function name -> NVML error code to raise for this GPU (fault injection).
     failures: dict[str, int] = field(default_factory=dict)
     compute_mode: int = pynvml.NVML_COMPUTEMODE_DEFAULT
+    # None: the driver gives no fabric info for this GPU (NVML says NotSupported).
+    fabric: FakeFabric | None = None
 
 
 _COMPUTE_MODES = (
@@ -539,6 +554,20 @@ class FakeNvml:
                 return _Handle(gpu, mig, "gi")
         raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
 
+    def nvmlDeviceGetGpuFabricInfo(self, handle: _Handle, gpuFabricInfo: Any) -> int:
+        """As pynvml: fills the ``c_nvmlGpuFabricInfo_t`` the caller passes (by reference)."""
+        gpu = self._gpu(handle, "nvmlDeviceGetGpuFabricInfo")
+        if gpu.fabric is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        info = _deref(gpuFabricInfo)
+        raw = uuidlib.UUID(gpu.fabric.cluster_uuid).bytes
+        for i, byte in enumerate(raw):
+            info.clusterUuid[i] = byte
+        info.cliqueId = gpu.fabric.clique
+        info.state = gpu.fabric.state
+        info.status = gpu.fabric.status
+        return 0
+
     def nvmlGpuInstanceGetInfo(self, gpu_instance: _Handle) -> SimpleNamespace:
         mig = self._instance(gpu_instance, "gi", "nvmlGpuInstanceGetInfo")
         return SimpleNamespace(
@@ -574,6 +603,42 @@ def write_nvidia_nodes(root: Path, gpus: Sequence[FakeGpu], *, char_devices: boo
         for mig in gpu.migs:
             if mig.ci_id >= 0:
                 write_mig_nodes(root, gpu, mig, char_devices=char_devices)
+
+
+# /proc/devices of a host with NVIDIA's driver and IMEX channels (nvidia-caps-imex-channels).
+PROC_DEVICES: Final = f"""Character devices:
+  1 mem
+{NVIDIA_MAJOR} nvidia
+{NVIDIA_MAJOR} nvidiactl
+{NVIDIA_UVM_MAJOR} nvidia-uvm
+{NVIDIA_CAPS_MAJOR} nvidia-caps
+{IMEX_CHANNELS_MAJOR} nvidia-caps-imex-channels
+
+Block devices:
+  8 sd
+"""
+# The fabric-imex-mgmt capability's minor (below the MIG capabilities' minors).
+IMEX_MGMT_MINOR: Final = 4
+
+
+def write_fabric_nodes(root: Path, *, with_fabric: bool, char_devices: bool) -> None:
+    """/proc/devices, and with a multi-node fabric the fabric-imex-mgmt capability (its /proc file
+    and /dev/nvidia-caps node), as a driver with IMEX support lays them out."""
+    proc = root / "proc"
+    proc.mkdir(parents=True, exist_ok=True)
+    (proc / "devices").write_text(PROC_DEVICES)
+    if not with_fabric:
+        return
+    capability = proc / "driver" / "nvidia" / "capabilities" / "fabric-imex-mgmt"
+    capability.parent.mkdir(parents=True, exist_ok=True)
+    capability.write_text(f"DeviceFileMinor: {IMEX_MGMT_MINOR}\nDeviceFileMode: 256\nDeviceFileModify: 1\n")
+    (root / "dev" / "nvidia-caps").mkdir(parents=True, exist_ok=True)
+    make_device_node(
+        root / "dev" / "nvidia-caps" / f"nvidia-cap{IMEX_MGMT_MINOR}",
+        major=NVIDIA_CAPS_MAJOR,
+        minor=IMEX_MGMT_MINOR,
+        char_device=char_devices,
+    )
 
 
 def _mig_capabilities(root: Path, gpu: FakeGpu, gi_id: int) -> Path:
