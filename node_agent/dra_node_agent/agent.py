@@ -113,6 +113,9 @@ def discovery_config(settings: Settings) -> DiscoveryConfig:
         dynamic_mig=settings.dynamic_mig,
         passthrough=settings.passthrough_support,
         consumable_shares=settings.consumable_shares,
+        compute_domains=settings.compute_domains,
+        imex_host_managed=settings.compute_domain_imex_mode == "hostManaged",
+        strict_fabric=settings.nvlink_fabric_strict,
     )
 
 
@@ -185,14 +188,16 @@ async def _start_driver(
         request_timeout=settings.api_request_timeout,
         watch_inactivity_timeout=settings.watch_inactivity_timeout,
     )
-    device_status = DeviceStatusWriter(
-        driver=driver,
-        api=KubeClaimStatusApi(
-            api=api, api_version=api_version, request_timeout=settings.api_request_timeout
-        ),
-        support=status_support,
-        vendor=await asyncio.to_thread(prepare_tools.status_data, backend),
-    )
+    device_status = None
+    if await asyncio.to_thread(prepare_tools.writes_device_status, backend):
+        device_status = DeviceStatusWriter(
+            driver=driver,
+            api=KubeClaimStatusApi(
+                api=api, api_version=api_version, request_timeout=settings.api_request_timeout
+            ),
+            support=status_support,
+            vendor=await asyncio.to_thread(prepare_tools.status_data, backend),
+        )
     handler = await _prepare_handler(
         settings=settings,
         api=api,
@@ -221,10 +226,11 @@ async def _start_driver(
     handler.add_holds_listener(runtime.holds_changed)
     if settings.health_enabled:
         runtime.health = await _attach_health(runtime, settings=settings, api=api, api_version=api_version)
-    if runtime.health is not None:
-        device_status.use_health(runtime.health.monitor)
-        runtime.health.monitor.add_change_listener(device_status.devices_changed)
-    device_status.start()
+    if device_status is not None:
+        if runtime.health is not None:
+            device_status.use_health(runtime.health.monitor)
+            runtime.health.monitor.add_change_listener(device_status.devices_changed)
+        device_status.start()
     await _serve(runtime, settings=settings)
     return runtime
 
@@ -236,7 +242,7 @@ async def _prepare_handler(
     api_version: str,
     backend: DiscoveryBackend,
     inventory: DiscoveredInventory,
-    device_status: DeviceStatusWriter,
+    device_status: DeviceStatusWriter | None,
 ) -> PrepareHandler:
     """The driver's prepare handler, with the tools its vendor's record builds."""
     driver = backend.driver
@@ -244,7 +250,13 @@ async def _prepare_handler(
         prepare_tools.tools_for,
         backend,
         settings=settings,
-        access=ApiAccess(api=api, api_version=api_version, node_name=settings.node_name, driver=driver),
+        access=ApiAccess(
+            api=api,
+            api_version=api_version,
+            node_name=settings.node_name,
+            driver=driver,
+            request_timeout=settings.api_request_timeout,
+        ),
         mps_root=settings.checkpoint_dir(driver=driver) / "mps",
     )
     return PrepareHandler(
@@ -269,6 +281,8 @@ async def _prepare_handler(
         passthrough=tools.passthrough,
         vendor_env=tools.vendor_env,
         device_status=device_status,
+        domains=tools.domains,
+        ready_budget_s=settings.compute_domain_ready_timeout,
     )
 
 
@@ -312,9 +326,14 @@ async def _serve(runtime: DriverRuntime, *, settings: Settings) -> None:
             name=f"stale-claims-{driver}",
         )
     )
+    domains = runtime.handler.domains
+    if domains is not None:
+        runtime.tasks.append(asyncio.create_task(domains.run(), name=f"domains-{driver}"))
     runtime.plugin = await serve_plugin(
         driver=driver,
         handler=runtime.handler,
+        # A channel's prepare waits for its domain's daemon, whose claim is this driver's too.
+        serialize=not runtime.handler.waits_for_readiness,
         registry_dir=settings.kubelet_registry_dir,
         plugins_dir=settings.kubelet_plugins_dir,
         instance=settings.instance or None,
@@ -338,6 +357,8 @@ async def _stop_driver(runtime: DriverRuntime) -> None:
         await runtime.checkpoint_reporter.aclose()
     if runtime.handler.claim_context is not None:
         await runtime.handler.claim_context.aclose()
+    if runtime.handler.domains is not None:
+        await runtime.handler.domains.aclose()
 
 
 async def _served_version(api: ApiClient, *, stop: asyncio.Event, request_timeout_s: float) -> str | None:

@@ -119,8 +119,12 @@ def build_claim_spec(
     context: Any = None,
     vendor_env: VendorEnv[Any] | None = None,
     common: ContainerEdits | None = None,
-) -> dict[str, Any]:
+) -> dict[str, Any] | None:
     """The CDI spec for one claim's devices of `inventory.driver` (pure; no I/O).
+
+    A device whose edits come out empty (a compute-domain channel on a node without NVLink fabric)
+    has no CDI device, as CDI allows none without edits; a claim with no such device has no spec
+    (None).
 
     `vendor_env` adds the environment of the devices' vendor. `config` is the claim's claim-wide
     opaque config, if any, and `context` what the vendor learnt of the claim at prepare
@@ -147,9 +151,10 @@ def build_claim_spec(
             edits = edits.merged(ContainerEdits(env=env))
         if inventory.simulated:
             nodes = edits.device_nodes if inventory.simulated_nodes_on_host else ()
-            edits = dataclasses.replace(
-                edits, device_nodes=nodes, env=(*edits.env, _simulated_device_env(device))
-            )
+            marker = (_simulated_device_env(device),) if device.uuid else ()
+            edits = dataclasses.replace(edits, device_nodes=nodes, env=(*edits.env, *marker))
+        if edits.is_empty():
+            continue
         cdi_devices.append(
             {
                 "name": cdi_device_name(claim_uid=claim_uid, device_name=device.name),
@@ -165,6 +170,8 @@ def build_claim_spec(
     if inventory.simulated and not inventory.simulated_nodes_on_host:
         # Nothing of the fake host can be injected; its mounts are only made alongside real nodes.
         common = ContainerEdits(env=common.env)
+    if not cdi_devices:
+        return None
     spec: dict[str, Any] = {"cdiVersion": "", "kind": cdi_kind(driver), "devices": cdi_devices}
     if not common.is_empty():
         spec["containerEdits"] = common.to_cdi()
@@ -220,8 +227,9 @@ class CdiWriter:
         config: DriverConfig | None = None,
         context: Any = None,
         common: ContainerEdits | None = None,
-    ) -> list[str]:
-        """Write the claim's spec atomically; returns the CDI device IDs in `devices` order.
+    ) -> list[str | None]:
+        """Write the claim's spec atomically; returns the CDI device IDs in `devices` order (None for
+        a device that needs no CDI device; with none needed, no spec is written).
 
         Rewriting an existing spec for the same claim is fine (prepare retries land here).
         """
@@ -237,6 +245,9 @@ class CdiWriter:
             vendor_env=self.vendor_env,
             common=common,
         )
+        if spec is None:
+            self.remove_claim_spec(claim_uid)
+            return [None for _ in devices]
         self.cdi_dir.mkdir(parents=True, exist_ok=True)
         data = _encode(spec)
         if len(data) > MAX_SPEC_BYTES:
@@ -244,8 +255,12 @@ class CdiWriter:
                 f"the CDI spec would be {len(data)} bytes, more than the {MAX_SPEC_BYTES} allowed"
             )
         atomic_write_file(self.spec_path(claim_uid), data, mode=0o644)
+        named = {d["name"] for d in spec["devices"]}
         return [
-            qualified_device_id(driver=self.driver, claim_uid=claim_uid, device_name=d.name) for d in devices
+            qualified_device_id(driver=self.driver, claim_uid=claim_uid, device_name=d.name)
+            if cdi_device_name(claim_uid=claim_uid, device_name=d.name) in named
+            else None
+            for d in devices
         ]
 
     def remove_claim_spec(self, claim_uid: str) -> bool:

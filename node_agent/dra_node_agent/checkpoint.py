@@ -160,6 +160,9 @@ class CheckpointedDevice:
     mig_uuid: str | None = None
     # A GPU passed through: bound to vfio-pci at prepare, back to the NVIDIA driver at unprepare.
     vfio: PassthroughRecord | None = None
+    # A compute-domain channel or daemon: the ComputeDomain (its UID) the claim joined the node to,
+    # which unprepare leaves (``nvidia.cd_membership``).
+    compute_domain: str | None = None
 
     @property
     def exclusive(self) -> bool:
@@ -191,6 +194,8 @@ class CheckpointedDevice:
             out["migUUID"] = self.mig_uuid
         if self.vfio is not None:
             out["vfio"] = self.vfio.to_json()
+        if self.compute_domain is not None:
+            out["computeDomain"] = self.compute_domain
         return out
 
     @staticmethod
@@ -209,6 +214,7 @@ class CheckpointedDevice:
             dynamic_mig=bool(raw.get("dynamicMIG", False)),
             mig_uuid=None if raw.get("migUUID") is None else str(raw["migUUID"]),
             vfio=None if raw.get("vfio") is None else PassthroughRecord.from_json(raw["vfio"]),
+            compute_domain=None if raw.get("computeDomain") is None else str(raw["computeDomain"]),
         )
 
 

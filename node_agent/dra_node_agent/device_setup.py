@@ -146,3 +146,39 @@ class MpsControl(Protocol[Limits]):
     def recorded_limits(self, uid: str) -> Limits | None: ...
 
     def claims(self) -> list[str]: ...
+
+
+@dataclass(frozen=True)
+class Membership:
+    """One device that joins a claim to a domain its node serves (NVIDIA's ComputeDomains): the
+    claim, the device, the domain's ID and, for a channel, how many channels it asks for."""
+
+    namespace: str
+    claim: str
+    uid: str
+    device: DiscoveredDevice
+    domain: str
+    all_channels: bool = False
+
+
+class DomainMembership(Protocol):
+    """Joins a node to the domains its claims name, and waits for the domain to be ready there.
+
+    ``join`` is a device set-up (a channel labels the node so the domain's daemon lands; a daemon
+    gets the domain's folder) and returns the container edits the device then needs; ``leave``
+    undoes it from the checkpoint alone (the claim may be gone) and is safe on a device that never
+    joined; ``wait_ready`` is asked after prepare, outside its lock, and raises
+    ``DeviceSetupError`` while the domain is not ready on this node when ``budget_s`` runs out.
+    ``run`` keeps the node's own facts in the cluster (its NVLink clique label) until cancelled;
+    ``aclose`` stops what it started.
+    """
+
+    async def join(self, member: Membership, *, others: Sequence[tuple[str, str]]) -> ContainerEdits: ...
+
+    async def leave(self, *, device: str, domain: str, others: Sequence[tuple[str, str]]) -> None: ...
+
+    async def wait_ready(self, *, claim: str, domain: str, budget_s: float) -> None: ...
+
+    async def run(self) -> None: ...
+
+    async def aclose(self) -> None: ...

@@ -87,19 +87,38 @@ def format_quantity(value: int) -> str:
 
 @dataclass(frozen=True)
 class DeviceNode:
-    """A device node for a CDI spec: `path` inside the container, `host_path` on the node."""
+    """A device node for a CDI spec: `path` inside the container, `host_path` on the node. With
+    `device_type` and the numbers the runtime makes the node itself and reads nothing on the host
+    (NVIDIA's IMEX channels and capabilities, which the host may not have as files)."""
 
     path: str
     host_path: str | None = None
     permissions: str | None = None
+    device_type: str | None = None
+    major: int | None = None
+    minor: int | None = None
+    file_mode: int | None = None
 
-    def to_cdi(self) -> dict[str, str]:
-        out = {"path": self.path}
+    def to_cdi(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"path": self.path}
         if self.host_path is not None and self.host_path != self.path:
             out["hostPath"] = self.host_path
         if self.permissions is not None:
             out["permissions"] = self.permissions
+        if self.device_type is not None:
+            out["type"] = self.device_type
+        if self.major is not None:
+            out["major"] = self.major
+        if self.minor is not None:
+            out["minor"] = self.minor
+        if self.file_mode is not None:
+            out["fileMode"] = self.file_mode
         return out
+
+    @property
+    def numbered(self) -> bool:
+        """Whether the runtime makes this node from its numbers (no host file is read)."""
+        return self.device_type is not None and self.major is not None and self.minor is not None
 
 
 @dataclass(frozen=True)
@@ -183,7 +202,7 @@ class ContainerEdits:
         return out
 
 
-DeviceKind = Literal["gpu", "mig", "vfio", "tpu", "nic"]
+DeviceKind = Literal["gpu", "mig", "vfio", "tpu", "nic", "channel", "daemon"]
 
 
 @dataclass(frozen=True)

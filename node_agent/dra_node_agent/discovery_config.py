@@ -55,6 +55,11 @@ class DiscoveryConfig:
     dynamic_mig: MIG-enabled GPUs publish their placements, instances made at prepare.
     passthrough: GPUs are also published for passthrough (``gpu-vfio-<index>``).
     consumable_shares: GPUs and MIG devices publish as shares (``consumable_shares`` says how).
+    compute_domains: NVIDIA's compute-domain driver runs beside the GPU driver (channel and
+        daemon devices, the node's NVLink clique).
+    imex_host_managed: the hosts run nvidia-imex themselves (no daemon devices).
+    strict_fabric: an NVLink fabric whose registration did not complete (or failed) stops the
+        compute-domain driver from publishing, rather than counting as no clique.
     """
 
     node_name: str
@@ -75,6 +80,9 @@ class DiscoveryConfig:
     tpu_env_path: str | None = "/etc/tpu/tpu-env"
     simulation_dir: str | None = None
     consumable_shares: str = SHARES_DISABLED
+    compute_domains: bool = False
+    imex_host_managed: bool = False
+    strict_fabric: bool = True
 
     def __post_init__(self) -> None:
         consumable_shares(self.consumable_shares)  # ValueError for a value no backend could use

@@ -26,8 +26,16 @@ alias `gpu.nvidia.com/v1beta1` is this product's and is accepted too):
     kind: VfioDeviceConfig       # passthrough: iommu {backendPolicy: LegacyOnly (default) |
                                  #   PreferIommuFD, enableAPIDevice: <bool> (default false)}
 
-`ComputeDomainChannelConfig` and `ComputeDomainDaemonConfig` share NVIDIA's group but configure its
-compute-domain driver (`compute-domain.nvidia.com`); they are refused with a message saying so.
+NVIDIA's compute-domain driver (`compute-domain.nvidia.com`, the same group and version):
+
+    kind: ComputeDomainChannelConfig   # a channel claim of a ComputeDomain (the controller writes it)
+    domainID: <the ComputeDomain's UID>                # required
+    allocationMode: Single | All                       # default Single: channel 0; All: every channel
+
+    kind: ComputeDomainDaemonConfig    # an IMEX daemon's claim
+    domainID: <the ComputeDomain's UID>                # required
+
+Given to the GPU driver they are refused, with a message naming the driver they configure.
 
 TPU, Google's TPU DRA driver (`tpu.resource.google.com/v1alpha1`):
 
@@ -52,6 +60,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
+from dra_api import computedomains as cd
 from dra_api.names import GPU_DRIVER, TPU_DRIVER
 from dra_node_agent.tenant_text import quoted, shown
 
@@ -64,8 +73,8 @@ OWN_TPU_GROUP = "tpu.google.com"
 OWN_TPU_API_VERSION = "tpu.google.com/v1alpha1"
 TPU_API_VERSIONS = (GOOGLE_TPU_API_VERSION, OWN_TPU_API_VERSION)
 GPU_KINDS = ("GpuConfig", "MigDeviceConfig", "VfioDeviceConfig")
-COMPUTE_DOMAIN_KINDS = ("ComputeDomainChannelConfig", "ComputeDomainDaemonConfig")
-COMPUTE_DOMAIN_DRIVER = "compute-domain.nvidia.com"
+COMPUTE_DOMAIN_KINDS = (cd.CHANNEL_CONFIG_KIND, cd.DAEMON_CONFIG_KIND)
+COMPUTE_DOMAIN_DRIVER = cd.DRIVER
 SHARING_STRATEGIES = ("TimeSlicing", "MPS")
 TIME_SLICE_INTERVALS = ("Default", "Short", "Medium", "Long")
 IOMMU_BACKEND_POLICIES = ("PreferIommuFD", "LegacyOnly")
@@ -170,7 +179,37 @@ class TpuConfig:
     applies_to: str = "tpu"
 
 
-DriverConfig = GpuConfig | MigDeviceConfig | VfioDeviceConfig | GoogleTpuConfig | TpuConfig
+@dataclass(frozen=True)
+class ComputeDomainChannelConfig:
+    """NVIDIA's ComputeDomainChannelConfig: which domain a channel claim joins, and whether its
+    containers get channel 0 (Single) or every IMEX channel of the node (All)."""
+
+    KIND: ClassVar[str] = cd.CHANNEL_CONFIG_KIND
+    GROUP: ClassVar[str] = NVIDIA_GROUP
+    domain_id: str
+    allocation_mode: str = cd.SINGLE
+    applies_to: str = "channel"
+
+
+@dataclass(frozen=True)
+class ComputeDomainDaemonConfig:
+    """NVIDIA's ComputeDomainDaemonConfig: the domain an IMEX daemon's claim serves."""
+
+    KIND: ClassVar[str] = cd.DAEMON_CONFIG_KIND
+    GROUP: ClassVar[str] = NVIDIA_GROUP
+    domain_id: str
+    applies_to: str = "daemon"
+
+
+DriverConfig = (
+    GpuConfig
+    | MigDeviceConfig
+    | VfioDeviceConfig
+    | GoogleTpuConfig
+    | TpuConfig
+    | ComputeDomainChannelConfig
+    | ComputeDomainDaemonConfig
+)
 
 
 @dataclass(frozen=True)
@@ -362,6 +401,24 @@ def _parse_gpu(f: _Fields, kind: str) -> DriverConfig:
     return MigDeviceConfig(sharing=sharing) if mig else GpuConfig(sharing=sharing)
 
 
+def _parse_compute_domain(f: _Fields, kind: str) -> DriverConfig:
+    domain_id = f.string("domainID") or ""
+    if not domain_id:
+        raise OpaqueConfigError(f"{f.path('domainID')}: domainID cannot be empty")
+    if not cd.is_uid(domain_id):
+        raise OpaqueConfigError(f"{f.path('domainID')}: {quoted(domain_id)} is not a ComputeDomain's UID")
+    if kind == cd.DAEMON_CONFIG_KIND:
+        f.done()
+        return ComputeDomainDaemonConfig(domain_id=domain_id)
+    mode = f.string("allocationMode") or cd.SINGLE
+    if mode not in cd.ALLOCATION_MODES:
+        raise OpaqueConfigError(
+            f"{f.path('allocationMode')}: unknown allocation mode {quoted(mode)} (Single or All)"
+        )
+    f.done()
+    return ComputeDomainChannelConfig(domain_id=domain_id, allocation_mode=mode)
+
+
 def _parse_google_tpu(f: _Fields) -> GoogleTpuConfig:
     logging_raw = f.get("logging")
     f.done()
@@ -409,13 +466,20 @@ def _parse_own_tpu(f: _Fields) -> TpuConfig:
 class OpaqueConfigParser:
     """Validates opaque parameters for the GPU and TPU drivers (names configurable)."""
 
-    def __init__(self, *, gpu_driver: str = GPU_DRIVER, tpu_driver: str = TPU_DRIVER) -> None:
+    def __init__(
+        self,
+        *,
+        gpu_driver: str = GPU_DRIVER,
+        tpu_driver: str = TPU_DRIVER,
+        compute_domain_driver: str = COMPUTE_DOMAIN_DRIVER,
+    ) -> None:
         self.gpu_driver = gpu_driver
         self.tpu_driver = tpu_driver
+        self.compute_domain_driver = compute_domain_driver
 
     def parse(self, *, driver: str, parameters: Any, where: str = "parameters") -> DriverConfig:
         """Validate one opaque `parameters` object (a mapping, or JSON text/bytes) for `driver`."""
-        if driver not in (self.gpu_driver, self.tpu_driver):
+        if driver not in (self.gpu_driver, self.tpu_driver, self.compute_domain_driver):
             raise OpaqueConfigError(f"{where}: driver {quoted(driver)} is not handled by this agent")
         if isinstance(parameters, bytes | str):
             if len(parameters) > MAX_PARAMETERS_BYTES:
@@ -429,7 +493,8 @@ class OpaqueConfigParser:
         config_size(parameters, where=where, budget=MAX_PARAMETERS_BYTES)
         f = _Fields(parameters, where)
         gpu = driver == self.gpu_driver
-        versions = GPU_API_VERSIONS if gpu else TPU_API_VERSIONS
+        domains = driver == self.compute_domain_driver
+        versions = GPU_API_VERSIONS if gpu else (NVIDIA_API_VERSION,) if domains else TPU_API_VERSIONS
         api_version = f.string("apiVersion", required=True)
         if api_version not in versions:
             raise OpaqueConfigError(
@@ -439,10 +504,10 @@ class OpaqueConfigParser:
         if gpu and kind in COMPUTE_DOMAIN_KINDS:
             raise OpaqueConfigError(
                 f"{f.path('kind')}: {kind} configures NVIDIA's compute-domain driver "
-                f"({COMPUTE_DOMAIN_DRIVER}), not {driver} devices; this product does not provide "
-                "that driver"
+                f"({self.compute_domain_driver}), not {driver} devices; give it to that driver "
+                "(opaque.driver), or let the ComputeDomain's claim template carry it"
             )
-        kinds = GPU_KINDS if gpu else ("TpuConfig",)
+        kinds = GPU_KINDS if gpu else COMPUTE_DOMAIN_KINDS if domains else ("TpuConfig",)
         if kind not in kinds:
             raise OpaqueConfigError(
                 f'{f.path("kind")}: no kind {quoted(kind)} is registered for version "{api_version}" '
@@ -453,6 +518,8 @@ class OpaqueConfigParser:
             raise OpaqueConfigError(f"{f.path('metadata')}: must be an object")
         if gpu:
             return _parse_gpu(f, kind)
+        if domains:
+            return _parse_compute_domain(f, kind)
         return _parse_google_tpu(f) if api_version == GOOGLE_TPU_API_VERSION else _parse_own_tpu(f)
 
     def for_driver(

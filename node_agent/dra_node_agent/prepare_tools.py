@@ -17,11 +17,18 @@ from typing import Any
 from dra_node_agent import vendors
 from dra_node_agent.cdi import VendorEnv
 from dra_node_agent.claim_context import ClaimContextSource
-from dra_node_agent.device_setup import MigInstances, MpsControl, MpsOptions, Passthrough, TimeSlicing
+from dra_node_agent.device_setup import (
+    DomainMembership,
+    MigInstances,
+    MpsControl,
+    MpsOptions,
+    Passthrough,
+    TimeSlicing,
+)
 from dra_node_agent.device_status import VendorStatusData
 from dra_node_agent.devices import DiscoveryBackend
 from dra_node_agent.settings import MPS_DAEMON_MEMORY_MIN, MPS_SHM_SIZE_MIN, Settings, quantity_bytes
-from dra_node_agent.vendor_record import ApiAccess
+from dra_node_agent.vendor_record import ApiAccess, DomainOptions
 
 
 def vendor_env(backend: DiscoveryBackend) -> VendorEnv[Any] | None:
@@ -34,6 +41,11 @@ def status_data(backend: DiscoveryBackend) -> VendorStatusData[Any] | None:
     """What these devices' vendor adds to the data of a claim's device status (None: the UUID and
     PCI bus ID every device gets are all there is, as for GPUs)."""
     return vendors.record_for(backend).status_data(backend)
+
+
+def writes_device_status(backend: DiscoveryBackend) -> bool:
+    """Whether this driver's claims get ``status.devices`` entries (not a compute-domain driver's)."""
+    return vendors.record_for(backend).device_status(backend)
 
 
 def gpu_sharing(backend: DiscoveryBackend) -> TimeSlicing | None:
@@ -76,6 +88,22 @@ def claim_context(backend: DiscoveryBackend, access: ApiAccess) -> ClaimContextS
     return vendors.record_for(backend).claim_context(backend, access)
 
 
+def domains(backend: DiscoveryBackend, access: ApiAccess, options: DomainOptions) -> DomainMembership | None:
+    """What joins the node to the domains its claims name (NVIDIA's compute-domain driver)."""
+    return vendors.record_for(backend).domains(backend, access, options)
+
+
+def domain_options(settings: Settings) -> DomainOptions:
+    return DomainOptions(
+        namespace=settings.compute_domain_namespace_name(),
+        plugins_dir=settings.kubelet_plugins_dir,
+        host_imex_socket=settings.imex_host_socket
+        if settings.compute_domain_imex_mode == "hostManaged"
+        else None,
+        clique_label=settings.gpu_clique_label,
+    )
+
+
 @dataclass(frozen=True)
 class PrepareTools:
     """Everything a driver's ``PrepareHandler`` gets from its vendor, built together."""
@@ -86,6 +114,7 @@ class PrepareTools:
     passthrough: Passthrough | None
     vendor_env: VendorEnv[Any] | None
     claim_context: ClaimContextSource[Any] | None
+    domains: DomainMembership | None = None
 
 
 def tools_for(
@@ -99,4 +128,5 @@ def tools_for(
         passthrough=passthrough(backend),
         vendor_env=vendor_env(backend),
         claim_context=claim_context(backend, access),
+        domains=domains(backend, access, domain_options(settings)),
     )

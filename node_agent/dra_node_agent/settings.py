@@ -352,6 +352,62 @@ class Settings:
             metavar="N",
         ),
     )
+    compute_domains: bool = field(
+        default=False,
+        metadata=_opt(
+            "Serve NVIDIA's compute-domain driver (compute-domain.nvidia.com) beside the GPU driver: "
+            "IMEX channel and daemon devices for ComputeDomains, and the node's nvidia.com/gpu.clique "
+            "label. Needs the operator's --compute-domains and the ComputeDomain CRDs.",
+        ),
+    )
+    compute_domain_namespace: str = field(
+        default="",
+        metadata=_opt(
+            "Namespace of the ComputeDomains' IMEX daemons and their cliques (the operator's "
+            "--compute-domain-namespace); only daemon claims of this namespace are prepared. Empty: "
+            "the agent's own (POD_NAMESPACE), else accel-dra.",
+            metavar="NAMESPACE",
+        ),
+    )
+    compute_domain_imex_mode: str = field(
+        default="driverManaged",
+        metadata=_opt(
+            "driverManaged (a ComputeDomain's daemon pods run IMEX) or hostManaged (the host runs "
+            "nvidia-imex; no daemon devices, channel prepares ask the host's daemon), as the operator's.",
+            metavar="MODE",
+        ),
+    )
+    imex_host_socket: str = field(
+        default="/etc/nvidia-imex/imex_ctrl.sock",
+        metadata=_opt(
+            "With hostManaged IMEX: the host daemon's command socket (its IMEX_CMD_UNIX_DOMAIN_PATH), "
+            "which nvidia-imex-ctl from the driver root asks for READY.",
+            metavar="PATH",
+        ),
+    )
+    compute_domain_ready_timeout: float = field(
+        default=40.0,
+        metadata=_opt(
+            "Seconds a channel claim's prepare waits for its domain's IMEX daemon on this node to be "
+            "ready before it answers the kubelet with an error the kubelet retries (within its 45 s).",
+            metavar="SECONDS",
+        ),
+    )
+    nvlink_fabric_strict: bool = field(
+        default=True,
+        metadata=_opt(
+            "An NVLink fabric whose registration did not complete, or failed, keeps the compute-domain "
+            "driver from publishing (NVIDIA's CrashOnNVLinkFabricErrors); false counts such GPUs as "
+            "having no clique.",
+        ),
+    )
+    gpu_clique_label: bool = field(
+        default=True,
+        metadata=_opt(
+            "Keep the node's nvidia.com/gpu.clique label (its NVLink clique ID), which pod affinity "
+            "uses to keep a job inside one NVLink domain.",
+        ),
+    )
     log_level: str = field(
         default="INFO",
         metadata=_opt("Log level: DEBUG, INFO, WARNING or ERROR.", metavar="LEVEL"),
@@ -360,6 +416,10 @@ class Settings:
     def checkpoint_dir(self, *, driver: str) -> Path:
         """The folder holding ``driver``'s checkpoint."""
         return self.state_dir / driver
+
+    def compute_domain_namespace_name(self) -> str:
+        """Where the ComputeDomains' daemons live."""
+        return self.compute_domain_namespace or os.environ.get("POD_NAMESPACE") or "accel-dra"
 
     def driver_names(self) -> dict[str, str]:
         """Backend kind -> DRA driver name."""
@@ -503,6 +563,16 @@ def validate(settings: Settings) -> None:
         raise SettingsError(f"setting claim_read_attempts: {settings.claim_read_attempts} is less than 1")
     if settings.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise SettingsError(f"setting log_level: {settings.log_level!r} is not DEBUG, INFO, WARNING or ERROR")
+    if settings.compute_domain_imex_mode not in ("driverManaged", "hostManaged"):
+        raise SettingsError(
+            f"setting compute_domain_imex_mode: {settings.compute_domain_imex_mode!r} is not driverManaged "
+            "or hostManaged"
+        )
+    if not 0 <= settings.compute_domain_ready_timeout <= 44:
+        raise SettingsError(
+            f"setting compute_domain_ready_timeout: {settings.compute_domain_ready_timeout:g} is not between "
+            "0 and 44 seconds (the kubelet gives a prepare call 45 s)"
+        )
 
 
 MPS_SHM_SIZE_MIN: Final = 1 << 20

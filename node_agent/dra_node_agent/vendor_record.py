@@ -25,7 +25,14 @@ from typing import Any, Generic, TypeVar
 
 from dra_node_agent.cdi import VendorEnv
 from dra_node_agent.claim_context import ClaimContextSource
-from dra_node_agent.device_setup import MigInstances, MpsControl, MpsOptions, Passthrough, TimeSlicing
+from dra_node_agent.device_setup import (
+    DomainMembership,
+    MigInstances,
+    MpsControl,
+    MpsOptions,
+    Passthrough,
+    TimeSlicing,
+)
 from dra_node_agent.device_status import VendorStatusData
 from dra_node_agent.devices import DiscoveryBackend
 from dra_node_agent.discovery_config import DiscoveryConfig
@@ -53,6 +60,23 @@ class ApiAccess:
     api_version: str
     node_name: str
     driver: str
+    # Each request's deadline (seconds).
+    request_timeout: float = 10.0
+
+
+@dataclass(frozen=True)
+class DomainOptions:
+    """How the agent's settings tune a driver that joins the node to domains (NVIDIA's
+    ComputeDomains)."""
+
+    # The driver's namespace: where the domains' daemons and their claims live.
+    namespace: str
+    # The kubelet's plugins folder (each domain's daemon folder goes under it).
+    plugins_dir: Path
+    # The host's IMEX daemon's socket, with host-managed IMEX; None: the driver runs the daemons.
+    host_imex_socket: str | None = None
+    # Whether the agent keeps the node's nvidia.com/gpu.clique label.
+    clique_label: bool = True
 
 
 def _nothing(*_: object) -> None:
@@ -84,3 +108,8 @@ class VendorRecord(Generic[Backend]):
     status_data: Callable[[Backend], VendorStatusData[Any] | None] = _nothing
     # Works out the vendor's context of a claim at prepare (``claim_context``).
     claim_context: Callable[[Backend, ApiAccess], ClaimContextSource[Any] | None] = _nothing
+    # Joins the node to the domains its claims name (NVIDIA's compute-domain driver).
+    domains: Callable[[Backend, ApiAccess, DomainOptions], DomainMembership | None] = _nothing
+    # Whether its claims get ``status.devices`` entries (KEP-4817); a driver whose devices have no
+    # health and no data (compute-domain channels and daemons) writes none.
+    device_status: Callable[[Backend], bool] = lambda backend: True

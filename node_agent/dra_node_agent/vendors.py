@@ -11,12 +11,13 @@ from __future__ import annotations
 from typing import Any, Final
 
 from dra_node_agent.devices import DiscoveryBackend
+from dra_node_agent.nvidia import cd_record as compute_domains
 from dra_node_agent.nvidia import record as nvidia
 from dra_node_agent.simulated import record as simulated
 from dra_node_agent.tpu import record as tpu
 from dra_node_agent.vendor_record import VendorRecord
 
-HARDWARE: Final[tuple[VendorRecord[Any], ...]] = (nvidia.RECORD, tpu.RECORD)
+HARDWARE: Final[tuple[VendorRecord[Any], ...]] = (nvidia.RECORD, compute_domains.RECORD, tpu.RECORD)
 SIMULATED: Final[VendorRecord[Any]] = simulated.RECORD
 
 # A backend of no known vendor (the simulated NIC driver's own, run inside a simulated backend)
@@ -24,6 +25,8 @@ SIMULATED: Final[VendorRecord[Any]] = simulated.RECORD
 NOTHING: Final[VendorRecord[Any]] = VendorRecord(name="", backends=lambda config: [])
 
 _BY_NAME: Final = {record.name: record for record in (*HARDWARE, SIMULATED)}
+# The simulated record hands its parts to these by the fake hardware's own vendor, so every record
+# is reachable by name.
 
 
 def record_for(backend: DiscoveryBackend) -> VendorRecord[Any]:

@@ -235,10 +235,15 @@ class ClaimSteps:
             await self._pauses.reached("cdi-written")
 
             by_device = {d.name: cdi_id for d, cdi_id in zip(devices, ids, strict=True)}
-            # The recorded devices carry what set-up learned (a dynamic MIG instance's UUID).
+            # The recorded devices carry what set-up learned (a dynamic MIG instance's UUID). A device
+            # that needs no CDI device (a channel without NVLink fabric) gets no ID.
             recorded = {p.device: p.mig_uuid for p in entry.devices}
             prepared = [
-                dataclasses.replace(p, cdi_device_ids=(by_device[p.device],), mig_uuid=recorded.get(p.device))
+                dataclasses.replace(
+                    p,
+                    cdi_device_ids=(cdi_id,) if (cdi_id := by_device[p.device]) is not None else (),
+                    mig_uuid=recorded.get(p.device),
+                )
                 for p in plan.results
             ]
             done = await asyncio.to_thread(store.complete, claim.uid, prepared)
@@ -268,10 +273,11 @@ class ClaimSteps:
         self, entry: cp.ClaimEntry, plan: PreparePlan
     ) -> tuple[cp.ClaimEntry, list[DiscoveredDevice], ContainerEdits | None]:
         """Set the devices up: dynamic MIG instances, whose UUIDs are recorded before anything names
-        them (a crash from here on leaves an entry that says what to destroy), then time slices and
-        the MPS daemon, then GPUs for passthrough to vfio-pci (recorded before: ``begin``); the
-        device shares it holds are checked first. Returns the entry, the devices as the CDI spec must
-        name them, and the edits every container gets instead of the driver's (None: the driver's)."""
+        them (a crash from here on leaves an entry that says what to destroy), then the domains its
+        compute-domain devices join, time slices and the MPS daemon, then GPUs for passthrough to
+        vfio-pci (recorded before: ``begin``); the device shares it holds are checked first. Returns
+        the entry, the devices as the CDI spec must name them, and the edits every container gets
+        instead of the driver's (None: the driver's)."""
         await self.devices.check_shares(entry, plan)
         made = await self.devices.make_instances(entry, plan)
         if made.uuids is not None:
@@ -280,9 +286,10 @@ class ClaimSteps:
                 dataclasses.replace(p, mig_uuid=uuids.get(p.device, p.mig_uuid)) for p in entry.devices
             ]
             entry = await asyncio.to_thread(self._store.begin, entry_ref(entry), recorded)
-        await self.devices.share(entry, made.devices, plan)
+        joined = await self.devices.join_domains(entry, made.devices, plan)
+        await self.devices.share(entry, joined, plan)
         devices, common = await self.devices.pass_through(
-            entry, made.devices, plan, between_steps=lambda: self._pauses.reached("vfio-unbound")
+            entry, joined, plan, between_steps=lambda: self._pauses.reached("vfio-unbound")
         )
         return entry, devices, common
 

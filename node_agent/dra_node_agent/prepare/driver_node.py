@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dra_node_agent.claim_context import ClaimContextSource
-from dra_node_agent.device_setup import MigInstances, MpsControl, Passthrough, TimeSlicing
+from dra_node_agent.device_setup import DomainMembership, MigInstances, MpsControl, Passthrough, TimeSlicing
 from dra_node_agent.devices import DiscoveredDevice, DiscoveredInventory
 
 
@@ -30,6 +30,8 @@ class DriverNode:
     passthrough: Passthrough | None = None
     # Works out the vendor's context of a claim (TPU drivers: a multi-host pod's worker identity).
     claim_context: ClaimContextSource[Any] | None = None
+    # Joins the node to the domains its claims name (NVIDIA's compute-domain driver).
+    domains: DomainMembership | None = None
     devices: dict[str, DiscoveredDevice] = field(init=False)
 
     def __post_init__(self) -> None:

@@ -9,6 +9,7 @@ learns the claims prepared before from the checkpoint.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -22,7 +23,14 @@ from dra_node_agent.cdi import CdiWriter, VendorEnv
 from dra_node_agent.claim_context import ClaimContextSource
 from dra_node_agent.claim_messages import ClaimMessageLimiter
 from dra_node_agent.claim_reader import ClaimError, ClaimSource, describe
-from dra_node_agent.device_setup import DeviceSetupError, MigInstances, MpsControl, Passthrough, TimeSlicing
+from dra_node_agent.device_setup import (
+    DeviceSetupError,
+    DomainMembership,
+    MigInstances,
+    MpsControl,
+    Passthrough,
+    TimeSlicing,
+)
 from dra_node_agent.device_status import DeviceStatusWriter
 from dra_node_agent.devices import DiscoveredInventory
 from dra_node_agent.opaqueconfig import OpaqueConfigParser
@@ -38,6 +46,9 @@ from dra_node_agent.tenant_text import one_line
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_FILE: Final = "checkpoint.json"
+# How long a prepare waits for a compute-domain channel's domain to be ready on this node before it
+# answers the kubelet with a retryable error: inside the kubelet's 45 s deadline for the call.
+DEFAULT_READY_BUDGET_S: Final = 40.0
 
 
 class PrepareHandler:
@@ -62,8 +73,11 @@ class PrepareHandler:
         vendor_env: VendorEnv[Any] | None = None,
         device_status: DeviceStatusWriter | None = None,
         max_prepared_claims: int = cp.DEFAULT_MAX_CLAIMS,
+        domains: DomainMembership | None = None,
+        ready_budget_s: float = DEFAULT_READY_BUDGET_S,
     ) -> None:
         self.driver = driver
+        self.ready_budget_s = ready_budget_s
         self.device_status = device_status
         self.node_name = node_name
         self.state_dir = state_dir
@@ -76,6 +90,7 @@ class PrepareHandler:
             dynamic_mig=dynamic_mig,
             passthrough=passthrough,
             claim_context=claim_context,
+            domains=domains,
         )
         self.store = cp.CheckpointStore(
             state_dir / CHECKPOINT_FILE,
@@ -120,8 +135,19 @@ class PrepareHandler:
         return self._node.claim_context
 
     @property
+    def domains(self) -> DomainMembership | None:
+        return self._node.domains
+
+    @property
     def inventory(self) -> DiscoveredInventory:
         return self._node.inventory
+
+    @property
+    def waits_for_readiness(self) -> bool:
+        """Whether a prepare may wait, outside its lock, for something another prepare of this
+        driver brings about (a channel for its domain's daemon, whose claim is this driver's too):
+        then the kubelet's calls must not be serialised."""
+        return self._node.domains is not None
 
     @property
     def device_setups(self) -> int:
@@ -156,8 +182,15 @@ class PrepareHandler:
         return results
 
     async def _prepare_one(self, claim: ClaimRef) -> PrepareResult:
+        began = time.monotonic()
         try:
-            return PrepareResult(devices=await self._steps.prepare(claim))
+            devices = await self._steps.prepare(claim)
+            try:
+                await self._wait_ready(claim, budget_s=self.ready_budget_s - (time.monotonic() - began))
+            except DeviceSetupError as exc:
+                # Prepared, but what it joined is not ready on this node yet: the kubelet calls again.
+                return self._failed("prepare", claim, f"{describe(claim)}: {exc}", reason="not-ready")
+            return PrepareResult(devices=devices)
         except (PrepareError, ClaimError) as exc:
             return self._failed("prepare", claim, str(exc), reason="claim")
         except cp.CheckpointCorrupt as exc:
@@ -180,6 +213,24 @@ class PrepareHandler:
         except Exception as exc:  # a bug must fail this claim only, with a trace in the log
             logger.exception("prepare of %s failed unexpectedly", describe(claim))
             return self._failed("prepare", claim, f"{describe(claim)}: {exc!r}", reason="internal")
+
+    async def _wait_ready(self, claim: ClaimRef, *, budget_s: float) -> None:
+        """Wait, outside the steps' lock, until the domains the claim's channels joined are ready on
+        this node (``DomainMembership.wait_ready``); ``DeviceSetupError`` when the budget ran out."""
+        domains = self._node.domains
+        if domains is None:
+            return
+        entry = await asyncio.to_thread(self.store.get, claim.uid)
+        kinds = {d.name: d.kind for d in self._node.inventory.devices}
+        joined = sorted(
+            {
+                p.compute_domain
+                for p in (entry.devices if entry else ())
+                if p.compute_domain and kinds.get(p.device) == "channel"
+            }
+        )
+        for domain in joined:
+            await domains.wait_ready(claim=describe(claim), domain=domain, budget_s=max(0.0, budget_s))
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
         errors: dict[str, str] = {}

@@ -24,6 +24,8 @@ from dra_node_agent.claim_reader import AllocatedDevice, ClaimAllocation, descri
 from dra_node_agent.device_setup import DeviceSetupError
 from dra_node_agent.devices import ContainerEdits, DiscoveredDevice, format_quantity
 from dra_node_agent.opaqueconfig import (
+    ComputeDomainChannelConfig,
+    ComputeDomainDaemonConfig,
     DriverConfig,
     GoogleTpuConfig,
     GpuConfig,
@@ -64,13 +66,21 @@ class PreparePlan:
     iommu: IommuConfig | None = None
     # The config kind that asked for the daemon (GpuConfig, or MigDeviceConfig for MIG devices).
     mps_kind: str = "GpuConfig"
+    # Devices that join the claim to a domain (compute-domain channels and daemons): device name ->
+    # whether it asks for every channel (allocationMode All).
+    domain_devices: tuple[tuple[str, bool], ...] = ()
 
     @property
     def touches_devices(self) -> bool:
         """Whether set-up changes device state (then the results are recorded before it runs, so a
         crash in between leaves an entry that says what to undo)."""
         return any(
-            p.time_slice is not None or p.mps or p.dynamic_mig or p.vfio is not None for p in self.results
+            p.time_slice is not None
+            or p.mps
+            or p.dynamic_mig
+            or p.vfio is not None
+            or p.compute_domain is not None
+            for p in self.results
         )
 
     def observes_only(self, device: str) -> bool:
@@ -79,7 +89,12 @@ class PreparePlan:
 
 
 def _record(
-    result: AllocatedDevice, device: DiscoveredDevice, sharing: Sharing | None, *, where: str
+    result: AllocatedDevice,
+    device: DiscoveredDevice,
+    sharing: Sharing | None,
+    *,
+    where: str,
+    domain: str | None = None,
 ) -> cp.CheckpointedDevice:
     """The checkpoint record of one result: what set-up it asks of its device. A result with admin
     access observes a device other claims may hold: it asks for none, and sharing is refused."""
@@ -104,6 +119,7 @@ def _record(
         vfio=cp.PassthroughRecord(pci_bus_id=device.pci_bus_id, iommu_group=int(device.local_id))
         if device.kind == "vfio" and device.pci_bus_id is not None
         else None,
+        compute_domain=domain,
     )
 
 
@@ -147,6 +163,35 @@ def _add_share_env(planned: Sequence[cp.CheckpointedDevice], devices: dict[str, 
         devices[name] = dataclasses.replace(device, edits=device.edits.merged(ContainerEdits(env=env)))
 
 
+DomainConfig = ComputeDomainChannelConfig | ComputeDomainDaemonConfig
+
+
+def _domain_config(
+    configs: Sequence[RequestConfig], *, result: AllocatedDevice, device: DiscoveredDevice, where: str
+) -> DomainConfig:
+    """The ComputeDomain config a channel or daemon device needs (its domain is nowhere else)."""
+    try:
+        entry = effective_entry(
+            configs, request=result.request, device_kind=device.kind, device_name=device.name
+        )
+    except OpaqueConfigError as exc:
+        raise PrepareError(str(exc)) from exc
+    config = entry.config if entry is not None else None
+    if not isinstance(config, ComputeDomainChannelConfig | ComputeDomainDaemonConfig):
+        kind = "ComputeDomainChannelConfig" if device.kind == "channel" else "ComputeDomainDaemonConfig"
+        raise PrepareError(
+            f"{where}: request {result.request}: device {device.name} joins a ComputeDomain, and no "
+            f"{kind} says which: domainID cannot be empty (use the claim template the ComputeDomain "
+            "names, which carries it)"
+        )
+    if result.admin_access:
+        raise PrepareError(
+            f"{where}: request {result.request}: admin access cannot join a ComputeDomain "
+            f"(device {device.name})"
+        )
+    return config
+
+
 class Planner:
     """Plans one driver's claims on this node."""
 
@@ -174,6 +219,7 @@ class Planner:
         mps_configs: list[tuple[MpsConfig, list[str]]] = []
         mps_devices: dict[str, DiscoveredDevice] = {}
         iommu: dict[IommuConfig, list[str]] = {}
+        domain_devices: dict[str, bool] = {}
         for result in allocation.devices:
             device = node.devices.get(result.device)
             if result.pool != node.node_name or device is None:
@@ -203,7 +249,8 @@ class Planner:
                 else:
                     same[1].append(result.request)
                 mps_devices.setdefault(device.name, device)
-            planned.append(_record(result, device, sharing, where=where))
+            domain = self._domain(configs, result=result, device=device, where=where, wanted=domain_devices)
+            planned.append(_record(result, device, sharing, where=where, domain=domain))
             devices.setdefault(device.name, device)
         if len(claim_configs) > 1:
             # Its settings become container-wide environment: two values would leave the outcome to
@@ -223,6 +270,7 @@ class Planner:
             mps_limits=mps_limits,
             iommu=_one_iommu_config(iommu, devices.values(), where=where),
             mps_kind=config_kind(mps_gpus[0]) if mps_gpus else "GpuConfig",
+            domain_devices=tuple(sorted(domain_devices.items())),
         )
 
     def _passthrough(
@@ -252,6 +300,30 @@ class Planner:
         config = entry.config if entry is not None else VfioDeviceConfig()
         assert isinstance(config, VfioDeviceConfig)
         iommu.setdefault(config.iommu, []).append(result.request)
+
+    def _domain(
+        self,
+        configs: Sequence[RequestConfig],
+        *,
+        result: AllocatedDevice,
+        device: DiscoveredDevice,
+        where: str,
+        wanted: dict[str, bool],
+    ) -> str | None:
+        """The domain a channel or daemon device joins (None for any other device); records in
+        ``wanted`` whether it asks for every channel."""
+        if device.kind not in ("channel", "daemon"):
+            return None
+        node = self._node
+        if node.domains is None:
+            raise PrepareError(
+                f"{where}: device {device.name} of driver {node.driver} joins a ComputeDomain, and "
+                "this agent does not serve ComputeDomains (--compute-domains=false)"
+            )
+        config = _domain_config(configs, result=result, device=device, where=where)
+        every = isinstance(config, ComputeDomainChannelConfig) and config.allocation_mode == "All"
+        wanted[device.name] = every
+        return config.domain_id
 
     def _mps_limits(
         self,

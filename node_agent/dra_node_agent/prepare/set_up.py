@@ -1,7 +1,8 @@
 """Device set-up for a planned claim, and its undoing.
 
 Set-up creates a dynamic MIG placement's instance, sets a GpuConfig's time slice and starts its MPS
-daemon, and binds a GPU for passthrough to vfio-pci, through the tools of ``device_setup``.
+daemon, joins the node to the ComputeDomains of a claim's channels and daemons, and binds a GPU for
+passthrough to vfio-pci, through the tools of ``device_setup``.
 Tear-down undoes all of it; it must be safe on devices that were never set up, since a crash can
 come at any step.
 
@@ -23,13 +24,14 @@ passthrough), and a device whose GPU another claim passes through, before anythi
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from dra_node_agent import checkpoint as cp
 from dra_node_agent.claim_reader import describe
-from dra_node_agent.device_setup import DeviceSetupError, Passthrough
+from dra_node_agent.device_setup import DeviceSetupError, Membership, Passthrough
 from dra_node_agent.devices import ContainerEdits, DiscoveredDevice, format_quantity
 from dra_node_agent.prepare.driver_node import DriverNode
 from dra_node_agent.prepare.errors import PrepareError
@@ -232,6 +234,49 @@ class DeviceSetUp:
             common = common.merged(edits)
         return ready, common
 
+    async def join_domains(
+        self, entry: cp.ClaimEntry, devices: Sequence[DiscoveredDevice], plan: PreparePlan
+    ) -> list[DiscoveredDevice]:
+        """Join the node to the domains the claim's channels and daemons name (a compute-domain
+        claim); returns the devices with the edits that gives them."""
+        if not plan.domain_devices:
+            return list(devices)
+        domains = self._node.domains
+        assert domains is not None  # the planner refused such devices without it
+        by_device = {p.device: p for p in entry.devices}
+        wanted = dict(plan.domain_devices)
+        others = await asyncio.to_thread(self._held_elsewhere, entry.uid)
+        joined: list[DiscoveredDevice] = []
+        for device in devices:
+            record = by_device.get(device.name)
+            if device.name not in wanted or record is None or record.compute_domain is None:
+                joined.append(device)
+                continue
+            member = Membership(
+                namespace=entry.namespace,
+                claim=entry.name,
+                uid=entry.uid,
+                device=device,
+                domain=record.compute_domain,
+                all_channels=wanted[device.name],
+            )
+            try:
+                edits = await domains.join(member, others=others)
+            except DeviceSetupError as exc:
+                raise PrepareError(f"{describe(entry_ref(entry))}: request {record.request}: {exc}") from exc
+            joined.append(dataclasses.replace(device, edits=device.edits.merged(edits)))
+        return joined
+
+    def _held_elsewhere(self, uid: str) -> list[tuple[str, str]]:
+        """(device, domain) of what other recorded claims joined (blocking: reads the checkpoint)."""
+        return [
+            (held.device, held.compute_domain)
+            for other in self._recorded()
+            if other.uid != uid
+            for held in other.devices
+            if held.compute_domain is not None
+        ]
+
     async def share(
         self, entry: cp.ClaimEntry, devices: Sequence[DiscoveredDevice], plan: PreparePlan
     ) -> None:
@@ -308,6 +353,7 @@ class DeviceSetUp:
         """
         if self._node.mps is not None:
             await self._node.mps.stop(entry.uid)  # nothing to do for a claim without a daemon
+        await self._leave_domains(entry)
         await self._tear_down_migs(entry)
         await self._give_back(entry)
         sliced = {p.device for p in entry.devices if p.time_slice is not None}
@@ -329,6 +375,17 @@ class DeviceSetUp:
         ]
         if uuids:
             await sharing.reset_time_slice(uuids)
+
+    async def _leave_domains(self, entry: cp.ClaimEntry) -> None:
+        """Leave the domains the claim joined (safe for one that never did)."""
+        joined = [p for p in entry.devices if p.compute_domain is not None]
+        domains = self._node.domains
+        if not joined or domains is None:
+            return
+        others = await asyncio.to_thread(self._held_elsewhere, entry.uid)
+        for prepared in joined:
+            assert prepared.compute_domain is not None
+            await domains.leave(device=prepared.device, domain=prepared.compute_domain, others=others)
 
     async def _tear_down_migs(self, entry: cp.ClaimEntry) -> None:
         """Destroy the instances of the claim's dynamic MIG placements (found by placement: one that

@@ -27,6 +27,7 @@ from dra_api.names import GPU_DRIVER, TPU_DRIVER
 from dra_node_agent.devices import DiscoveredInventory
 from dra_node_agent.discovery_config import SHARES_DISABLED
 from dra_node_agent.nvidia import record as nvidia_record
+from dra_node_agent.nvidia.cd_discovery import ComputeDomainBackend
 from dra_node_agent.nvidia.discovery import (
     ARCHITECTURE_NAMES,
     BRAND_NAMES,
@@ -34,7 +35,15 @@ from dra_node_agent.nvidia.discovery import (
     NvmlBackend,
 )
 from dra_node_agent.simulated import container_tools
-from dra_node_agent.simulated.fakehw import FakeGpu, FakeMig, FakeMigProfile, FakeNvml, write_nvidia_nodes
+from dra_node_agent.simulated.fakehw import (
+    FakeFabric,
+    FakeGpu,
+    FakeMig,
+    FakeMigProfile,
+    FakeNvml,
+    write_fabric_nodes,
+    write_nvidia_nodes,
+)
 from dra_node_agent.simulated.fakekernel import FakePciKernel
 from dra_node_agent.simulated.faketree import (
     BAR_MEM32,
@@ -44,7 +53,7 @@ from dra_node_agent.simulated.faketree import (
     FakePciFunction,
     write_pci_tree,
 )
-from dra_node_agent.simulated.host_tools import install_simulated_mps_control
+from dra_node_agent.simulated.host_tools import install_simulated_imex, install_simulated_mps_control
 from dra_node_agent.simulated.migtables import MIG_TABLES
 from dra_node_agent.simulated.nic import (
     NIC_DRIVER,
@@ -54,6 +63,8 @@ from dra_node_agent.simulated.nic import (
     nic_pci_functions,
     valid_if_name,
 )
+from dra_node_agent.simulated.profile_reader import ProfileError as ProfileError
+from dra_node_agent.simulated.profile_reader import Reader as _Reader
 from dra_node_agent.tpu import record as tpu_record
 from dra_node_agent.tpu.discovery import GENERATIONS, GOOGLE_VENDOR, TpuBackend, validate_topology
 from dra_node_agent.vendor_record import VendorRecord
@@ -67,10 +78,6 @@ SIMULATED_DRIVER_ROOT = "driver"
 # A simulated GPU's own IOMMU group, when its profile names none: this plus its position on the node.
 SIMULATED_GPU_GROUP_BASE = 40
 _TPU_DEVICE_IDS = {"v4": 0x005E, "v5p": 0x0062, "v5litepod": 0x0063, "v6e": 0x006F, "tpu7x": 0x0076}
-
-
-class ProfileError(ValueError):
-    """A simulated-hardware profile that does not follow the schema."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +100,24 @@ class GpuGroup:
     mig_layouts: tuple[tuple[tuple[str, int], ...], ...]
 
 
+FABRIC_STATES: Final = {"NotSupported": 0, "NotStarted": 1, "InProgress": 2, "Completed": 3}
+
+
+@dataclass(frozen=True)
+class FabricProfile:
+    """What NVML's fabric info says of every GPU of a node: the NVLink fabric's cluster UUID, the
+    clique (the default, or per node name), its registration state and status."""
+
+    cluster_uuid: str
+    clique: int
+    state: int
+    status: int = 0
+    cliques: Mapping[str, int] = field(default_factory=dict)
+
+    def clique_of(self, node_name: str) -> int:
+        return self.cliques.get(node_name, self.clique)
+
+
 @dataclass(frozen=True)
 class NvidiaProfile:
     driver_version: str
@@ -101,6 +126,8 @@ class NvidiaProfile:
     gpus: tuple[GpuGroup, ...]
     # The kernel has IOMMUFD (/dev/iommu; a cdev per function vfio-pci holds).
     iommufd: bool = False
+    # None: the driver has no fabric info for these GPUs (NVML says NotSupported).
+    fabric: FabricProfile | None = None
 
 
 @dataclass(frozen=True)
@@ -173,49 +200,9 @@ def parse_profile(data: Any, *, label: str) -> Profile:
     )
 
 
-class _Reader:
-    """Strict YAML field reading with messages that name the profile and the field."""
-
-    def __init__(self, label: str) -> None:
-        self.label = label
-
-    def fail(self, where: str, message: str) -> ProfileError:
-        return ProfileError(f"profile {self.label}: {where or 'top level'}: {message}")
-
-    def mapping(self, value: Any, where: str, allowed: set[str]) -> dict[str, Any]:
-        if not isinstance(value, dict):
-            raise self.fail(where, "must be a mapping")
-        unknown = sorted(set(value) - allowed)
-        if unknown:
-            raise self.fail(where, f"unknown field {unknown[0]!r}")
-        return value
-
-    def string(self, value: Any, where: str) -> str:
-        if not isinstance(value, str):
-            raise self.fail(where, "must be a string")
-        return value
-
-    def integer(self, value: Any, where: str) -> int:
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise self.fail(where, "must be an integer")
-        return value
-
-    def boolean(self, value: Any, where: str) -> bool:
-        if not isinstance(value, bool):
-            raise self.fail(where, "must be true or false")
-        return value
-
-    def sequence(self, value: Any, where: str, length: int | None = None) -> list[Any]:
-        if not isinstance(value, list):
-            raise self.fail(where, "must be a list")
-        if length is not None and len(value) != length:
-            raise self.fail(where, f"must have {length} entries, has {len(value)}")
-        return value
-
-
 def _parse_nvidia(p: _Reader, raw: Any) -> NvidiaProfile:
     section = p.mapping(
-        raw, "nvidia", {"driverVersion", "cudaDriverVersion", "migProfiles", "gpus", "iommufd"}
+        raw, "nvidia", {"driverVersion", "cudaDriverVersion", "migProfiles", "gpus", "iommufd", "fabric"}
     )
     mig_profiles: dict[str, FakeMigProfile] = {}
     for i, item in enumerate(p.sequence(section.get("migProfiles", []), "nvidia.migProfiles")):
@@ -231,6 +218,27 @@ def _parse_nvidia(p: _Reader, raw: Any) -> NvidiaProfile:
         mig_profiles=mig_profiles,
         gpus=tuple(groups),
         iommufd=p.boolean(section.get("iommufd", False), "nvidia.iommufd"),
+        fabric=_parse_fabric(p, section["fabric"]) if "fabric" in section else None,
+    )
+
+
+def _parse_fabric(p: _Reader, raw: Any) -> FabricProfile:
+    f = p.mapping(raw, "nvidia.fabric", {"clusterUUID", "clique", "state", "status", "cliques"})
+    cluster = p.string(f.get("clusterUUID"), "nvidia.fabric.clusterUUID")
+    try:
+        uuidlib.UUID(cluster)
+    except ValueError:
+        raise p.fail("nvidia.fabric.clusterUUID", f"{cluster!r} is not a UUID") from None
+    state = p.string(f.get("state", "Completed"), "nvidia.fabric.state")
+    if state not in FABRIC_STATES:
+        raise p.fail("nvidia.fabric.state", f"unknown state {state!r} (known: {', '.join(FABRIC_STATES)})")
+    cliques = p.mapping(f.get("cliques", {}), "nvidia.fabric.cliques", set(f.get("cliques") or {}))
+    return FabricProfile(
+        cluster_uuid=cluster,
+        clique=p.integer(f.get("clique", 0), "nvidia.fabric.clique"),
+        state=FABRIC_STATES[state],
+        status=p.integer(f.get("status", 0), "nvidia.fabric.status"),
+        cliques={str(k): p.integer(v, f"nvidia.fabric.cliques.{k}") for k, v in cliques.items()},
     )
 
 
@@ -387,6 +395,17 @@ def _parse_nic(p: _Reader, raw: Any) -> NicProfile:
 
 def simulated_gpus(profile: NvidiaProfile, *, node_name: str) -> list[FakeGpu]:
     """The fake GPUs of a profile, with UUIDs derived from the node name."""
+    fabric = profile.fabric
+    gpu_fabric = (
+        FakeFabric(
+            cluster_uuid=fabric.cluster_uuid,
+            clique=fabric.clique_of(node_name),
+            state=fabric.state,
+            status=fabric.status,
+        )
+        if fabric is not None
+        else None
+    )
     gpus: list[FakeGpu] = []
     for group in profile.gpus:
         for position in range(group.count):
@@ -419,6 +438,7 @@ def simulated_gpus(profile: NvidiaProfile, *, node_name: str) -> list[FakeGpu]:
                     if group.mig_capable
                     else (),
                     migs=migs,
+                    fabric=gpu_fabric,
                 )
             )
     return gpus
@@ -476,7 +496,9 @@ class SimulatedHardware:
 
     root: Path
     nvml: FakeNvml | None = None
-    backend: NvmlBackend | TpuBackend | SimulatedNicBackend | None = field(default=None, repr=False)
+    backend: NvmlBackend | TpuBackend | SimulatedNicBackend | ComputeDomainBackend | None = field(
+        default=None, repr=False
+    )
     vendor: VendorRecord[Any] | None = field(default=None, repr=False)
     char_devices: bool = False
     """Whether the fake /dev holds character devices (the agent may mknod), which a container
@@ -622,6 +644,9 @@ class SimulatedBackend:
             # device table (a restart rewrites nothing: the same devices give the same text).
             container_tools.write_nvidia_smi(driver_root, state_dir=root / GPU_STATE_DIR)
         install_simulated_mps_control(driver_root / MPS_CONTROL_PATHS[0])
+        # /proc/devices, the IMEX tools and (in a multi-node clique) the IMEX capability.
+        write_fabric_nodes(root, with_fabric=_multi_node(profile.fabric), char_devices=True)
+        install_simulated_imex(driver_root)
         backend = NvmlBackend(
             driver=driver,
             nvml=nvml,
@@ -647,6 +672,15 @@ class SimulatedBackend:
             char_devices=char_devices,
             kernel=kernel,
         )
+
+
+def _multi_node(fabric: FabricProfile | None) -> bool:
+    """Whether a profile's fabric joins its node to others (a non-zero cluster UUID)."""
+    return (
+        fabric is not None
+        and fabric.state == FABRIC_STATES["Completed"]
+        and uuidlib.UUID(fabric.cluster_uuid).int != 0
+    )
 
 
 def _char_device(path: Path) -> bool:

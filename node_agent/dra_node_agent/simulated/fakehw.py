@@ -17,13 +17,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Final
 
 import pynvml
 
 from dra_node_agent.nvidia.mig_discovery import COMPUTE_PROFILE_BY_SLICES
 from dra_node_agent.pci import bound_driver, split_address
 from dra_node_agent.simulated.faketree import (
+    IMEX_CHANNELS_MAJOR,
     NVIDIA_CAPS_MAJOR,
     NVIDIA_DRIVER,
     NVIDIA_MAJOR,
@@ -70,6 +71,8 @@ NVML_FUNCTIONS = (
     "nvmlComputeInstanceGetInfo",
     "nvmlComputeInstanceDestroy",
     "nvmlGpuInstanceDestroy",
+    # The NVLink fabric (``nvidia.fabric``: the compute-domain driver's clique).
+    "nvmlDeviceGetGpuFabricInfo",
 )
 
 # Where a FakeNvml with a ``state_dir`` keeps what a real GPU would keep across agent restarts, one
@@ -130,6 +133,16 @@ class FakeMig:
         }
 
 
+@dataclass(frozen=True)
+class FakeFabric:
+    """One GPU's NVLink fabric as NVML tells it: cluster UUID, clique, registration state, status."""
+
+    cluster_uuid: str
+    clique: int
+    state: int = pynvml.NVML_GPU_FABRIC_STATE_COMPLETED
+    status: int = pynvml.NVML_SUCCESS
+
+
 @dataclass
 class FakeGpu:
     uuid: str
@@ -146,6 +159,8 @@ class FakeGpu:
     # pynvml function name -> NVML error code to raise for this GPU (fault injection).
     failures: dict[str, int] = field(default_factory=dict)
     compute_mode: int = pynvml.NVML_COMPUTEMODE_DEFAULT
+    # None: the driver gives no fabric info for this GPU (NVML says NotSupported).
+    fabric: FakeFabric | None = None
 
 
 _COMPUTE_MODES = (
@@ -189,7 +204,7 @@ class FakeNvml:
         # Device state that outlives the process, as on hardware (None: in memory only).
         self.state_dir = state_dir
         if state_dir is not None:
-            self._load_state(state_dir)
+            _load_gpu_state(self.gpus, state_dir)
         self.driver_version = driver_version
         self.cuda_driver_version = cuda_driver_version
         self.init_error = init_error
@@ -226,26 +241,6 @@ class FakeNvml:
         if code is not None:
             raise pynvml.NVMLError(code)
         return handle.gpu
-
-    def _load_state(self, state_dir: Path) -> None:
-        """Read back (or first write) each GPU's persisted settings (blocking file I/O)."""
-        for gpu in self.gpus:
-            folder = state_dir / gpu.uuid
-            folder.mkdir(parents=True, exist_ok=True)
-            for name, default in ((COMPUTE_MODE_FILE, gpu.compute_mode), (TIME_SLICE_FILE, 0)):
-                path = folder / name
-                if path.exists():
-                    if name == COMPUTE_MODE_FILE:
-                        gpu.compute_mode = int(path.read_text().strip() or default)
-                else:
-                    path.write_text(f"{default}\n")
-            instances = folder / MIG_INSTANCES_FILE
-            if instances.exists():
-                by_index = {p.index: p for p in gpu.mig_profiles}
-                gpu.migs = tuple(
-                    FakeMig(by_index[m["profile"]], m["start"], m["gi"], m["ci"], m["uuid"])
-                    for m in json.loads(instances.read_text())
-                )
 
     def _save_migs(self, gpu: FakeGpu) -> None:
         if self.state_dir is None:
@@ -556,6 +551,20 @@ class FakeNvml:
                 return _Handle(gpu, mig, "gi")
         raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
 
+    def nvmlDeviceGetGpuFabricInfo(self, handle: _Handle, gpuFabricInfo: Any) -> int:
+        """As pynvml: fills the ``c_nvmlGpuFabricInfo_t`` the caller passes (by reference)."""
+        gpu = self._gpu(handle, "nvmlDeviceGetGpuFabricInfo")
+        if gpu.fabric is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        info = _deref(gpuFabricInfo)
+        raw = uuidlib.UUID(gpu.fabric.cluster_uuid).bytes
+        for i, byte in enumerate(raw):
+            info.clusterUuid[i] = byte
+        info.cliqueId = gpu.fabric.clique
+        info.state = gpu.fabric.state
+        info.status = gpu.fabric.status
+        return 0
+
     def nvmlGpuInstanceGetInfo(self, gpu_instance: _Handle) -> SimpleNamespace:
         mig = self._instance(gpu_instance, "gi", "nvmlGpuInstanceGetInfo")
         return SimpleNamespace(
@@ -563,6 +572,27 @@ class FakeNvml:
             profileId=mig.profile.id,
             placement=SimpleNamespace(start=mig.start, size=mig.profile.size),
         )
+
+
+def _load_gpu_state(gpus: Sequence[FakeGpu], state_dir: Path) -> None:
+    """Read back (or first write) each GPU's persisted settings (blocking file I/O)."""
+    for gpu in gpus:
+        folder = state_dir / gpu.uuid
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, default in ((COMPUTE_MODE_FILE, gpu.compute_mode), (TIME_SLICE_FILE, 0)):
+            path = folder / name
+            if path.exists():
+                if name == COMPUTE_MODE_FILE:
+                    gpu.compute_mode = int(path.read_text().strip() or default)
+            else:
+                path.write_text(f"{default}\n")
+        instances = folder / MIG_INSTANCES_FILE
+        if instances.exists():
+            by_index = {p.index: p for p in gpu.mig_profiles}
+            gpu.migs = tuple(
+                FakeMig(by_index[m["profile"]], m["start"], m["gi"], m["ci"], m["uuid"])
+                for m in json.loads(instances.read_text())
+            )
 
 
 def _deref(value: Any) -> Any:
@@ -591,6 +621,42 @@ def write_nvidia_nodes(root: Path, gpus: Sequence[FakeGpu], *, char_devices: boo
         for mig in gpu.migs:
             if mig.ci_id >= 0:
                 write_mig_nodes(root, gpu, mig, char_devices=char_devices)
+
+
+# /proc/devices of a host with NVIDIA's driver and IMEX channels (nvidia-caps-imex-channels).
+PROC_DEVICES: Final = f"""Character devices:
+  1 mem
+{NVIDIA_MAJOR} nvidia
+{NVIDIA_MAJOR} nvidiactl
+{NVIDIA_UVM_MAJOR} nvidia-uvm
+{NVIDIA_CAPS_MAJOR} nvidia-caps
+{IMEX_CHANNELS_MAJOR} nvidia-caps-imex-channels
+
+Block devices:
+  8 sd
+"""
+# The fabric-imex-mgmt capability's minor (below the MIG capabilities' minors).
+IMEX_MGMT_MINOR: Final = 4
+
+
+def write_fabric_nodes(root: Path, *, with_fabric: bool, char_devices: bool) -> None:
+    """/proc/devices, and with a multi-node fabric the fabric-imex-mgmt capability (its /proc file
+    and /dev/nvidia-caps node), as a driver with IMEX support lays them out."""
+    proc = root / "proc"
+    proc.mkdir(parents=True, exist_ok=True)
+    (proc / "devices").write_text(PROC_DEVICES)
+    if not with_fabric:
+        return
+    capability = proc / "driver" / "nvidia" / "capabilities" / "fabric-imex-mgmt"
+    capability.parent.mkdir(parents=True, exist_ok=True)
+    capability.write_text(f"DeviceFileMinor: {IMEX_MGMT_MINOR}\nDeviceFileMode: 256\nDeviceFileModify: 1\n")
+    (root / "dev" / "nvidia-caps").mkdir(parents=True, exist_ok=True)
+    make_device_node(
+        root / "dev" / "nvidia-caps" / f"nvidia-cap{IMEX_MGMT_MINOR}",
+        major=NVIDIA_CAPS_MAJOR,
+        minor=IMEX_MGMT_MINOR,
+        char_device=char_devices,
+    )
 
 
 def _mig_capabilities(root: Path, gpu: FakeGpu, gi_id: int) -> Path:

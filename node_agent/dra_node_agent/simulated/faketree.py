@@ -49,6 +49,8 @@ def _symlink(link: Path, target: Path) -> None:
 # accel is the kernel's accel class (261); /dev/vfio/vfio is misc 10:196.
 NVIDIA_MAJOR, NVIDIACTL_MINOR = 195, 255
 NVIDIA_UVM_MAJOR, NVIDIA_CAPS_MAJOR = 510, 511
+# IMEX channels (/dev/nvidia-caps-imex-channels/channel<N>) get a major at module load too.
+IMEX_CHANNELS_MAJOR = 509
 ACCEL_MAJOR, VFIO_GROUP_MAJOR, VFIO_CONTAINER = 261, 243, (10, 196)
 VFIO_CDEV_MAJOR, IOMMU_DEVICE = 242, (10, 124)
 VFIO_PCI, NVIDIA_DRIVER = "vfio-pci", "nvidia"

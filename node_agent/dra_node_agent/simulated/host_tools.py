@@ -122,3 +122,86 @@ def install_simulated_mps_control(path: Path) -> None:
     if not path.exists() or path.read_text() != SIMULATED_MPS_CONTROL:
         path.write_text(SIMULATED_MPS_CONTROL)
     path.chmod(0o755)
+
+
+# The simulated IMEX tools, under the simulated driver root where a real driver keeps nvidia-imex and
+# nvidia-imex-ctl. A ComputeDomain daemon's claim mounts them into the daemon's container, as the
+# driver's files (``nvidia.driver_files``); host-managed IMEX runs the control tool on the host.
+#
+# nvidia-imex -c CONFIG: reads the config's nodes file and command address, and answers as a real
+# daemon would be: READY once its own address is among the nodes file's names in /etc/hosts (the
+# daemon wrapper writes them as the domain's daemons join), re-read on SIGUSR1. It keeps its state
+# next to the config (.imex-state, .imex-pid). Faults, in the node's IMEX fault folder (mounted
+# read-only in the container): "fail-start" makes it exit at once, "not-ready" keeps it unready.
+IMEX_FAULTS: Final = "imex"
+IMEX_FAULTS_MOUNT: Final = "/run/accel-dra-simulated-imex"
+SIMULATED_IMEX: Final = f"""#!/bin/sh
+# nvidia-imex on a simulated node (accel-dra).
+set -f
+cfg=""
+while [ $# -gt 0 ]; do
+  case "$1" in -c) cfg="$2"; shift 2 ;; *) shift ;; esac
+done
+[ -n "$cfg" ] && [ -f "$cfg" ] || {{ echo "nvidia-imex: no config file (-c)" >&2; exit 1; }}
+faults={IMEX_FAULTS_MOUNT}
+[ -e "$faults/fail-start" ] && {{ echo "nvidia-imex: failed to start (simulated fault)" >&2; exit 1; }}
+dir=$(dirname "$cfg")
+nodes=$(sed -n 's/^IMEX_NODE_CONFIG_FILE=//p' "$cfg")
+bind=$(sed -n 's/^IMEX_CMD_BIND_INTERFACE_IP=//p' "$cfg")
+resolve() {{
+  peers=""; ready=no
+  while read -r name; do
+    [ -n "$name" ] || continue
+    while read -r ip host rest; do
+      [ "$host" = "$name" ] || continue
+      peers="$peers $name=$ip"
+      [ "$ip" = "$bind" ] && ready=yes
+    done < /etc/hosts
+  done < "$nodes"
+  [ -e "$faults/not-ready" ] && ready=no
+  printf 'ready %s\\npeers%s\\n' "$ready" "$peers" > "$dir/.imex-state.tmp"
+  mv -f "$dir/.imex-state.tmp" "$dir/.imex-state"
+  echo "nvidia-imex (simulated): ready=$ready peers:$peers"
+}}
+trap resolve USR1
+trap 'rm -f "$dir/.imex-state" "$dir/.imex-pid"; exit 0' TERM INT
+echo $$ > "$dir/.imex-pid"
+echo "nvidia-imex (simulated): command service on $bind:50005, nodes from $nodes"
+resolve
+while true; do sleep 1 & wait $!; done
+"""
+
+# nvidia-imex-ctl -c CONFIG -q: READY when the config's daemon runs and is ready, else UNAVAILABLE
+# (exit 1). With --u=SOCKET (host-managed IMEX): READY when the host daemon's socket exists.
+SIMULATED_IMEX_CTL: Final = """#!/bin/sh
+# nvidia-imex-ctl on a simulated node (accel-dra).
+set -f
+cfg=/etc/nvidia-imex/config.cfg; socket=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -c) cfg="$2"; shift 2 ;;
+    --u=*) socket="${1#--u=}"; shift ;;
+    *) shift ;;
+  esac
+done
+if [ -n "$socket" ]; then
+  [ -e "$socket" ] && { echo READY; exit 0; }
+  echo UNAVAILABLE; exit 1
+fi
+dir=$(dirname "$cfg")
+pid=$(cat "$dir/.imex-pid" 2>/dev/null)
+if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && grep -qx 'ready yes' "$dir/.imex-state" 2>/dev/null; then
+  echo READY; exit 0
+fi
+echo UNAVAILABLE; exit 1
+"""
+
+
+def install_simulated_imex(driver_root: Path) -> None:
+    """Write the simulated node's nvidia-imex and nvidia-imex-ctl under ``driver_root`` (blocking)."""
+    for name, script in (("nvidia-imex", SIMULATED_IMEX), ("nvidia-imex-ctl", SIMULATED_IMEX_CTL)):
+        path = driver_root / "usr" / "bin" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.exists() or path.read_text() != script:
+            path.write_text(script)
+        path.chmod(0o755)

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from dra_node_agent.discovery_config import DiscoveryConfig
 from dra_node_agent.health.probe import HealthProbe
+from dra_node_agent.simulated.cd_backend import SimulatedComputeDomainBackend
 from dra_node_agent.simulated.discovery import Profile, SimulatedBackend, load_profile
 from dra_node_agent.simulated.health_probe import (
     FAULTS_FOLDER,
@@ -47,9 +48,10 @@ def simulated_profiles(config: DiscoveryConfig) -> list[tuple[Profile, str]]:
     return chosen
 
 
-def backends(config: DiscoveryConfig) -> list[SimulatedBackend]:
-    """One backend per simulated profile (none without profiles)."""
-    found: list[SimulatedBackend] = []
+def backends(config: DiscoveryConfig) -> list[SimulatedBackend | SimulatedComputeDomainBackend]:
+    """One backend per simulated profile (none without profiles), and with ComputeDomains on, the
+    compute-domain driver over a GPU profile's fake NVML."""
+    found: list[SimulatedBackend | SimulatedComputeDomainBackend] = []
     for index, (profile, driver) in enumerate(simulated_profiles(config)):
         state_dir = Path(config.simulation_dir) / f"{index}-{profile.name}" if config.simulation_dir else None
         found.append(
@@ -65,10 +67,22 @@ def backends(config: DiscoveryConfig) -> list[SimulatedBackend]:
                 cdi_hook_path=config.cdi_hook_path,
             )
         )
+    gpus = next(
+        (b for b in found if isinstance(b, SimulatedBackend) and b.profile().nvidia is not None), None
+    )
+    if config.compute_domains and gpus is not None:
+        found.append(
+            SimulatedComputeDomainBackend(
+                gpus, host_managed=config.imex_host_managed, strict_fabric=config.strict_fabric
+            )
+        )
     return found
 
 
-def _vendors(backend: SimulatedBackend, part: Callable[[VendorRecord[Any], Any], T | None]) -> T | None:
+Simulated = SimulatedBackend | SimulatedComputeDomainBackend
+
+
+def _vendors(backend: Simulated, part: Callable[[VendorRecord[Any], Any], T | None]) -> T | None:
     """``part`` of the record of the vendor whose code runs over the fake hardware, applied to that
     code's backend; None for the simulated NIC driver."""
     hardware = backend.hardware()
@@ -77,7 +91,7 @@ def _vendors(backend: SimulatedBackend, part: Callable[[VendorRecord[Any], Any],
     return part(hardware.vendor, hardware.backend)
 
 
-def health_probe(backend: SimulatedBackend, options: ProbeOptions) -> HealthProbe | None:
+def health_probe(backend: Simulated, options: ProbeOptions) -> HealthProbe | None:
     """Simulated GPUs: NVML's probe over the fake NVML, which also reads the fault folder. Other
     profiles: their vendor's probe over the fake trees (none for the NIC driver)."""
     hardware = backend.hardware()
@@ -92,7 +106,7 @@ def health_probe(backend: SimulatedBackend, options: ProbeOptions) -> HealthProb
     )
 
 
-RECORD: VendorRecord[SimulatedBackend] = VendorRecord(
+RECORD: VendorRecord[Simulated] = VendorRecord(
     name=SimulatedBackend.vendor,
     backends=backends,
     health_probe=health_probe,
@@ -106,5 +120,11 @@ RECORD: VendorRecord[SimulatedBackend] = VendorRecord(
     status_data=lambda backend: _vendors(backend, lambda vendor, inner: vendor.status_data(inner)),
     claim_context=lambda backend, access: _vendors(
         backend, lambda vendor, inner: vendor.claim_context(inner, access)
+    ),
+    domains=lambda backend, access, options: _vendors(
+        backend, lambda vendor, inner: vendor.domains(inner, access, options)
+    ),
+    device_status=lambda backend: (
+        _vendors(backend, lambda vendor, inner: vendor.device_status(inner)) is not False
     ),
 )

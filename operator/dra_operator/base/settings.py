@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dra_api import computedomains as cd
 from dra_api.names import GPU_CLASS, GPU_DRIVER, MIG_CLASS, TPU_CLASS, TPU_DRIVER
 from dra_api.oneline import OneLineParser
 
@@ -231,6 +232,43 @@ class Settings:
     watch gap (0: never). It is what catches a deletion during a gap in a watch whose re-list
     returned no objects at all."""
 
+    compute_domains: bool = False
+    """Run the ComputeDomain controller: NVIDIA's ComputeDomain API (resource.nvidia.com/v1beta1,
+    the crds/ of this project) served as NVIDIA's compute-domain controller serves it, with its
+    two DeviceClasses kept in place (compute-domain-default-channel.nvidia.com,
+    compute-domain-daemon.nvidia.com)."""
+
+    compute_domain_namespace: str = ""
+    """Namespace of the ComputeDomains' IMEX daemons (their DaemonSets, claim templates and
+    cliques); the node agents must be told the same. Empty: $POD_NAMESPACE, else accel-dra."""
+
+    compute_domain_daemon_image: str = ""
+    """Image of the IMEX daemon pods (the product's image, which holds compute-domain-daemon).
+    Empty: accel-dra:<this operator's version>."""
+
+    compute_domain_daemon_image_pull_policy: str = "IfNotPresent"
+    """imagePullPolicy of the IMEX daemon pods (Always, IfNotPresent or Never)."""
+
+    compute_domain_daemon_overrides: str = ""
+    """YAML file of what this cluster adds to the IMEX daemon pods: hostAliases, env,
+    imagePullSecrets, priorityClassName, resources (nothing else is accepted)."""
+
+    compute_domain_imex_mode: str = "driverManaged"
+    """Who runs IMEX: driverManaged (one daemon pod per node of a domain, as NVIDIA's default) or
+    hostManaged (the hosts run nvidia-imex themselves: no daemons, channels in Single mode only;
+    NVIDIA's HostManagedIMEXDaemon). The node agents must be told the same."""
+
+    max_nodes_per_imex_domain: int = cd.DEFAULT_MAX_NODES_PER_IMEX_DOMAIN
+    """Most IMEX daemons in one clique of a domain (an NVL72 rack has 18 compute trays)."""
+
+    max_compute_domains_per_namespace: int = 32
+    """Most ComputeDomains the controller serves in one namespace (the oldest first); the others
+    get a Warning Event and wait, so one tenant cannot fill the driver's namespace with DaemonSets."""
+
+    compute_domain_resync_s: float = 60.0
+    """How often every ComputeDomain is reconciled even without an event, and node labels of
+    deleted domains are swept."""
+
     log_level: str = "INFO"
     """Python log level (DEBUG, INFO, WARNING, ERROR)."""
 
@@ -244,6 +282,21 @@ class Settings:
         if self.mig_enabled:
             names.append(self.mig_class)
         return tuple(names)
+
+    def daemon_namespace(self) -> str:
+        """Where the IMEX daemons of ComputeDomains live."""
+        return self.compute_domain_namespace or os.environ.get("POD_NAMESPACE") or "accel-dra"
+
+    def daemon_image(self) -> str:
+        """The IMEX daemon pods' image."""
+        if self.compute_domain_daemon_image:
+            return self.compute_domain_daemon_image
+        try:
+            from importlib.metadata import version
+
+            return f"accel-dra:{version('accel-dra')}"
+        except Exception:  # not installed as a distribution (a source tree on sys.path)
+            return "accel-dra:latest"
 
     def resolved_identity(self) -> str:
         if self.identity:
@@ -368,7 +421,30 @@ def from_sources(*, args: argparse.Namespace | None = None, env: Mapping[str, st
         raise ValueError(f"max_concurrent_writes: must be at least 1, got {values['max_concurrent_writes']}")
     _check_ranges(values)
     _check_search(values)
+    _check_compute_domains(values)
     return Settings(**values)
+
+
+IMEX_MODES = ("driverManaged", "hostManaged")
+PULL_POLICIES = ("Always", "IfNotPresent", "Never")
+
+
+def _check_compute_domains(values: Mapping[str, Any]) -> None:
+    mode = values.get("compute_domain_imex_mode", "driverManaged")
+    if mode not in IMEX_MODES:
+        raise ValueError(f"compute_domain_imex_mode: {mode!r} is not one of {', '.join(IMEX_MODES)}")
+    policy = values.get("compute_domain_daemon_image_pull_policy", "IfNotPresent")
+    if policy not in PULL_POLICIES:
+        raise ValueError(
+            f"compute_domain_daemon_image_pull_policy: {policy!r} is not one of {', '.join(PULL_POLICIES)}"
+        )
+    for name in ("max_nodes_per_imex_domain", "max_compute_domains_per_namespace"):
+        if values.get(name, 1) < 1:
+            raise ValueError(f"{name}: must be at least 1, got {values[name]}")
+    if values.get("compute_domain_resync_s", 1.0) <= 0:
+        raise ValueError(
+            f"compute_domain_resync: must be positive, got {values['compute_domain_resync_s']:g} s"
+        )
 
 
 def _check_search(values: Mapping[str, Any]) -> None:

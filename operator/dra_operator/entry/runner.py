@@ -52,6 +52,7 @@ from dra_operator.client.errors import error_text, transient
 from dra_operator.client.events import EventSink
 from dra_operator.client.kubeapi import KubeApi, server_version
 from dra_operator.client.login import kubeconfig_login, service_account_login
+from dra_operator.computedomains import ComputeDomainController, build_controller
 from dra_operator.model.cluster import ClusterModel
 from dra_operator.model.metrics import Metrics
 from dra_operator.model.ownership import allocated_by_us
@@ -122,6 +123,7 @@ class _Parts:
     peering: Peering | None
     health: Health
     orphans: OrphanSliceCollector
+    domains: ComputeDomainController | None
 
 
 async def run(
@@ -140,7 +142,9 @@ async def run(
         api = KubeApi(api_client, resource_version=version, instance=identity)
         gates = await _allocation_gates(api_client, settings)
         await _discover_taint_rules(api, settings)
-        parts = _build(api=api, settings=settings, gates=gates, placer=placer, identity=identity)
+        parts = _build(
+            api=api, api_client=api_client, settings=settings, gates=gates, placer=placer, identity=identity
+        )
         await stack.enter_async_context(_serving(parts, settings))
         stop = stop_flag if stop_flag is not None else asyncio.Event()
         kopf_ready = asyncio.Event()
@@ -171,7 +175,13 @@ async def _connected(settings: Settings) -> AsyncIterator[tuple[ApiClient, str]]
 
 
 def _build(
-    *, api: KubeApi, settings: Settings, gates: FeatureGates, placer: Placer | None, identity: str
+    *,
+    api: KubeApi,
+    api_client: ApiClient,
+    settings: Settings,
+    gates: FeatureGates,
+    placer: Placer | None,
+    identity: str,
 ) -> _Parts:
     model = ClusterModel()
     metrics = Metrics()
@@ -185,6 +195,17 @@ def _build(
     orphans = OrphanSliceCollector(
         model=model, api=api, drivers=settings.drivers, grace=settings.orphan_slice_grace_s
     )
+    domains = (
+        build_controller(
+            settings=settings,
+            api_client=api_client,
+            events=events,
+            active=lambda: health.active,
+            registry=metrics.registry,
+        )
+        if settings.compute_domains
+        else None
+    )
     return _Parts(
         api=api,
         model=model,
@@ -195,6 +216,7 @@ def _build(
         peering=peering,
         health=health,
         orphans=orphans,
+        domains=domains,
     )
 
 
@@ -337,6 +359,8 @@ def _start_tasks(
             name="signals",
         ),
     ]
+    if parts.domains is not None:
+        tasks.append(asyncio.create_task(parts.domains.run(), name="compute domains"))
     if peering is not None:
         tasks += [
             asyncio.create_task(peering.run(), name="peering keep-alive"),
@@ -400,6 +424,7 @@ async def _run_kopf(
             metrics=parts.metrics,
             login=login,
             configure=lambda s: configure_kopf(s, settings),
+            compute_domains=parts.domains,
         )
     )
     kopf_settings = kopf.OperatorSettings()

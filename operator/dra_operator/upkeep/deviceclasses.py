@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from dra_api import computedomains as cd
 from dra_api.names import MANAGED_BY_LABEL, MANAGED_BY_VALUE
 from dra_operator.base.settings import Settings
 from dra_operator.client.errors import Conflict, Gone
@@ -25,6 +26,10 @@ Compiler = Callable[[str], object]
 
 def gpu_selector(driver: str, device_type: str) -> str:
     return f'device.driver == "{driver}" && device.attributes["{driver}"].type == "{device_type}"'
+
+
+def _attribute(driver: str, name: str) -> str:
+    return f'device.attributes["{driver}"].{name}'
 
 
 EXTENDED = "extendedResourceName"
@@ -42,6 +47,15 @@ def desired_classes(settings: Settings, *, extended_resources: bool = True) -> d
     }
     if settings.mig_enabled:
         wanted[settings.mig_class] = (gpu_selector(settings.gpu_driver, "mig"), "")
+    if settings.compute_domains:
+        # NVIDIA's: channel 0 only (the other channels are never published), and the daemon device
+        # (none with host-managed IMEX, where no daemon runs).
+        wanted[cd.CHANNEL_CLASS] = (
+            f"{gpu_selector(cd.DRIVER, 'channel')} && {_attribute(cd.DRIVER, 'id')} == 0",
+            "",
+        )
+        if settings.compute_domain_imex_mode != "hostManaged":
+            wanted[cd.DAEMON_CLASS] = (gpu_selector(cd.DRIVER, "daemon"), "")
     classes = {}
     for name, (expression, extended) in wanted.items():
         spec: dict[str, Any] = {"selectors": [{"cel": {"expression": expression}}]}

@@ -18,9 +18,11 @@ from dra_api.model import ModelError
 from dra_api.names import RESOURCE_GROUP
 from dra_operator.base.settings import Settings
 from dra_operator.claims.coordinator import ClaimReconciler
+from dra_operator.computedomains import ComputeDomainController
 from dra_operator.model.cluster import ClusterModel
 from dra_operator.model.metrics import Metrics
 from dra_operator.upkeep.deviceclasses import DeviceClassKeeper
+from dra_operator.watch import cdwatch
 from dra_operator.watch.liveness import Health
 from dra_operator.watch.peering import HEARTBEAT_ANNOTATION
 
@@ -39,6 +41,7 @@ class OperatorParts:
     metrics: Metrics
     login: Any
     configure: Any
+    compute_domains: ComputeDomainController | None = None
 
 
 def _plain(body: Any) -> dict[str, Any]:
@@ -55,6 +58,8 @@ def build_registry(parts: OperatorParts) -> kopf.OperatorRegistry:
     kopf.on.event(RESOURCE_GROUP, "deviceclasses", registry=registry)(handlers.class_event)
     kopf.on.event("", "v1", "nodes", registry=registry)(handlers.node_event)
     kopf.on.event("", "v1", "pods", registry=registry)(handlers.pod_event)
+    if parts.compute_domains is not None:
+        cdwatch.register(registry, controller=parts.compute_domains)
     if not parts.settings.standalone:
         peering = parts.settings.peering_name
         kopf.on.event(

@@ -34,12 +34,13 @@ def test_a_config_the_driver_does_not_implement_fails_the_prepare_with_its_reaso
     node_with_agent: NodeWithAgent,
 ) -> None:
     setup = node_with_agent
-    # NVIDIA's compute-domain channel config: valid for NVIDIA's group, for a driver this product
-    # does not provide (VfioDeviceConfig and MPS on MIG devices, refused before, are carried out now).
+    # NVIDIA's compute-domain channel config given to the GPU driver: it configures the other driver
+    # (compute-domain.nvidia.com, served beside it with --compute-domains), so the GPU driver refuses
+    # it (VfioDeviceConfig and MPS on MIG devices, refused before, are carried out now).
     channel = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomainChannelConfig"}
     setup.cluster.apply(with_config(gpu_pod("gpu-channel", command="echo should not run"), GPU, channel))
     message = setup.cluster.wait_for(
-        lambda: warning_with(setup, "gpu-channel", "this product does not provide that driver"),
+        lambda: warning_with(setup, "gpu-channel", "give it to that driver"),
         timeout=90,
         what="a Warning Event with the agent's refusal",
     )

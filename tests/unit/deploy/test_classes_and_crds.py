@@ -59,7 +59,11 @@ def test_every_overlay_ships_the_three_classes(rendered: dict[str, list[Obj]], o
 
 
 def test_peering_crds_are_what_kopf_looks_for(rendered_crds: list[Obj]) -> None:
-    crds = {o["metadata"]["name"]: o for o in of_kind(rendered_crds, "CustomResourceDefinition")}
+    crds = {
+        o["metadata"]["name"]: o
+        for o in of_kind(rendered_crds, "CustomResourceDefinition")
+        if o["spec"]["group"] == "kopf.dev"
+    }
     expected = {
         references.CLUSTER_PEERINGS_K: ("Cluster", "ClusterKopfPeering"),
         references.NAMESPACED_PEERINGS_K: ("Namespaced", "KopfPeering"),
@@ -86,3 +90,33 @@ def test_operator_peers_through_its_own_object(rendered: dict[str, list[Obj]], o
     assert peering["apiVersion"] == "kopf.dev/v1"
     (container,) = one(objs, "Deployment", "accel-dra-operator")["spec"]["template"]["spec"]["containers"]
     assert f"--peering-name={PEERING_NAME}" in container["args"]
+
+
+def test_compute_domain_crds_are_nvidias(rendered_crds: list[Obj]) -> None:
+    """The ComputeDomain API as NVIDIA's driver serves it: the same group, version, kinds and scope,
+    a status subresource for domains and an immutable spec."""
+    crds = {o["metadata"]["name"]: o for o in of_kind(rendered_crds, "CustomResourceDefinition")}
+    domains = crds["computedomains.resource.nvidia.com"]["spec"]
+    cliques = crds["computedomaincliques.resource.nvidia.com"]["spec"]
+    for spec, kind in ((domains, "ComputeDomain"), (cliques, "ComputeDomainClique")):
+        assert (spec["group"], spec["scope"], spec["names"]["kind"]) == (
+            "resource.nvidia.com",
+            "Namespaced",
+            kind,
+        )
+        (version,) = spec["versions"]
+        assert (version["name"], version["served"], version["storage"]) == ("v1beta1", True, True)
+    (version,) = domains["versions"]
+    assert version["subresources"] == {"status": {}}
+    schema = version["schema"]["openAPIV3Schema"]["properties"]
+    assert schema["spec"]["x-kubernetes-validations"] == [
+        {"rule": "self == oldSelf", "message": "A computeDomain.spec is immutable"}
+    ]
+    channel = schema["spec"]["properties"]["channel"]["properties"]
+    assert channel["allocationMode"]["enum"] == ["All", "Single"]
+    assert channel["allocationMode"]["default"] == "Single"
+    assert schema["status"]["properties"]["nodes"]["x-kubernetes-list-map-keys"] == ["name"]
+    (clique_version,) = cliques["versions"]
+    daemons = clique_version["schema"]["openAPIV3Schema"]["properties"]["daemons"]
+    assert daemons["x-kubernetes-list-map-keys"] == ["nodeName"]
+    assert "subresources" not in clique_version  # the daemons write the whole object

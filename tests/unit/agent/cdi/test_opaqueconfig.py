@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
 
 from dra_node_agent.opaqueconfig import (
+    ComputeDomainChannelConfig,
+    ComputeDomainDaemonConfig,
     GoogleTpuConfig,
     GpuConfig,
     IommuConfig,
@@ -459,3 +462,67 @@ def test_the_two_tpu_groups_resolve_independently() -> None:
     assert o.config == TpuConfig(ici_resiliency=True)
     # Without a group, the later (claim) entry wins outright.
     assert effective(configs, request="tpus", device_kind="tpu") == TpuConfig(ici_resiliency=True)
+
+
+# --- NVIDIA's compute-domain driver ------------------------------------------------------------
+
+CD_UID = "0f5e0c1a-2b3c-4d5e-8f90-a1b2c3d4e5f6"
+
+
+def test_compute_domain_configs_are_read_for_their_driver() -> None:
+    parser = OpaqueConfigParser()
+    channel = parser.parse(
+        driver="compute-domain.nvidia.com",
+        parameters={
+            "apiVersion": "resource.nvidia.com/v1beta1",
+            "kind": "ComputeDomainChannelConfig",
+            "domainID": CD_UID,
+            "allocationMode": "All",
+        },
+    )
+    assert channel == ComputeDomainChannelConfig(domain_id=CD_UID, allocation_mode="All")
+    daemon = parser.parse(
+        driver="compute-domain.nvidia.com",
+        parameters={
+            "apiVersion": "resource.nvidia.com/v1beta1",
+            "kind": "ComputeDomainDaemonConfig",
+            "domainID": CD_UID,
+        },
+    )
+    assert daemon == ComputeDomainDaemonConfig(domain_id=CD_UID)
+    default = parser.parse(
+        driver="compute-domain.nvidia.com",
+        parameters={
+            "apiVersion": "resource.nvidia.com/v1beta1",
+            "kind": "ComputeDomainChannelConfig",
+            "domainID": CD_UID,
+        },
+    )
+    assert default == ComputeDomainChannelConfig(domain_id=CD_UID, allocation_mode="Single")
+
+
+@pytest.mark.parametrize(
+    ("parameters", "message"),
+    [
+        ({"kind": "ComputeDomainChannelConfig"}, "parameters.domainID: domainID cannot be empty"),
+        (
+            {"kind": "ComputeDomainChannelConfig", "domainID": "/".join(("..", "x"))},
+            "is not a ComputeDomain's UID",
+        ),
+        (
+            {"kind": "ComputeDomainChannelConfig", "domainID": CD_UID, "allocationMode": "Most"},
+            "unknown allocation mode",
+        ),
+        (
+            {"kind": "ComputeDomainDaemonConfig", "domainID": CD_UID, "allocationMode": "All"},
+            'unknown field "allocationMode"',
+        ),
+        ({"kind": "GpuConfig"}, 'no kind "GpuConfig" is registered'),
+    ],
+)
+def test_compute_domain_configs_are_strict(parameters: dict[str, Any], message: str) -> None:
+    with pytest.raises(OpaqueConfigError, match=re.escape(message)):
+        OpaqueConfigParser().parse(
+            driver="compute-domain.nvidia.com",
+            parameters={"apiVersion": "resource.nvidia.com/v1beta1", **parameters},
+        )

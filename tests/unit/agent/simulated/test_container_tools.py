@@ -81,6 +81,9 @@ def test_a_gpu_claims_spec_mounts_the_simulated_driver_root_as_a_real_one(tmp_pa
         f"{lib}/libnvidia-ml.so.1": f"{driver_root}{lib}/libnvidia-ml.so.{version}",
         "/usr/bin/nvidia-smi": f"{driver_root}/usr/bin/nvidia-smi",
         "/usr/bin/nvidia-cuda-mps-control": f"{driver_root}/usr/bin/nvidia-cuda-mps-control",
+        # The IMEX tools, as a driver with IMEX support ships them (a ComputeDomain daemon runs them).
+        "/usr/bin/nvidia-imex": f"{driver_root}/usr/bin/nvidia-imex",
+        "/usr/bin/nvidia-imex-ctl": f"{driver_root}/usr/bin/nvidia-imex-ctl",
         gsp: f"{driver_root}{gsp}",
         **(
             {container_tools.CONTAINER_MPS_CLIENT: f"{driver_root}/{container_tools.MPS_CLIENT_PATH}"}

@@ -30,6 +30,7 @@ DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 SEMVER = re.compile(r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)$")
 SHIPPED = [
     "a100-40gb-mig",
+    "gb200-nvl-x4",
     "h100-80gb-x8",
     "mig-dynamic",
     "nic-sim-h100-x4",
