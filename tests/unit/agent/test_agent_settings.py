@@ -112,6 +112,20 @@ def test_bad_values_name_the_field(argv: list[str], env: dict[str, str], message
         load(argv, env)
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--compute-domains=true", "--passthrough-support=true"],
+        ["--compute-domains=true", "--consumable-shares=memory", "--mps-support=true"],
+    ],
+)
+def test_compute_domains_go_with_passthrough_and_with_shares(argv: list[str]) -> None:
+    # The compute-domain driver has its own socket, slice and checkpoint: nothing of it meets a GPU.
+    settings = load(argv, {"NODE_NAME": "n"})
+    assert settings.compute_domains
+    assert settings.passthrough_support or settings.consumable_shares == "memory"
+
+
 def test_help_reads_like_a_reference(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         build_parser().parse_args(["run", "--help"])
