@@ -259,6 +259,14 @@ async def ordinary_round(
     prober.thread.join(timeout=5)
     watcher.cancel()
     latencies = sorted(run.allocated[n] - run.created[n] for n in run.allocated)
+    slowest = sorted(run.allocated, key=lambda n: run.created[n] - run.allocated[n])[:5]
+    print(
+        "slowest: "
+        + ", ".join(
+            f"{run.allocated[n] - run.created[n]:.2f} s at +{run.created[n] - started:.1f} s" for n in slowest
+        ),
+        flush=True,
+    )
     await scale.clear_claims(ns)
     return Round(
         name=name,

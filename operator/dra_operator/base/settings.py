@@ -150,9 +150,10 @@ class Settings:
     --allocation-search-backoff-max-seconds; other claims are not held up meanwhile."""
 
     allocation_search_slice_s: float = 0.05
-    """How long a placement may run on the operator's event loop. Nearly every claim is placed
-    within it; one that is not is searched again in a worker thread (with the whole budget), so
-    watches, /healthz and other claims never wait on a long search for more than this."""
+    """How long a placement may run on the operator's event loop, in the loop thread's CPU time.
+    Nearly every claim is placed within it; one that is not is searched again in a worker thread
+    (with the whole budget), so watches, /healthz and other claims never wait on a long search for
+    more than this."""
 
     allocation_search_threads: int = 2
     """Worker threads for the searches that outgrow their slice of the event loop. One search per

@@ -1,8 +1,8 @@
 """How much work a placement may do, CEL included, and the check that stops it.
 
-A :class:`WorkBudget` is a deadline on a clock: the wall clock for a slice of the event loop, the
-thread's CPU clock for a search in a worker thread (so that threads sharing the GIL are not charged
-for each other's time). Whoever searches calls :meth:`WorkBudget.check` at its loop points; CEL
+A :class:`WorkBudget` is a deadline on the CPU clock of the thread that spends it: the event loop's
+for its slice, a worker thread's for a search (threads sharing the GIL are not charged for each
+other's time). Whoever searches calls :meth:`WorkBudget.check` at its loop points; CEL
 evaluation checks the budget that :func:`charged_to` made current for the thread before each
 evaluation and at the start of every comprehension, so one expensive selector cannot outrun it.
 
@@ -45,8 +45,10 @@ class WorkBudget:
 
     @classmethod
     def loop_slice(cls, seconds: float) -> WorkBudget:
-        """A slice of the event loop's wall-clock time."""
-        return cls(seconds, on_loop=True)
+        """A slice of the event loop thread's CPU time. Not wall-clock time: while worker threads
+        search, the loop waits for the GIL now and then, and an easy claim measured on the wall
+        clock would be sent to the threads, to wait behind the hard searches it was slowed by."""
+        return cls(seconds, clock=time.thread_time, on_loop=True)
 
     @classmethod
     def thread_cpu(cls, seconds: float) -> WorkBudget:

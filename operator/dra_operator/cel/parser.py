@@ -8,6 +8,7 @@ Kubernetes enables CEL optional types, and its own "no such key" error message r
 
 from __future__ import annotations
 
+import io
 import re
 import threading
 from pathlib import Path
@@ -31,8 +32,12 @@ member_index_opt : member "[?" expr "]"
 """
 
 # One parser per thread: lark parsers are not documented as thread-safe, and a lock would make the
-# event loop wait while a worker thread parses a long selector.
+# event loop wait while a worker thread parses a long selector. The grammar's LALR analysis (about a
+# quarter of a CPU second) is done once per process; each thread loads its parser from that (a few
+# milliseconds), so a new search or compile thread does not hold the interpreter for the analysis.
 _local = threading.local()
+_analysed: bytes | None = None
+_analysed_lock = threading.Lock()
 
 
 def _build() -> lark.Lark:
@@ -52,11 +57,22 @@ def _build() -> lark.Lark:
     )
 
 
+def _thread_parser() -> lark.Lark:
+    """This thread's parser, loaded from the process's one analysis of the grammar."""
+    global _analysed
+    with _analysed_lock:
+        if _analysed is None:
+            saved = io.BytesIO()
+            _build().save(saved)
+            _analysed = saved.getvalue()
+    return lark.Lark.load(io.BytesIO(_analysed))
+
+
 def parse(expression: str) -> Tree:
     """Parse a selector; CelCompileError with the position of a syntax error."""
     parser: lark.Lark | None = getattr(_local, "parser", None)
     if parser is None:
-        parser = _local.parser = _build()
+        parser = _local.parser = _thread_parser()
     try:
         tree: Tree = parser.parse(expression)
     except lark.exceptions.UnexpectedInput as exc:
