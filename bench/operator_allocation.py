@@ -286,8 +286,9 @@ class ReferenceAllocator:
 
 
 async def _claim_patches(api: Any) -> float:
-    """PATCH requests on resourceclaims the API server has answered so far, from its own metrics
-    (in each window only the allocator being measured patches claims)."""
+    """PATCH requests on resourceclaims the API server has carried out so far (answered 2xx; a
+    write refused with a conflict and tried again counts once), from its own metrics (in each
+    window only the allocator being measured patches claims)."""
     response = await api.call_api("/metrics", "GET", auth_settings=["BearerToken"], _preload_content=False)
     raw = response[0] if isinstance(response, tuple) else response
     total = 0.0
@@ -296,6 +297,7 @@ async def _claim_patches(api: Any) -> float:
             line.startswith("apiserver_request_total{")
             and 'resource="resourceclaims"' in line
             and 'verb="PATCH"' in line
+            and 'code="2' in line
         ):
             total += float(line.rsplit(" ", 1)[1])
     return total
