@@ -37,10 +37,10 @@ class NodeWithAgent:
     agent: AgentProcess
     _kubelet_client: CertPair | None = field(default=None, init=False)
 
-    def pod_log(self, pod: str, container: str = "main") -> str:
+    def pod_log(self, pod: str, container: str = "main", *, namespace: str = NAMESPACE) -> str:
         """What the container printed so far (the kubelet's CRI log, one line per write)."""
         lines = []
-        for path in sorted(self.node.pod_logs_dir.glob(f"{NAMESPACE}_{pod}_*/{container}/*.log")):
+        for path in sorted(self.node.pod_logs_dir.glob(f"{namespace}_{pod}_*/{container}/*.log")):
             for line in path.read_text(errors="replace").splitlines():
                 # <time> <stream> <P|F> <text>
                 parts = line.split(" ", 3)

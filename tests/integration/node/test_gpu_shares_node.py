@@ -54,15 +54,6 @@ def share_pod(name: str, namespace: str, *, memory: str, uuid: str) -> list[dict
     return [template, pod]
 
 
-def pod_log(setup: NodeWithAgent, namespace: str, pod: str) -> str:
-    lines = []
-    for path in sorted(setup.node.pod_logs_dir.glob(f"{namespace}_{pod}_*/main/*.log")):
-        for line in path.read_text(errors="replace").splitlines():
-            parts = line.split(" ", 3)  # <time> <stream> <P|F> <text>
-            lines.append(parts[3] if len(parts) == 4 else line)
-    return "\n".join(lines)
-
-
 def claim_of(setup: NodeWithAgent, namespace: str, pod: str) -> dict[str, Any]:
     for claim in setup.cluster.get_json("resourceclaims", "-n", namespace)["items"]:
         if any(o.get("name") == pod for o in claim["metadata"].get("ownerReferences") or []):
@@ -73,7 +64,9 @@ def claim_of(setup: NodeWithAgent, namespace: str, pod: str) -> dict[str, Any]:
 
 def wait_running(setup: NodeWithAgent, namespace: str, pod: str) -> None:
     setup.cluster.wait_for(
-        lambda: "up" in pod_log(setup, namespace, pod), timeout=120, what=f"{namespace}/{pod} running"
+        lambda: "up" in setup.pod_log(pod, namespace=namespace),
+        timeout=120,
+        what=f"{namespace}/{pod} running",
     )
 
 
@@ -115,7 +108,7 @@ def test_two_namespaces_pods_share_one_gpu_by_memory_on_a_real_kubelet(
             results[pod] = result
             # The container sees its own share.
             key = result["device"].replace("-", "_").upper()
-            log = pod_log(setup, namespace, pod)
+            log = setup.pod_log(pod, namespace=namespace)
             assert f"DRA_SHARE_{key}_ID={result['shareID']}" in log, log
             assert f"DRA_SHARE_{key}_MEMORY={memory}" in log, log
             # The agent's device status entry is keyed by the share ID.
@@ -126,7 +119,7 @@ def test_two_namespaces_pods_share_one_gpu_by_memory_on_a_real_kubelet(
         a, b = results["share-a"], results["share-b"]
         assert (a["pool"], a["device"]) == (b["pool"], b["device"]) == (NODE, a["device"])
         assert a["shareID"] != b["shareID"]
-        assert a["shareID"] not in pod_log(setup, OTHER, "share-b")
+        assert a["shareID"] not in setup.pod_log("share-b", namespace=OTHER)
 
         # 30 + 40 + 20 Gi is more than the GPU's memory: kube-scheduler does not place the third.
         cluster.apply(share_pod("share-c", NAMESPACE, memory="20Gi", uuid=uuid))
