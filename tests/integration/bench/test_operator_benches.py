@@ -95,8 +95,10 @@ def test_operator_allocation(own_cluster: LocalCluster, capsys: pytest.CaptureFi
             # One write per allocated claim, none for those that do not fit.
             assert number(writes[1]) == 4
         else:
-            # With the policy one write per allocation; the two left waiting may get a condition.
-            assert 4 <= number(writes[1]) <= 6
+            # With the policy one write per allocation. Each of the two left waiting is told why, and
+            # told again when the why changes, which it may as each of the 4 allocations lands; a
+            # claim written on every pass would show dozens.
+            assert 4 <= number(writes[1]) <= 4 + 2 * (1 + 4)
         find(
             rf"^CPU seconds in the window: .*kube-apiserver {NUMBER}.* \(window {NUMBER} s, \d+ cores\)$",
             section,
