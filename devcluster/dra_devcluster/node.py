@@ -412,6 +412,10 @@ class RealNode:
             # Several kubelets share one disk: no one of them should evict for it.
             "evictionHard": {"memory.available": "0%", "nodefs.available": "0%", "imagefs.available": "0%"},
             "imageGCHighThresholdPercent": 100,
+            # A pod whose NodePrepareResources failed is tried again only at the kubelet's next
+            # periodic sync of it (1 min by default): 10 s lets a test of a restarted agent see the
+            # retry without waiting a minute for it.
+            "syncFrequency": "10s",
             "featureGates": dict(self.feature_gates),
         }
 
