@@ -146,7 +146,11 @@ async def _rediscover(runtime: DriverRuntime, *, interval: float) -> None:
                 runtime.health.set_devices(runtime.watched_devices())
         if changed or woken:
             try:
-                await runtime.publisher.publish(runtime.slice_devices(), inventory.slice_counter_sets())
+                await runtime.publisher.publish(
+                    runtime.slice_devices(),
+                    inventory.slice_counter_sets(),
+                    guards=inventory.guard_counter_sets(),
+                )
             except Exception as exc:  # the publisher's own loop retries with the devices it was given
                 logger.warning(
                     "publishing the devices of driver %s failed (will retry): %s", inventory.driver, exc
@@ -310,7 +314,11 @@ async def _serve(runtime: DriverRuntime, *, settings: Settings) -> None:
     """Publish the pool, start the background loops, then serve the kubelet's plugin sockets."""
     driver, publisher = runtime.backend.driver, runtime.publisher
     try:
-        await publisher.publish(runtime.slice_devices(), runtime.inventory.slice_counter_sets())
+        await publisher.publish(
+            runtime.slice_devices(),
+            runtime.inventory.slice_counter_sets(),
+            guards=runtime.inventory.guard_counter_sets(),
+        )
     except Exception as exc:  # retried by the publisher's loop; the plugin must still serve unprepare
         logger.warning("first publication of driver %s failed (will retry): %s", driver, exc)
         publisher.mark_dirty()

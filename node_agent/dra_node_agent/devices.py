@@ -220,10 +220,16 @@ class MigPlacement:
 
 @dataclass(frozen=True)
 class CounterSet:
-    """A ResourceSlice ``sharedCounters`` entry: what partitionable devices consume (KEP-4815)."""
+    """A ResourceSlice ``sharedCounters`` entry: what partitionable devices consume (KEP-4815).
+
+    ``guard``: the set only keeps apart two devices that are one piece of hardware (a GPU's CUDA and
+    passthrough devices). Where the API server drops counters, such devices are published without
+    them (as before counters, with prepare refusing the second claim), not withdrawn as the
+    partitions of a GPU are."""
 
     name: str
     counters: Mapping[str, int]
+    guard: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -384,6 +390,10 @@ class DiscoveredInventory:
 
     def slice_counter_sets(self) -> list[dict[str, Any]]:
         return [c.to_json() for c in self.counter_sets]
+
+    def guard_counter_sets(self) -> list[str]:
+        """The names of the counter sets that are guards (see :class:`CounterSet`)."""
+        return [c.name for c in self.counter_sets if c.guard]
 
     def by_name(self) -> dict[str, DiscoveredDevice]:
         return {d.name: d for d in self.devices}

@@ -35,7 +35,7 @@ import contextlib
 import hashlib
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -381,6 +381,7 @@ class SlicePublisher:
         self.watch_inactivity_timeout = watch_inactivity_timeout
         self._devices: list[Device] | None = None
         self._counter_sets: list[CounterSet] = []
+        self._guards: frozenset[str] = frozenset()
         self._owner: dict[str, Any] | None = None
         self._last_generation = 0
         self._last_content: str | None = None
@@ -401,17 +402,24 @@ class SlicePublisher:
         return f"spec.nodeName={self.node_name},spec.driver={self.driver}"
 
     async def publish(
-        self, devices: Sequence[Device], counter_sets: Sequence[CounterSet] | None = None
+        self,
+        devices: Sequence[Device],
+        counter_sets: Sequence[CounterSet] | None = None,
+        *,
+        guards: Collection[str] = (),
     ) -> None:
         """Set the pool's devices (v1 device dicts, in preference order) and reconcile now.
 
         ``counter_sets`` are v1 CounterSet dicts the devices' ``consumesCounters`` name; they are
         published in slices of their own ahead of the devices. None keeps those set before (the
-        health monitor republishes the devices with new taints only).
+        health monitor republishes the devices with new taints only), and their ``guards``: the
+        names of the sets that only keep two devices of one GPU apart (see
+        :class:`~dra_node_agent.devices.CounterSet`).
         """
         self._devices = [dict(d) for d in devices]
         if counter_sets is not None:
             self._counter_sets = [dict(c) for c in counter_sets]
+            self._guards = frozenset(guards)
         await self.sync()
 
     async def _node_owner(self) -> dict[str, Any]:
@@ -503,7 +511,14 @@ class SlicePublisher:
         devices = self._devices or []
         if not self.counters_refused:
             return devices, self._counter_sets
-        return [d for d in devices if not d.get("consumesCounters")], []
+        kept = []
+        for device in devices:
+            used = {str(c.get("counterSet")) for c in device.get("consumesCounters") or []}
+            if not used:
+                kept.append(device)
+            elif used <= self._guards:
+                kept.append({k: v for k, v in device.items() if k != "consumesCounters"})
+        return kept, []
 
     async def _write(self, body: dict[str, Any], *, design: PoolDesign, create: bool) -> None:
         name = body["metadata"]["name"]
@@ -523,7 +538,9 @@ class SlicePublisher:
                 "ResourceSlice %s: the API server dropped the shared counters of driver %s (the "
                 "DRAPartitionableDevices feature gate is off): the devices that consume them (dynamic MIG "
                 "placements) are withdrawn from the pool, since without counters overlapping ones would "
-                "be allocated; turn the gate on and restart the agent, or run without --dynamic-mig",
+                "be allocated, and a GPU's CUDA and passthrough devices are published without them (two "
+                "claims may then be given the two; the second prepare is refused); turn the gate on and "
+                "restart the agent, or run without --dynamic-mig",
                 name,
                 self.driver,
             )

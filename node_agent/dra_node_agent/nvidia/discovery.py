@@ -39,7 +39,11 @@ from dra_node_agent.nvidia.mig_discovery import (
     add_placements,
     text,
 )
-from dra_node_agent.nvidia.passthrough_discovery import passthrough_devices, standard_pci_attributes
+from dra_node_agent.nvidia.passthrough_discovery import (
+    guard_passthrough,
+    passthrough_devices,
+    standard_pci_attributes,
+)
 from dra_node_agent.pci_binding import SysfsWritten
 
 log = logging.getLogger(__name__)
@@ -301,16 +305,16 @@ class NvmlBackend:
                 state.errors.append(message)
         nvml_devices = list(state.devices)
         if self.passthrough:
-            state.devices.extend(
-                passthrough_devices(
-                    sysfs_root=self._sysfs_root,
-                    dev_root=self._dev_root,
-                    host_dev_dir=self._host_dev_dir,
-                    product_names=self._product_names,
-                    cuda_devices=nvml_devices,
-                    errors=state.errors,
-                )
+            vfio = passthrough_devices(
+                sysfs_root=self._sysfs_root,
+                dev_root=self._dev_root,
+                host_dev_dir=self._host_dev_dir,
+                product_names=self._product_names,
+                cuda_devices=nvml_devices,
+                errors=state.errors,
             )
+            state.devices, guards = guard_passthrough([*state.devices, *vfio])
+            state.counter_sets.extend(guards)
         common = ContainerEdits()
         if nvml_devices:
             common = ContainerEdits(

@@ -13,6 +13,7 @@ thread, as discovery is.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid as uuidlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -22,6 +23,7 @@ from dra_api.names import STANDARD_ATTRIBUTE_DOMAIN
 from dra_node_agent.devices import (
     Attribute,
     ContainerEdits,
+    CounterSet,
     DeviceNode,
     DiscoveredDevice,
     bool_attr,
@@ -137,3 +139,33 @@ def passthrough_devices(
             )
         )
     return devices
+
+
+GUARD_COUNTER: Final = "whole-gpu"
+
+
+def guard_passthrough(
+    devices: Sequence[DiscoveredDevice],
+) -> tuple[list[DiscoveredDevice], list[CounterSet]]:
+    """``devices`` with each GPU's ``gpu-vfio-<index>`` and ``gpu-<minor>`` made to consume the one
+    counter of a set of their own (``gpu-vfio-<index>-counter-set``, ``whole-gpu: 1``), so that no
+    allocator gives the two to two claims; and those sets. The set is named after the passthrough
+    device, which is published whichever driver holds the GPU, so it stays put while a claim moves
+    the GPU to vfio-pci and back. A GPU published as shares (``allowMultipleAllocations``) is left
+    unguarded: kube-scheduler's allocators count the counters of a shared device differently, and
+    prepare refuses the second claim as before."""
+    sets = {
+        d.pci_bus_id: CounterSet(name=f"{d.name}-counter-set", counters={GUARD_COUNTER: 1}, guard=True)
+        for d in devices
+        if d.kind == VFIO_TYPE and d.pci_bus_id is not None
+    }
+    guarded = []
+    for device in devices:
+        guard = sets.get(device.pci_bus_id) if device.pci_bus_id is not None else None
+        takes_whole_gpu = device.kind == VFIO_TYPE or (
+            device.kind == "gpu" and not device.allow_multiple_allocations and device.consumes is None
+        )
+        if guard is not None and takes_whole_gpu:
+            device = dataclasses.replace(device, consumes=guard)
+        guarded.append(device)
+    return guarded, list(sets.values())

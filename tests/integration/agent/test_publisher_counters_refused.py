@@ -2,7 +2,8 @@
 DRAPartitionableDevices gate is off (the default of Kubernetes 1.34), the server stores slices
 without ``sharedCounters`` and devices without ``consumesCounters``. Published so, overlapping MIG
 placements would each look free to the scheduler; the agent withdraws every device that consumes
-counters instead, and says why in its log.
+counters instead, and says why in its log. Devices that consume only a guard (a GPU's CUDA and
+passthrough devices, kept apart by a counter of their own) stay, without it.
 
 A control plane of its own, with that one gate off, against the real validation.
 """
@@ -73,3 +74,27 @@ async def test_placements_are_withdrawn_when_the_server_drops_counters(
         "gpu-0",
         "gpu-1",
     ]
+
+
+async def test_devices_that_consume_only_a_guard_stay_published_without_it(
+    gate_off_cluster: LocalCluster, admin_api: Any
+) -> None:
+    node = "guards-off"
+    gate_off_cluster.add_node(node)
+    guard: dict[str, Any] = {"name": "gpu-vfio-0-counter-set", "counters": {"whole-gpu": {"value": "1"}}}
+    uses = [{"counterSet": guard["name"], "counters": {"whole-gpu": {"value": "1"}}}]
+    gpu, vfio = devices(1)[0], {"name": "gpu-vfio-0", "attributes": {"type": {"string": "vfio"}}}
+    publisher = SlicePublisher(api=admin_api, driver=GPU, node_name=node, api_version="v1")
+    await publisher.publish(
+        [{**gpu, "consumesCounters": uses}, {**vfio, "consumesCounters": uses}, *partitions()],
+        [guard, *counter_sets()],
+        guards=[guard["name"]],
+    )
+    assert publisher.counters_refused
+    await publisher.sync()
+    slices = node_slices(gate_off_cluster, node)
+    published = {d["name"]: d for s in slices for d in s["spec"].get("devices") or []}
+    # The MIG placements are withdrawn; the guarded pair stays, with nothing left to consume.
+    assert sorted(published) == ["gpu-0", "gpu-vfio-0"]
+    assert not [d for d in published.values() if d.get("consumesCounters")]
+    assert not [s for s in slices if s["spec"].get("sharedCounters")]

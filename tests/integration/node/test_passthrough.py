@@ -13,6 +13,7 @@ test runs first), and runs on unpaused after its restart.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from dra_node_agent.pci import bound_driver, iommu_group
 from dra_node_agent.pci_binding import PciDriverBinding
 from dra_node_agent.prepare import PAUSE_ENV
 from tests.integration.agent.agentproc import GPU
+from tests.integration.node.conftest import CLASS as CUDA_CLASS
 from tests.integration.node.conftest import NAMESPACE, NODE, NodeWithAgent
 from tests.integration.node.test_real_node import _registrations, _wait_registered
 
@@ -39,9 +41,13 @@ SHOW = (
 )
 
 
-def kubevirt_pod(name: str) -> list[dict[str, Any]]:
+def kubevirt_pod(name: str, *, selector: str | None = None) -> list[dict[str, Any]]:
     """KubeVirt's user guide's claim template, as written there, and a pod that uses it as
-    virt-launcher would (``resourceClaims`` naming the template, the container claiming it)."""
+    virt-launcher would (``resourceClaims`` naming the template, the container claiming it);
+    ``selector``: a CEL selector added to its request."""
+    exactly: dict[str, Any] = {"allocationMode": "ExactCount", "count": 1, "deviceClassName": CLASS}
+    if selector is not None:
+        exactly["selectors"] = [{"cel": {"expression": selector}}]
     template = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaimTemplate",
@@ -62,12 +68,7 @@ def kubevirt_pod(name: str) -> list[dict[str, Any]]:
                             },
                         }
                     ],
-                    "requests": [
-                        {
-                            "name": "dra-gpu",
-                            "exactly": {"allocationMode": "ExactCount", "count": 1, "deviceClassName": CLASS},
-                        }
-                    ],
+                    "requests": [{"name": "dra-gpu", "exactly": exactly}],
                 }
             }
         },
@@ -200,3 +201,49 @@ def test_a_kubevirt_claim_gets_its_gpus_iommu_group_and_gives_the_gpu_back(
     )
     assert device in published(setup)  # its passthrough device stays: its claim holds it
     delete_and_see_it_back(setup, "vm", address, gpu)
+
+
+def test_kube_scheduler_does_not_give_a_gpu_for_passthrough_while_a_claim_holds_it_as_cuda_device(
+    node_with_agent: NodeWithAgent,
+) -> None:
+    """Between an allocation and its prepare, a GPU's CUDA and passthrough devices are both in the
+    slice: the counter they both consume keeps kube-scheduler from giving the second to a VM."""
+    setup = node_with_agent
+    cluster = setup.cluster
+    address = published(setup)["gpu-vfio-7"]["attributes"][PCI_BUS_ID]["string"]
+    gpu = gpu_at(published(setup), address)
+    assert gpu is not None
+    # Another allocator's decision, as it writes it: the GPU's CUDA device, allocated, not prepared.
+    holder = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "cuda-holder", "namespace": NAMESPACE},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": CUDA_CLASS}}]}},
+    }
+    cluster.apply([holder])
+    node_selector = {
+        "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [NODE]}]}]
+    }
+    result = {"request": "gpu", "driver": GPU, "pool": NODE, "device": gpu}
+    allocation = {"devices": {"results": [result]}, "nodeSelector": node_selector}
+    cluster.kubectl(
+        "patch", "resourceclaim", "cuda-holder", "-n", NAMESPACE, "--subresource=status", "--type=merge",
+        "-p", json.dumps({"status": {"allocation": allocation}}),
+    )  # fmt: skip
+    assert "gpu-vfio-7" in published(setup)  # nothing prepared: both devices are still offered
+    cluster.apply(kubevirt_pod("vm-late", selector=f'device.attributes["{PCI_BUS_ID}"] == "{address}"'))
+
+    def unschedulable() -> str | None:
+        conditions = cluster.get_json("pod", "vm-late", "-n", NAMESPACE).get("status", {}).get("conditions")
+        for condition in conditions or []:
+            if condition["type"] == "PodScheduled" and condition.get("reason") == "Unschedulable":
+                return str(condition.get("message", ""))
+        return None
+
+    why = cluster.wait_for(unschedulable, timeout=60, what="kube-scheduler to leave the VM pod pending")
+    assert "cannot allocate all claims" in why, why
+    # The CUDA claim gone, the VM gets the GPU.
+    cluster.kubectl("delete", "resourceclaim", "cuda-holder", "-n", NAMESPACE, "--wait=true", "--timeout=60s")
+    device, _ = assert_gets_the_group(setup, "vm-late")
+    assert device == "gpu-vfio-7"
+    delete_and_see_it_back(setup, "vm-late", address, gpu)

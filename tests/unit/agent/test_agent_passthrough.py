@@ -29,8 +29,10 @@ class Publisher:
         self.published: list[list[str]] = []
         self.gpu_0_published = asyncio.Event()
 
-    async def publish(self, devices: Sequence[Mapping[str, Any]], counter_sets: object = None) -> None:
-        del counter_sets
+    async def publish(
+        self, devices: Sequence[Mapping[str, Any]], counter_sets: object = None, *, guards: object = ()
+    ) -> None:
+        del counter_sets, guards
         self.published.append([str(d["name"]) for d in devices])
         if "gpu-0" in self.published[-1]:
             self.gpu_0_published.set()

@@ -75,6 +75,30 @@ def test_each_gpu_is_published_for_passthrough_with_nvidias_attributes(tmp_path:
     assert len([d for d in inventory.devices if d.kind == "gpu"]) == 8
 
 
+def test_a_gpus_cuda_and_passthrough_devices_consume_one_counter_so_no_two_claims_get_both(
+    tmp_path: Path,
+) -> None:
+    inventory = backend(tmp_path).discover_sync()
+    sets = {c["name"]: c for c in inventory.slice_counter_sets()}
+    assert sorted(sets) == sorted(f"gpu-vfio-{i}-counter-set" for i in range(8))
+    assert sets["gpu-vfio-0-counter-set"]["counters"] == {"whole-gpu": {"value": "1"}}
+    assert sorted(inventory.guard_counter_sets()) == sorted(sets)
+    by_name = inventory.by_name()
+    # gpu-vfio-0 is GPU0 (bus order); its CUDA twin is the GPU NVML finds at that address.
+    (twin,) = [d for d in inventory.devices if d.kind == "gpu" and d.pci_bus_id == GPU0]
+    for name in (twin.name, "gpu-vfio-0"):
+        assert by_name[name].to_slice_device()["consumesCounters"] == [
+            {"counterSet": "gpu-vfio-0-counter-set", "counters": {"whole-gpu": {"value": "1"}}}
+        ]
+    assert check_inventory(inventory) == []
+
+
+def test_without_passthrough_no_counters_are_published(tmp_path: Path) -> None:
+    inventory = backend(tmp_path, passthrough=False).discover_sync()
+    assert inventory.counter_sets == ()
+    assert not [d for d in inventory.devices if d.consumes is not None]
+
+
 def test_off_by_default(tmp_path: Path) -> None:
     inventory = backend(tmp_path, passthrough=False).discover_sync()
     assert not [d for d in inventory.devices if d.kind == "vfio"]
