@@ -5,7 +5,8 @@ vfio-pci in the node's simulated sysfs, the container receives the IOMMU group's
 /dev/vfio/vfio (and nothing of the NVIDIA driver's), the GPU's CUDA device leaves the slice while
 it is bound; when the pod goes, the GPU is the NVIDIA driver's again and published as before. An
 agent killed between the two binding steps gives the GPU back at start-up, and the kubelet's retry
-takes it again.
+takes it again. While a claim holds a GPU's CUDA device (allocated, not yet prepared), kube-scheduler
+does not give the same GPU to a VM: the two devices consume one counter.
 
 One node for the module; its agent starts paused at the first binding's middle step (the crash
 test runs first), and runs on unpaused after its restart.
@@ -231,7 +232,8 @@ def test_kube_scheduler_does_not_give_a_gpu_for_passthrough_while_a_claim_holds_
         "-p", json.dumps({"status": {"allocation": allocation}}),
     )  # fmt: skip
     assert "gpu-vfio-7" in published(setup)  # nothing prepared: both devices are still offered
-    cluster.apply(kubevirt_pod("vm-late", selector=f'device.attributes["{PCI_BUS_ID}"] == "{address}"'))
+    at_address = f'device.attributes["resource.kubernetes.io"].pciBusID == "{address}"'
+    cluster.apply(kubevirt_pod("vm-late", selector=at_address))
 
     def unschedulable() -> str | None:
         conditions = cluster.get_json("pod", "vm-late", "-n", NAMESPACE).get("status", {}).get("conditions")
