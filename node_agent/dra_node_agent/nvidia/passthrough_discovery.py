@@ -151,9 +151,8 @@ def guard_passthrough(
     counter of a set of their own (``gpu-vfio-<index>-counter-set``, ``whole-gpu: 1``), so that no
     allocator gives the two to two claims; and those sets. The set is named after the passthrough
     device, which is published whichever driver holds the GPU, so it stays put while a claim moves
-    the GPU to vfio-pci and back. A GPU published as shares (``allowMultipleAllocations``) is left
-    unguarded: kube-scheduler's allocators count the counters of a shared device differently, and
-    prepare refuses the second claim as before."""
+    the GPU to vfio-pci and back. (The settings refuse passthrough beside dynamic MIG and shares,
+    whose devices would need more of the counters than this.)"""
     sets = {
         d.pci_bus_id: CounterSet(name=f"{d.name}-counter-set", counters={GUARD_COUNTER: 1}, guard=True)
         for d in devices
@@ -162,9 +161,7 @@ def guard_passthrough(
     guarded = []
     for device in devices:
         guard = sets.get(device.pci_bus_id) if device.pci_bus_id is not None else None
-        takes_whole_gpu = device.kind == VFIO_TYPE or (
-            device.kind == "gpu" and not device.allow_multiple_allocations and device.consumes is None
-        )
+        takes_whole_gpu = device.kind == VFIO_TYPE or (device.kind == "gpu" and device.consumes is None)
         if guard is not None and takes_whole_gpu:
             device = dataclasses.replace(device, consumes=guard)
         guarded.append(device)

@@ -173,6 +173,23 @@ def test_metrics_network_policy_covers_both_pods_and_the_chart_renders_it_alike(
     _compare(optional, [o for o in with_policy if _key(o) not in without], what="metrics network policy")
 
 
+def test_passthrough_support_gives_the_agent_the_flag_and_ships_the_optional_class(
+    kubectl: Path, helm: Path
+) -> None:
+    optional = render(MANIFESTS_DIR / "optional" / "passthrough", kubectl=kubectl)
+    values = overlay_values("gpu")
+    with_passthrough = helm_template(helm, values={**values, "kubeletPlugin": {"passthroughSupport": True}})
+    without = helm_template(helm, values=values)
+    added = [o for o in with_passthrough if _key(o) not in {_key(w) for w in without}]
+    _compare(optional, added, what="passthrough")
+    for objs, expected in ((with_passthrough, "True"), (without, "False")):
+        (daemonset,) = [o for o in objs if o["kind"] == "DaemonSet"]
+        assert (
+            _settings(daemonset["spec"]["template"]["spec"]["containers"][0])["passthrough_support"]
+            == expected
+        )
+
+
 def test_chart_follows_the_release_namespace(helm: Path) -> None:
     """Namespaced objects, ServiceAccount subjects and the alerts' job label all name the release
     namespace (the admission policies match the agent in any namespace: test_policy.py)."""
