@@ -182,12 +182,12 @@ def test_passthrough_support_gives_the_agent_the_flag_and_ships_the_optional_cla
     without = helm_template(helm, values=values)
     added = [o for o in with_passthrough if _key(o) not in {_key(w) for w in without}]
     _compare(optional, added, what="passthrough")
-    for objs, expected in ((with_passthrough, "True"), (without, "False")):
+    for objs, passthrough in ((with_passthrough, True), (without, False)):
         (daemonset,) = [o for o in objs if o["kind"] == "DaemonSet"]
-        assert (
-            _settings(daemonset["spec"]["template"]["spec"]["containers"][0])["passthrough_support"]
-            == expected
-        )
+        agent = _settings(daemonset["spec"]["template"]["spec"]["containers"][0])
+        assert agent["passthrough_support"] == repr(passthrough)
+        # The health monitor's NVML session would hold the GPUs a binding needs: off with passthrough.
+        assert agent["health_enabled"] == repr(not passthrough)
 
 
 def test_chart_follows_the_release_namespace(helm: Path) -> None:
