@@ -180,6 +180,18 @@ def run(nodes: int, budget: float) -> None:
             f"{'with' if feasibility else 'without'} the check: the issue's claim -> {what} in {took:.2f} s "
             f"({1e6 * took / (nodes + 1):.0f} us a node; {tried} nodes searched)"
         )
+    # A claim no node can hold is refused with an explanation, again on every cluster change.
+    nine = _claim("nine", ("gpu", 9, 'has(device.attributes["gpu.nvidia.com"].productName)'))
+    refusing = Planner(classes=classes, slices=index, nodes=node_objs)
+    refusing.plan([nine])
+    spent = []
+    for _ in range(20):
+        started = time.thread_time()
+        refused = refusing.plan([nine])
+        spent.append(time.thread_time() - started)
+    assert isinstance(refused, NotPlaced), refused
+    print(f"a claim for 9 whole GPUs (no node has 9): refused with its explanation in p50 "
+          f"{1000 * statistics.median(spent):.1f} ms CPU")  # fmt: skip
     ordinary = _claim("one", ("gpu", 1, 'device.attributes["gpu.nvidia.com"].type == "gpu"'))
     pair = _claim("pair", ("gpu", 2, 'device.attributes["gpu.nvidia.com"].type == "gpu"'))
     for claim in (ordinary, pair):

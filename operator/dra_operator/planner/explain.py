@@ -11,6 +11,8 @@ that come closest, plus the constraint rejections the allocator counted where it
 
 from __future__ import annotations
 
+import heapq
+import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -503,11 +505,15 @@ def _best_nodes(*, planner: PlannerState, claims: Sequence[ResourceClaim]) -> li
     if not keys or not index.nodes:
         return index.nodes[:1]
     counts = [index.counts(k, complete=True) for k in dict.fromkeys(keys)]
-    scored = sorted(
-        range(len(index.nodes)),
-        key=lambda r: (-sum(c.free[r] for c in counts), -sum(c.total[r] for c in counts), r),
-    )
-    return [index.nodes[r] for r in scored[:_BEST_NODES]]
+    if len(counts) == 1:
+        free, total = counts[0].free, counts[0].total
+    else:
+        free = list(map(sum, zip(*(c.free for c in counts), strict=True)))
+        total = list(map(sum, zip(*(c.total for c in counts), strict=True)))
+    # Every refused claim is explained, on every node: tuples compared in C, no Python call per node
+    # (a sort with a key function took 10 ms of the loop per claim at 5,000 nodes).
+    ranked = zip(map(operator.neg, free), map(operator.neg, total), range(len(index.nodes)), strict=True)
+    return [index.nodes[r] for _, _, r in heapq.nsmallest(_BEST_NODES, ranked)]
 
 
 __all__ = ["EVENT_MESSAGE_LIMIT", "Explanation", "NodeAttempt", "explain", "explain_unfinished", "truncate"]

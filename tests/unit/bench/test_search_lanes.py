@@ -25,6 +25,10 @@ def test_every_lane_and_the_feasibility_check_report() -> None:
     assert int(checked[2]) <= 11
     unchecked = find(r"^without the check: the issue's claim -> (\w+) in .*; (\d+) nodes searched\)$", out)
     assert unchecked[1] in {"NotPlaced", "OutOfBudget"}
+    find(
+        rf"^a claim for 9 whole GPUs \(no node has 9\): refused with its explanation in p50 {NUMBER} ms CPU$",
+        out,
+    )
     for claim in ("one", "pair"):
         for way in ("with", "without"):
             find(rf"^  claim {claim}: placement p50 {NUMBER} us {way} the check$", out)
