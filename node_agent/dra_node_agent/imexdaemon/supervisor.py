@@ -194,7 +194,7 @@ class Supervisor:
             status = await self.imex.wait()
             ran = now - self._started_at
             self._failures = 1 if ran >= STABLE_S else self._failures + 1
-            delay = min(self.settings.max_backoff_seconds, 2.0 ** (self._failures - 1))
+            delay = backoff_seconds(failures=self._failures, cap=self.settings.max_backoff_seconds)
             self._next_start = now + delay
             logger.error(
                 "nvidia-imex exited with status %d after %.0f s: starting it again in %.0f s",
@@ -208,7 +208,7 @@ class Supervisor:
             await self.imex.start()
         except OSError as exc:
             self._failures += 1
-            delay = min(self.settings.max_backoff_seconds, 2.0 ** (self._failures - 1))
+            delay = backoff_seconds(failures=self._failures, cap=self.settings.max_backoff_seconds)
             self._next_start = now + delay
             logger.error(
                 "starting nvidia-imex failed: %s; trying again in %.0f s", exc.strerror or exc, delay
@@ -245,6 +245,11 @@ class Supervisor:
             logger.error("leaving clique %s failed: %s", self.settings.clique_id, exc or "timed out")
             return
         logger.info("left clique %s (index %d)", self.settings.clique_id, self.index)
+
+
+def backoff_seconds(*, failures: int, cap: float) -> float:
+    """1 s after the first failure in a row, doubling, never more than ``cap``."""
+    return min(cap, 2.0 ** min(max(failures - 1, 0), 16))
 
 
 async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
