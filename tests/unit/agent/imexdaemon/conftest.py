@@ -131,9 +131,9 @@ class MemoryClique:
         return None if mine is None else str(mine["status"])
 
 
-async def until(condition: Callable[[], bool], *, timeout: float = 30.0, what: str = "") -> None:
+async def until(condition: Callable[[], bool], *, limit_s: float = 30.0, what: str = "") -> None:
     """Poll ``condition`` (no assertion on durations: the timeout only ends a hung test)."""
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + limit_s
     while not condition():
         if time.monotonic() > deadline:
             raise AssertionError(f"never happened: {what}")

@@ -5,6 +5,7 @@ and the environment it refuses."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,7 +28,8 @@ def test_config_rendered_from_template_and_nodes_file(sim: SimNode) -> None:
     config = Path(s.config_file).read_text().splitlines()
     assert "IMEX_CMD_BIND_INTERFACE_IP=10.0.0.7" in config
     assert f"IMEX_NODE_CONFIG_FILE={s.nodes_file}" in config
-    assert "SERVER_PORT=50000" in config and "IMEX_CMD_PORT=50005" in config
+    assert "SERVER_PORT=50000" in config
+    assert "IMEX_CMD_PORT=50005" in config
     assert not any("${" in line for line in config)
     assert Path(s.nodes_file).read_text() == (
         "compute-domain-daemon-0000\ncompute-domain-daemon-0001\ncompute-domain-daemon-0002\n"
@@ -37,7 +39,7 @@ def test_config_rendered_from_template_and_nodes_file(sim: SimNode) -> None:
 def test_missing_template_is_named(sim: SimNode) -> None:
     s = sim.settings()
     Path(s.template_file).unlink()
-    with pytest.raises(files.FilesError, match="imexd.cfg.tmpl"):
+    with pytest.raises(files.FilesError, match=r"imexd\.cfg\.tmpl"):
         files.write_config(
             template_file=s.template_file,
             config_file=s.config_file,
@@ -48,7 +50,7 @@ def test_missing_template_is_named(sim: SimNode) -> None:
 
 
 def test_hosts_file_maps_daemons_and_keeps_other_lines(sim: SimNode) -> None:
-    daemons = [
+    daemons: list[dict[str, Any]] = [
         {"nodeName": "a", "ipAddress": "10.0.0.1", "index": 0},
         {"nodeName": "b", "ipAddress": "fd00::2", "index": 2},
         # Left out: an address with a line of its own in it, an index out of range or not a number.
