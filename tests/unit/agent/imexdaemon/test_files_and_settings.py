@@ -118,7 +118,7 @@ def test_settings_from_the_daemonsets_environment() -> None:
     ("changes", "message"),
     [
         ({"COMPUTE_DOMAIN_UUID": ""}, "COMPUTE_DOMAIN_UUID is not set (the daemon claim's CDI spec"),
-        ({"COMPUTE_DOMAIN_UUID": "../etc"}, "COMPUTE_DOMAIN_UUID: '../etc' is not a UID"),
+        ({"COMPUTE_DOMAIN_UUID": "Not-A-Uid"}, "COMPUTE_DOMAIN_UUID: 'Not-A-Uid' is not a UID"),
         ({"POD_IP": ""}, "POD_IP is not set"),
         ({"POD_IP": "10.0.0.1 evil"}, "POD_IP: '10.0.0.1 evil' is not an IP address"),
         ({"NODE_NAME": ""}, "NODE_NAME is not set"),
