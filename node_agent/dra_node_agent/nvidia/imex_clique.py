@@ -1,6 +1,6 @@
 """An IMEX daemon's place in its ComputeDomainClique: the part of ``compute-domain-daemon`` that
 talks to the API server (the process around it, which renders the IMEX config and runs
-``nvidia-imex``, is not written yet).
+``nvidia-imex``, is ``dra_node_agent.imexdaemon``).
 
 As NVIDIA's daemon does it: the clique ``<domain UID>.<clique ID>`` in the driver's namespace,
 labelled with both, lists one entry per daemon (``nodeName``, ``ipAddress``, ``cliqueID``,
@@ -81,6 +81,13 @@ class CliqueMembership:
 
         daemons = await self._update(change, create=True)
         return int(next(d["index"] for d in daemons if d.get("nodeName") == self.node_name))
+
+    async def daemons(self) -> list[dict[str, Any]] | None:
+        """The clique's entries as they are now; None when the clique does not exist."""
+        current = await self._get()
+        if current is None:
+            return None
+        return [dict(d) for d in current.get("daemons") or [] if isinstance(d, dict)]
 
     async def set_status(self, status: str) -> None:
         """This node's entry Ready or NotReady (it must have joined)."""

@@ -133,6 +133,8 @@ def install_simulated_mps_control(path: Path) -> None:
 # daemon wrapper writes them as the domain's daemons join), re-read on SIGUSR1. It keeps its state
 # next to the config (.imex-state, .imex-pid). Faults, in the node's IMEX fault folder (mounted
 # read-only in the container): "fail-start" makes it exit at once, "not-ready" keeps it unready.
+# Outside a container (unit tests) COMPUTE_DOMAIN_DAEMON_HOSTS_FILE, the wrapper's own variable,
+# names the hosts file, and ACCEL_DRA_SIMULATED_IMEX_FAULTS the fault folder.
 IMEX_FAULTS: Final = "imex"
 IMEX_FAULTS_MOUNT: Final = "/run/accel-dra-simulated-imex"
 SIMULATED_IMEX: Final = f"""#!/bin/sh
@@ -143,7 +145,8 @@ while [ $# -gt 0 ]; do
   case "$1" in -c) cfg="$2"; shift 2 ;; *) shift ;; esac
 done
 [ -n "$cfg" ] && [ -f "$cfg" ] || {{ echo "nvidia-imex: no config file (-c)" >&2; exit 1; }}
-faults={IMEX_FAULTS_MOUNT}
+faults="${{ACCEL_DRA_SIMULATED_IMEX_FAULTS:-{IMEX_FAULTS_MOUNT}}}"
+hosts="${{COMPUTE_DOMAIN_DAEMON_HOSTS_FILE:-/etc/hosts}}"
 [ -e "$faults/fail-start" ] && {{ echo "nvidia-imex: failed to start (simulated fault)" >&2; exit 1; }}
 dir=$(dirname "$cfg")
 nodes=$(sed -n 's/^IMEX_NODE_CONFIG_FILE=//p' "$cfg")
@@ -156,7 +159,7 @@ resolve() {{
       [ "$host" = "$name" ] || continue
       peers="$peers $name=$ip"
       [ "$ip" = "$bind" ] && ready=yes
-    done < /etc/hosts
+    done < "$hosts"
   done < "$nodes"
   [ -e "$faults/not-ready" ] && ready=no
   printf 'ready %s\\npeers%s\\n' "$ready" "$peers" > "$dir/.imex-state.tmp"

@@ -121,7 +121,8 @@ def test_build_tools_are_pinned() -> None:
 
 def test_console_scripts_used_by_the_manifests_exist() -> None:
     project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
-    assert {"dra-operator", "dra-node-agent"} <= set(project["scripts"])
+    # compute-domain-daemon: the ComputeDomain DaemonSet's command and probe.
+    assert {"dra-operator", "dra-node-agent", "compute-domain-daemon"} <= set(project["scripts"])
 
 
 def test_dockerignore_lets_the_copied_sources_through() -> None:
