@@ -5,9 +5,11 @@ from __future__ import annotations
 import re
 
 import pytest
+import yaml
 
 from tests.unit.deploy.render import (
     AGENT_SA,
+    MANIFESTS_DIR,
     NAMESPACE,
     OPERATOR_SA,
     OVERLAYS,
@@ -121,11 +123,18 @@ _WORKLOAD_READS = re.compile(r"_namespaced_pod\b|_pod_for_all_namespaces|_namesp
 
 def test_only_the_tpu_multihost_code_reads_pods_or_jobs() -> None:
     """The TPU-only grant is honest: no other agent module reads a pod or a Job (a GPU-only install
-    would meet Forbidden at run time)."""
+    would meet Forbidden at run time). ``compute-domain-daemon`` is not the agent: it runs in the
+    ComputeDomain daemons' pods, under their own account, which may patch their own pod
+    (manifests/optional/compute-domains/daemon-rbac.yaml and daemon-pod-policy.yaml)."""
     package = REPO_ROOT / "node_agent" / "dra_node_agent"
     readers = sorted(
         str(path.relative_to(package))
         for path in package.rglob("*.py")
         if _WORKLOAD_READS.search(path.read_text())
     )
-    assert readers == ["tpu/workload_api.py"]  # the multi-host TPU backend's client calls
+    # The multi-host TPU backend's client calls, and the daemon's label on its own pod.
+    assert readers == ["imexdaemon/pod_api.py", "tpu/workload_api.py"]
+    rbac = MANIFESTS_DIR / "optional" / "compute-domains" / "daemon-rbac.yaml"
+    daemon = yaml.safe_load_all(rbac.read_text())
+    (role,) = [d for d in daemon if d and d["kind"] == "Role"]
+    assert {"patch"} <= {v for r in role["rules"] if "pods" in r["resources"] for v in r["verbs"]}
