@@ -16,6 +16,7 @@ import contextlib
 import errno
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeAlias
 
@@ -196,3 +197,37 @@ async def first_resource_version(api: client.ApiClient, *, request_timeout_s: fl
         raise ClusterUnreachable(
             f"cannot reach the API server {server}: {_one_line(exc) or type(exc).__name__}"
         ) from None
+
+
+def request_error_text(exc: BaseException) -> str:
+    """A failed request's reason on one line: ``HTTP <status> <reason>``, or the client error."""
+    if isinstance(exc, ApiException):
+        return f"HTTP {exc.status} {exc.reason}"
+    return _one_line(exc)[:200] or type(exc).__name__
+
+
+async def get_namespaced_or_none(
+    custom: Any,
+    *,
+    group: str,
+    version: str,
+    namespace: str,
+    plural: str,
+    name: str,
+    request_timeout: aiohttp.ClientTimeout,
+    what: str,
+    fail: Callable[[str], Exception],
+) -> dict[str, Any] | None:
+    """A namespaced custom object (``custom``: a ``CustomObjectsApi``) as JSON; None when it does
+    not exist. Any other failure is raised as ``fail("reading <what>: <reason>")``."""
+    try:
+        obj = await custom.get_namespaced_custom_object(
+            group, version, namespace, plural, name, _request_timeout=request_timeout
+        )
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise fail(f"reading {what}: {request_error_text(exc)}") from exc
+    except (TimeoutError, aiohttp.ClientError) as exc:
+        raise fail(f"reading {what}: {request_error_text(exc)}") from exc
+    return dict(obj)

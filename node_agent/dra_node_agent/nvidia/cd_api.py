@@ -21,7 +21,7 @@ from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from dra_api import computedomains as cd
-from dra_api.kube import ApiClient
+from dra_api.kube import ApiClient, get_namespaced_or_none, request_error_text
 
 logger = logging.getLogger(__name__)
 
@@ -33,10 +33,7 @@ class ApiUnavailable(Exception):
     """A read or write the API server did not answer (in time); the message says which."""
 
 
-def _short(exc: BaseException) -> str:
-    if isinstance(exc, ApiException):
-        return f"HTTP {exc.status} {exc.reason}"
-    return " ".join(str(exc).split())[:200] or type(exc).__name__
+_short = request_error_text
 
 
 class DomainApi:
@@ -121,36 +118,33 @@ class DomainApi:
 
     async def fresh_domain(self, domain: cd.ComputeDomain) -> cd.ComputeDomain | None:
         """The domain as the API server has it now (None: gone, or replaced under its name)."""
-        try:
-            obj = await self._custom.get_namespaced_custom_object(
-                cd.GROUP,
-                cd.VERSION,
-                domain.namespace,
-                cd.DOMAIN_PLURAL,
-                domain.name,
-                _request_timeout=self._timeout,
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise ApiUnavailable(f"reading ComputeDomain {domain.key}: {_short(exc)}") from exc
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            raise ApiUnavailable(f"reading ComputeDomain {domain.key}: {_short(exc)}") from exc
-        fresh = cd.ComputeDomain.from_json(obj)
-        return fresh if fresh.uid == domain.uid else None
+        obj = await get_namespaced_or_none(
+            self._custom,
+            group=cd.GROUP,
+            version=cd.VERSION,
+            namespace=domain.namespace,
+            plural=cd.DOMAIN_PLURAL,
+            name=domain.name,
+            request_timeout=self._timeout,
+            what=f"ComputeDomain {domain.key}",
+            fail=ApiUnavailable,
+        )
+        fresh = cd.ComputeDomain.from_json(obj) if obj is not None else None
+        return fresh if fresh is not None and fresh.uid == domain.uid else None
 
     async def clique(self, name: str) -> cd.Clique | None:
-        try:
-            obj = await self._custom.get_namespaced_custom_object(
-                cd.GROUP, cd.VERSION, self.namespace, cd.CLIQUE_PLURAL, name, _request_timeout=self._timeout
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise ApiUnavailable(f"reading ComputeDomainClique {name}: {_short(exc)}") from exc
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            raise ApiUnavailable(f"reading ComputeDomainClique {name}: {_short(exc)}") from exc
-        return cd.Clique.from_json(obj)
+        obj = await get_namespaced_or_none(
+            self._custom,
+            group=cd.GROUP,
+            version=cd.VERSION,
+            namespace=self.namespace,
+            plural=cd.CLIQUE_PLURAL,
+            name=name,
+            request_timeout=self._timeout,
+            what=f"ComputeDomainClique {name}",
+            fail=ApiUnavailable,
+        )
+        return cd.Clique.from_json(obj) if obj is not None else None
 
     # -- this node's labels -------------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from dra_api import computedomains as cd
-from dra_api.kube import ApiClient
+from dra_api.kube import ApiClient, get_namespaced_or_none
 
 logger = logging.getLogger(__name__)
 
@@ -134,22 +134,17 @@ class CliqueMembership:
         raise CliqueError(f"clique {self.name}: it kept changing under {ATTEMPTS} tries")
 
     async def _get(self) -> dict[str, Any] | None:
-        try:
-            obj = await self._custom.get_namespaced_custom_object(
-                cd.GROUP,
-                cd.VERSION,
-                self.namespace,
-                cd.CLIQUE_PLURAL,
-                self.name,
-                _request_timeout=self._timeout,
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise CliqueError(f"reading clique {self.name}: HTTP {exc.status} {exc.reason}") from exc
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            raise CliqueError(f"reading clique {self.name}: {exc or type(exc).__name__}") from exc
-        return dict(obj)
+        return await get_namespaced_or_none(
+            self._custom,
+            group=cd.GROUP,
+            version=cd.VERSION,
+            namespace=self.namespace,
+            plural=cd.CLIQUE_PLURAL,
+            name=self.name,
+            request_timeout=self._timeout,
+            what=f"clique {self.name}",
+            fail=CliqueError,
+        )
 
     async def _create(self, daemons: list[dict[str, Any]]) -> bool:
         body = {
