@@ -86,9 +86,16 @@ def test_the_scheduler_mode_looks_for_as_many_nodes_as_kube_scheduler(
     figures = run_go(go_binary, path, "all-node", mode="scheduler")
     assert figures["nodes_to_find"] == to_find
     assert figures["allocated"] == 1
-    # The first claim's search starts at the first node; every node is empty and fits.
-    assert figures["placements"][0].startswith("node-00000 ")
     assert figures["feasible_mean"] == to_find
+    node = figures["placements"][0].split(" ", 1)[0]
+    if to_find == nodes:
+        # Every node is filtered: the first claim goes to the first node (all are empty and fit).
+        assert node == "node-00000"
+    else:
+        # Filters run on 16 goroutines until enough nodes fit, as in kube-scheduler: which nodes
+        # those are depends on the goroutines' timing (a loaded machine gave node-00015).
+        assert re.fullmatch(r"node-\d{5}", node), node
+        assert int(node[5:]) < nodes, node
 
 
 _NUMBER = r"(\d+(?:\.\d+)?)"
