@@ -8,7 +8,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from dra_api import computedomains as cd
-from dra_api.kube import ApiClient
+from dra_api.kube import ApiClient, request_error_text
 
 
 class PodLabelError(Exception):
@@ -24,6 +24,6 @@ async def label_own_pod(*, api: ApiClient, namespace: str, name: str, clique_id:
             name, namespace, body, _request_timeout=aiohttp.ClientTimeout(total=10.0)
         )
     except ApiException as exc:
-        raise PodLabelError(f"labelling pod {namespace}/{name}: HTTP {exc.status} {exc.reason}") from exc
+        raise PodLabelError(f"labelling pod {namespace}/{name}: {request_error_text(exc)}") from exc
     except (TimeoutError, aiohttp.ClientError) as exc:
-        raise PodLabelError(f"labelling pod {namespace}/{name}: {exc or type(exc).__name__}") from exc
+        raise PodLabelError(f"labelling pod {namespace}/{name}: {request_error_text(exc)}") from exc

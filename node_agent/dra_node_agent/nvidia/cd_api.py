@@ -33,9 +33,6 @@ class ApiUnavailable(Exception):
     """A read or write the API server did not answer (in time); the message says which."""
 
 
-_short = request_error_text
-
-
 class DomainApi:
     """The compute-domain driver's calls; one instance per agent."""
 
@@ -112,7 +109,7 @@ class DomainApi:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the cache must survive any API hiccup; it lists again
-                logger.warning("ComputeDomain watch failed: %s", _short(exc))
+                logger.warning("ComputeDomain watch failed: %s", request_error_text(exc))
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 30.0)
 
@@ -153,7 +150,7 @@ class DomainApi:
         try:
             node = await self._core.read_node(self.node_name, _request_timeout=self._timeout)
         except (ApiException, TimeoutError, aiohttp.ClientError) as exc:
-            raise ApiUnavailable(f"reading node {self.node_name}: {_short(exc)}") from exc
+            raise ApiUnavailable(f"reading node {self.node_name}: {request_error_text(exc)}") from exc
         labels = node.metadata.labels or {}
         return labels.get(key), str(node.metadata.resource_version or "")
 
@@ -173,9 +170,9 @@ class DomainApi:
             except ApiException as exc:
                 if exc.status == 409:
                     continue  # changed meanwhile: read it again
-                raise ApiUnavailable(f"labelling node {self.node_name}: {_short(exc)}") from exc
+                raise ApiUnavailable(f"labelling node {self.node_name}: {request_error_text(exc)}") from exc
             except (TimeoutError, aiohttp.ClientError) as exc:
-                raise ApiUnavailable(f"labelling node {self.node_name}: {_short(exc)}") from exc
+                raise ApiUnavailable(f"labelling node {self.node_name}: {request_error_text(exc)}") from exc
             return current
         raise ApiUnavailable(
             f"labelling node {self.node_name}: it kept changing under {LABEL_ATTEMPTS} tries"

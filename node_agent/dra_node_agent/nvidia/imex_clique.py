@@ -22,7 +22,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from dra_api import computedomains as cd
-from dra_api.kube import ApiClient, get_namespaced_or_none
+from dra_api.kube import ApiClient, get_namespaced_or_none, request_error_text
 
 logger = logging.getLogger(__name__)
 
@@ -164,9 +164,9 @@ class CliqueMembership:
         except ApiException as exc:
             if exc.status == 409:
                 return False
-            raise CliqueError(f"creating clique {self.name}: HTTP {exc.status} {exc.reason}") from exc
+            raise CliqueError(f"creating clique {self.name}: {request_error_text(exc)}") from exc
         except (TimeoutError, aiohttp.ClientError) as exc:
-            raise CliqueError(f"creating clique {self.name}: {exc or type(exc).__name__}") from exc
+            raise CliqueError(f"creating clique {self.name}: {request_error_text(exc)}") from exc
         return True
 
     async def _patch(self, daemons: list[dict[str, Any]], *, version: str) -> bool:
@@ -190,9 +190,9 @@ class CliqueMembership:
                 return False
             if exc.status == 404:
                 raise _Missing(self.name) from exc
-            raise CliqueError(f"writing clique {self.name}: HTTP {exc.status} {exc.reason}") from exc
+            raise CliqueError(f"writing clique {self.name}: {request_error_text(exc)}") from exc
         except (TimeoutError, aiohttp.ClientError) as exc:
-            raise CliqueError(f"writing clique {self.name}: {exc or type(exc).__name__}") from exc
+            raise CliqueError(f"writing clique {self.name}: {request_error_text(exc)}") from exc
         return True
 
 
