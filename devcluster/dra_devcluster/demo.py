@@ -43,10 +43,18 @@ class DemoNode:
     name: str
     profile: str
     labels: Mapping[str, str]
+    agent_args: tuple[str, ...] = ()
 
 
 DEMO_NODES: tuple[DemoNode, ...] = (
-    DemoNode("gpu-node-1", "h100-80gb-x8", {"nvidia.com/gpu.present": "true"}),
+    # Its GPUs are shared out by memory (NVIDIA's ConsumableShares): a claim that asks for no
+    # share still gets a whole GPU, and the shares example's two tenants get one GPU together.
+    DemoNode(
+        "gpu-node-1",
+        "h100-80gb-x8",
+        {"nvidia.com/gpu.present": "true"},
+        agent_args=("--consumable-shares=memory",),
+    ),
     DemoNode("gpu-node-2", "a100-40gb-mig", {"nvidia.com/gpu.present": "true"}),
     DemoNode(
         "tpu-node-1",
@@ -153,6 +161,7 @@ def start_components(
                 f"--cdi-dir={runtime.cdi_dir}",
                 f"--state-dir={runtime.state_dir}",
                 f"--metrics-address=127.0.0.1:{runtime.metrics_port}",
+                *node.agent_args,
             ],
         )
         runtimes.append(runtime)
@@ -359,7 +368,7 @@ def report(
         out.append(f"pod {pod.namespace}/{pod.name} on {pod.node}:")
         for claim in pod.claims:
             results = claim["status"]["allocation"]["devices"]["results"]
-            devices = ", ".join(f"{r['device']} ({r['driver']})" for r in results)
+            devices = ", ".join(_result_text(r) for r in results)
             out.append(f"  claim {claim['metadata']['name']}: {devices}")
         env, nodes = container_environment(by_node[pod.node], pod.cdi_ids)
         out.append(f"  CDI devices: {', '.join(pod.cdi_ids) or '(none)'}")
@@ -472,7 +481,7 @@ def report_running(
             results = ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get(
                 "results"
             ) or []
-            devices = ", ".join(f"{r['device']} ({r['driver']})" for r in results) or "(not allocated)"
+            devices = ", ".join(_result_text(r) for r in results) or "(not allocated)"
             out.append(f"  claim {claim['metadata']['name']}: {devices}")
         out.append(f"  $ kubectl logs -n {pod.namespace} {pod.name}")
         out.extend(f"  | {line}" for line in pod.log or ["(nothing yet)"])
@@ -493,8 +502,48 @@ def report_running(
         )
         out.extend(f"  | {line}" for line in (result.stdout + result.stderr).splitlines())
         out.append("")
+    out.extend(shares_section(cluster, pods))
+    out.append("")
     out.extend(_metrics_sections(runtimes, operator_port))
     return "\n".join(out)
+
+
+def _result_text(result: Mapping[str, Any]) -> str:
+    """One allocated device as the report shows it: with its share ID and consumed capacity when
+    the claim holds a share of it."""
+    extra = ""
+    if result.get("shareID"):
+        consumed = ", ".join(f"{k} {v}" for k, v in sorted((result.get("consumedCapacity") or {}).items()))
+        extra = f", share {result['shareID']}" + (f", {consumed}" if consumed else "")
+    return f"{result['device']} ({result['driver']}{extra})"
+
+
+def shares_section(cluster: LocalCluster, pods: Sequence[RunningPod]) -> list[str]:
+    """Which GPUs the running pods' claims hold together, each claim its own share of it."""
+    holders: dict[tuple[str, str, str], list[str]] = {}
+    for pod in pods:
+        for claim in pod.claims:
+            for r in ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get(
+                "results"
+            ) or []:
+                if r.get("shareID"):
+                    memory = (r.get("consumedCapacity") or {}).get("memory", "?")
+                    holders.setdefault((r["driver"], r["pool"], r["device"]), []).append(
+                        f"{pod.namespace}/{pod.name} ({memory})"
+                    )
+    shared = {device: who for device, who in holders.items() if len(who) > 1}
+    out = ["GPU shares (consumable capacity: one GPU, a share of its memory for each claim):"]
+    for (driver, pool, device), who in sorted(shared.items()):
+        out.append(f"  {driver} {pool}/{device}: held by {', '.join(sorted(who))}")
+    if not shared:
+        if cluster.kubernetes.gate_enabled("DRAConsumableCapacity"):
+            out.append("  (no GPU is held by two claims)")
+        else:
+            out.append(
+                f"  (none: Kubernetes {cluster.kubernetes.minor} has DRAConsumableCapacity off, so the "
+                "API server drops the shares' capacity and each claim gets a whole GPU)"
+            )
+    return out
 
 
 def _drivers(pod: RunningPod) -> set[str]:

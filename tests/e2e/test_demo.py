@@ -48,6 +48,8 @@ def _run_demo(workdir: Path, *extra: str) -> str:
         "dra-example-gke-gpu",
         "dra-example-gke-tpu",
         "dra-example-single-gpu",
+        "gpu-share-a",
+        "gpu-share-b",
         "gpu-test1",
         "gpu-test1",
         "gpu-test2",
@@ -79,6 +81,8 @@ def test_demo_runs_the_examples_on_real_nodes_and_shows_their_devices(workdir: P
     assert per_pod.pop(next(k for k in per_pod if k.startswith("dra-example-gke-gpu/"))) >= 1, output
     assert per_pod == {
         "dra-example-single-gpu/pod1": 1,
+        "gpu-share-a/pod": 1,
+        "gpu-share-b/pod": 1,
         "gpu-test1/pod1": 1,
         "gpu-test1/pod2": 1,
         "gpu-test2/pod": 2,
@@ -104,7 +108,7 @@ def test_demo_runs_the_examples_on_real_nodes_and_shows_their_devices(workdir: P
     release = resolve_kubernetes_version()
     if release.gate_enabled("ResourceHealthStatus"):
         # (named by the CDI device IDs the agents returned)
-        assert len([r for r in healthy if r.startswith("k8s.gpu.nvidia.com/claim=")]) == 10, output
+        assert len([r for r in healthy if r.startswith("k8s.gpu.nvidia.com/claim=")]) == 12, output
         assert len([r for r in healthy if r.startswith("k8s.tpu.google.com/claim=")]) == 8, output
     else:
         assert healthy == [], output
@@ -113,9 +117,45 @@ def test_demo_runs_the_examples_on_real_nodes_and_shows_their_devices(workdir: P
     assert re.search(
         r'^  dra_agent_device_healthy\{device="gpu-0",driver="gpu.nvidia.com"\} 1.0$', output, re.M
     )
+    _check_shares(output, release.gate_enabled("DRAConsumableCapacity"))
     assert "DEMO INCOMPLETE" not in output
     assert "kubectl logs failed" not in output  # the API server reached every kubelet
     assert "export KUBECONFIG=" in output
+
+
+def _check_shares(output: str, consumable_capacity: bool) -> None:
+    """The shares example's two tenants hold one GPU together, each its own share of its memory
+    (where the release serves consumable capacity; else each a whole GPU, and the demo says why)."""
+    sections = {s.split(" ", 1)[0]: s for s in output.split("\npod ")[1:]}
+    uuids = {
+        pod: re.findall(
+            r"^  \| GPU 0: NVIDIA H100 80GB HBM3 \(UUID: (GPU-[0-9a-f-]+)\)$", sections[pod], re.M
+        )
+        for pod in ("gpu-share-a/pod", "gpu-share-b/pod")
+    }
+    held = re.findall(
+        r"^  gpu\.nvidia\.com gpu-node-1/(gpu-\d+): held by "
+        r"gpu-share-a/pod \(30Gi\), gpu-share-b/pod \(30Gi\)$",
+        output,
+        re.M,
+    )
+    if not consumable_capacity:
+        assert held == [], output
+        assert "DRAConsumableCapacity off, so the API server drops the shares' capacity" in output
+        assert uuids["gpu-share-a/pod"] != uuids["gpu-share-b/pod"], output
+        return
+    assert len(held) == 1, output
+    # Both containers see the same GPU, and each its own share of it.
+    assert len(uuids["gpu-share-a/pod"]) == 1, output
+    assert uuids["gpu-share-a/pod"] == uuids["gpu-share-b/pod"], output
+    shares = [re.findall(r"^  \| DRA_SHARE_GPU_\d+_ID=(\S+)$", sections[pod], re.M) for pod in uuids]
+    assert [len(ids) for ids in shares] == [1, 1], output
+    assert shares[0] != shares[1], output
+    for pod in uuids:
+        assert re.search(r"^  \| DRA_SHARE_GPU_\d+_MEMORY=30Gi$", sections[pod], re.M), output
+        assert re.search(
+            rf"^  claim \S+: {held[0]} \(gpu\.nvidia\.com, share \S+, memory 30Gi\)$", sections[pod], re.M
+        )
 
 
 def test_demo_without_a_kubelet_plays_it_and_shows_the_environment(workdir: Path) -> None:

@@ -15,10 +15,11 @@ def _requests(template: Obj) -> list[Obj]:
     return requests
 
 
-def test_the_examples_are_the_guides() -> None:
+def test_the_examples_are_the_guides_and_the_shares_example() -> None:
     assert EXAMPLE_FILES == [
         "gke-gpu.yaml",
         "gke-tpu.yaml",
+        "gpu-shares-by-memory.yaml",
         "nvidia-gpu-test1.yaml",
         "nvidia-gpu-test2.yaml",
         "nvidia-gpu-test4-mig.yaml",
@@ -41,8 +42,10 @@ def test_pods_use_the_claims_their_templates_define(filename: str) -> None:
             assert not namespaces
             assert "namespace" not in obj["metadata"], obj["metadata"]["name"]
         else:
-            (namespace,) = namespaces
-            assert obj["metadata"]["namespace"] == namespace["metadata"]["name"], obj["metadata"]["name"]
+            # NVIDIA's files create the one namespace they use; the shares example one per tenant.
+            assert namespaces
+            own = {n["metadata"]["name"] for n in namespaces}
+            assert obj["metadata"]["namespace"] in own, obj["metadata"]["name"]
     for _, spec in workloads:
         claims = {c["name"]: c for c in spec["resourceClaims"]}
         assert {c["resourceClaimTemplateName"] for c in claims.values()} <= templates
@@ -94,3 +97,18 @@ def test_nvidia_install_check_uses_the_v1_exactly_form() -> None:
     (request,) = _requests(template)
     assert request == {"name": "gpu", "exactly": {"deviceClassName": names.GPU_CLASS}}
     assert len(of_kind(objs, "Pod")) == 1
+
+
+def test_the_shares_example_gives_two_namespaces_a_share_of_one_large_gpu_each() -> None:
+    objs = load_file(EXAMPLES_DIR / "gpu-shares-by-memory.yaml")
+    assert [n["metadata"]["name"] for n in of_kind(objs, "Namespace")] == ["gpu-share-a", "gpu-share-b"]
+    templates = of_kind(objs, "ResourceClaimTemplate")
+    assert [t["metadata"]["namespace"] for t in templates] == ["gpu-share-a", "gpu-share-b"]
+    for template in templates:
+        (request,) = _requests(template)
+        exactly = request["exactly"]
+        assert exactly["deviceClassName"] == names.GPU_CLASS
+        assert exactly["capacity"] == {"requests": {"memory": "30Gi"}}
+        # Only GPUs of 64Gi or more: the demo's H100 node, whose agent shares GPUs out by memory.
+        (selector,) = exactly["selectors"]
+        assert "quantity('64Gi')" in selector["cel"]["expression"]
