@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -29,11 +30,14 @@ from dra_node_agent import cli as agent_cli
 from dra_node_agent import settings as agent_settings
 from dra_operator.base import settings as operator_settings
 from tests.unit.deploy.helm_render import CHART_DIR, helm_template, overlay_values
-from tests.unit.deploy.render import CRDS_DIR, MANIFESTS_DIR, NAMESPACE, OVERLAYS, Obj, render
+from tests.unit.deploy.render import CRDS_DIR, MANIFESTS_DIR, NAMESPACE, OVERLAYS, Obj, of_kind, one, render
 
 HELM_LABELS = ("helm.sh/chart", "app.kubernetes.io/instance", "app.kubernetes.io/version")
 
 Key = tuple[str, str, str]
+
+COMPUTE_DOMAINS: dict[str, Any] = {"resources": {"computeDomains": {"enabled": True}}}
+DAEMON_CLAIMS_POLICY = "accel-dra-compute-domain-daemon-claims"
 
 
 def _key(obj: Obj) -> Key:
@@ -123,6 +127,19 @@ def _without_namespace(objs: list[Obj]) -> list[Obj]:
     return [o for o in objs if o["kind"] != "Namespace"]
 
 
+def _with_crds(objs: list[Obj], crds: list[Obj]) -> list[Obj]:
+    """A kustomize render plus crds/, as `helm template --include-crds` gives them: the CRDs come
+    from the chart's crds/ without the label kustomize puts on them. (The uninstall hook is the
+    chart's own, as kubectl delete -k has no hooks: README, "Uninstall"; callers leave it out.)"""
+    objs = copy.deepcopy(objs + crds)
+    for crd in objs:
+        if crd["kind"] == "CustomResourceDefinition":
+            crd["metadata"]["labels"].pop("app.kubernetes.io/part-of")
+            if not crd["metadata"]["labels"]:
+                del crd["metadata"]["labels"]
+    return objs
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_chart_renders_the_overlays_objects(
     rendered: dict[str, list[Obj]],
@@ -130,15 +147,8 @@ def test_chart_renders_the_overlays_objects(
     rendered_crds: list[Obj],
     overlay: str,
 ) -> None:
-    kustomized = copy.deepcopy(_without_namespace(rendered[overlay]) + rendered_crds)
-    # The CRDs come from the chart's crds/ (helm template --include-crds); kustomize labels them.
-    # The uninstall hook is the chart's own (kubectl delete -k has no hooks): README, "Uninstall".
+    kustomized = _with_crds(_without_namespace(rendered[overlay]), rendered_crds)
     charted = [o for o in helm_rendered[overlay] if not _is_hook(o)]
-    for crd in kustomized:
-        if crd["kind"] == "CustomResourceDefinition":
-            crd["metadata"]["labels"].pop("app.kubernetes.io/part-of")
-            if not crd["metadata"]["labels"]:
-                del crd["metadata"]["labels"]
     _compare(kustomized, charted, what=f"overlay {overlay}")
 
 
@@ -190,17 +200,89 @@ def test_passthrough_support_gives_the_agent_the_flag_and_ships_the_optional_cla
         assert agent["health_enabled"] == repr(not passthrough)
 
 
+def _gpu_overlay_with_compute_domains(directory: Path) -> Path:
+    """A kustomization of the gpu overlay with the compute-domains component (kustomize takes only
+    relative paths to other kustomizations)."""
+    directory.mkdir()
+    (directory / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+        f"resources: [{os.path.relpath(MANIFESTS_DIR / 'overlays' / 'gpu', directory)}]\n"
+        f"components: [{os.path.relpath(MANIFESTS_DIR / 'optional' / 'compute-domains', directory)}]\n"
+    )
+    return directory
+
+
+def test_compute_domains_render_what_the_component_adds(
+    kubectl: Path, helm: Path, rendered_crds: list[Obj], tmp_path: Path
+) -> None:
+    """resources.computeDomains.enabled gives the gpu overlay plus manifests/optional/compute-domains,
+    but for two documented differences: the daemon claim policy selects the release namespace by
+    name (a chart cannot label it), and both programs are told the daemons' namespace, IMEX mode
+    and image where the component leaves their defaults."""
+    kustomized = render(_gpu_overlay_with_compute_domains(tmp_path / "overlay"), kubectl=kubectl)
+    label = "accel-dra.dev/compute-domain-daemons"
+    (namespace,) = of_kind(kustomized, "Namespace")
+    assert namespace["metadata"]["labels"][label] == "true"
+    policy = one(kustomized, "ValidatingAdmissionPolicy", DAEMON_CLAIMS_POLICY)
+    selector = policy["spec"]["matchConstraints"]["namespaceSelector"]
+    assert selector == {"matchExpressions": [{"key": label, "operator": "DoesNotExist"}]}
+    selector["matchExpressions"] = [
+        {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": [NAMESPACE]}
+    ]
+    (operator,) = of_kind(kustomized, "Deployment")
+    image = operator["spec"]["template"]["spec"]["containers"][0]["image"]
+    both = [f"--compute-domain-namespace={NAMESPACE}", "--compute-domain-imex-mode=driverManaged"]
+    operator["spec"]["template"]["spec"]["containers"][0]["args"] += [
+        *both,
+        f"--compute-domain-daemon-image={image}",
+        "--compute-domain-daemon-image-pull-policy=IfNotPresent",
+    ]
+    (agent,) = of_kind(kustomized, "DaemonSet")
+    agent["spec"]["template"]["spec"]["containers"][0]["args"] += both
+    charted = helm_template(helm, values={**overlay_values("gpu"), **COMPUTE_DOMAINS})
+    _compare(_with_crds(_without_namespace(kustomized), rendered_crds),
+             [o for o in charted if not _is_hook(o)], what="compute domains")  # fmt: skip
+
+
+def test_compute_domain_values_reach_both_programs(helm: Path) -> None:
+    """The daemons run the release's image in the release namespace, with the chart's IMEX mode."""
+    values: dict[str, Any] = {
+        **overlay_values("gpu"),
+        "image": {"repository": "mirror.internal/accel-dra", "tag": "1.2.3", "pullPolicy": "Always"},
+        "resources": {"computeDomains": {"enabled": True, "imex": {"mode": "hostManaged"}}},
+    }
+    objs = helm_template(helm, values=values, namespace="gpu-system")
+    (deployment,) = of_kind(objs, "Deployment")
+    operator = _settings(deployment["spec"]["template"]["spec"]["containers"][0])
+    (daemonset,) = of_kind(objs, "DaemonSet")
+    agent = _settings(daemonset["spec"]["template"]["spec"]["containers"][0])
+    for program in (operator, agent):
+        assert program["compute_domains"] == "True"
+        assert program["compute_domain_namespace"] == "'gpu-system'"
+        assert program["compute_domain_imex_mode"] == "'hostManaged'"
+    assert operator["compute_domain_daemon_image"] == "'mirror.internal/accel-dra:1.2.3'"
+    assert operator["compute_domain_daemon_image_pull_policy"] == "'Always'"
+    policy = one(objs, "ValidatingAdmissionPolicy", DAEMON_CLAIMS_POLICY)
+    (selector,) = policy["spec"]["matchConstraints"]["namespaceSelector"]["matchExpressions"]
+    assert selector == {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["gpu-system"]}
+    # Off (the default): neither program serves ComputeDomains, and none of its objects is rendered.
+    off = helm_template(helm, values=overlay_values("gpu"))
+    for workload in of_kind(off, "Deployment") + of_kind(off, "DaemonSet"):
+        assert _settings(workload["spec"]["template"]["spec"]["containers"][0])["compute_domains"] == "False"
+    assert not [o for o in off if "compute-domain" in o["metadata"]["name"]]
+
+
 def test_chart_follows_the_release_namespace(helm: Path) -> None:
     """Namespaced objects, ServiceAccount subjects and the alerts' job label all name the release
     namespace (the admission policies match the agent in any namespace: test_policy.py)."""
-    objs = helm_template(helm, values={**overlay_values("simulated"), "monitoring": {"enabled": True}},
-                         namespace="gpu-system")  # fmt: skip
+    objs = helm_template(helm, values={**overlay_values("simulated"), "monitoring": {"enabled": True},
+                                       **COMPUTE_DOMAINS}, namespace="gpu-system")  # fmt: skip
     text = yaml.safe_dump_all(objs)
     assert f"system:serviceaccount:{NAMESPACE}:" not in text
     assert f'"{NAMESPACE}/' not in text
     for obj in objs:
         if obj["kind"] in {"ServiceAccount", "Deployment", "DaemonSet", "PodDisruptionBudget", "PodMonitor",
-                           "PrometheusRule", "ConfigMap"}:  # fmt: skip
+                           "PrometheusRule", "ConfigMap", "Role", "RoleBinding"}:  # fmt: skip
             assert obj["metadata"]["namespace"] == "gpu-system", obj["metadata"]
         for subject in obj.get("subjects", []):
             assert subject["namespace"] == "gpu-system"
@@ -235,6 +317,10 @@ def test_chart_values_reach_the_programs(helm: Path) -> None:
         ({"backend": "cpu"}, 'backend must be gpu, tpu or simulated, not "cpu"'),
         ({"controller": {"ownership": "some"}}, "controller.ownership must be standalone, all or none"),
         ({"backend": "simulated", "simulated": {"profiles": []}}, "needs at least one profile"),
+        (
+            {"resources": {"computeDomains": {"enabled": True, "imex": {"mode": "hostmanaged"}}}},
+            'resources.computeDomains.imex.mode must be driverManaged or hostManaged, not "hostmanaged"',
+        ),
     ],
 )
 def test_chart_refuses_values_the_programs_would_reject(
@@ -244,10 +330,14 @@ def test_chart_refuses_values_the_programs_would_reject(
         helm_template(helm, values=values)
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
-def test_helm_lint(helm: Path, overlay: str) -> None:
+@pytest.mark.parametrize(
+    "flags",
+    [*([f"--set=backend={o}"] for o in OVERLAYS), ["--set=resources.computeDomains.enabled=true"]],
+    ids=[*OVERLAYS, "compute-domains"],
+)
+def test_helm_lint(helm: Path, flags: list[str]) -> None:
     result = subprocess.run(
-        [str(helm), "lint", "--strict", str(CHART_DIR), f"--set=backend={overlay}"],
+        [str(helm), "lint", "--strict", str(CHART_DIR), *flags],
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr

@@ -19,14 +19,25 @@
     request.userInfo.username.split(":")[3].contains("{{ include "accel-dra.agentName" . }}")
 {{- end -}}
 
-{{/* The policies' variables agentNode (the node in the caller's token) and drivers (the agent's). */}}
+{{/* The policies' variables agentNode (the node in the caller's token) and drivers (the agent's):
+     called with the list of the drivers. */}}
 {{- define "accel-dra.agentVariables" -}}
 - name: agentNode
   expression: >-
     request.userInfo.extra[?"authentication.kubernetes.io/node-name"].orValue([]).size() == 1
     ? request.userInfo.extra["authentication.kubernetes.io/node-name"][0] : ""
 - name: drivers
-  expression: '["{{ .Values.driverNames.gpu }}", "{{ .Values.driverNames.tpu }}"]'
+  expression: '[{{ range $i, $d := . }}{{ if $i }}, {{ end }}"{{ $d }}"{{ end }}]'
+{{- end -}}
+
+{{/* The drivers whose ResourceSlices the agent publishes: with ComputeDomains, the compute-domain
+     driver's too (its claims' status is not the agent's to write, so only the slice policy). */}}
+{{- define "accel-dra.sliceDrivers" -}}
+{{- $drivers := list .Values.driverNames.gpu .Values.driverNames.tpu -}}
+{{- if .Values.resources.computeDomains.enabled -}}
+{{- $drivers = append $drivers "compute-domain.nvidia.com" -}}
+{{- end -}}
+{{- toJson $drivers -}}
 {{- end -}}
 
 {{- define "accel-dra.image" -}}
@@ -74,6 +85,9 @@ helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded
 {{- end -}}
 {{- if not (has .Values.kubeletPlugin.health.taintEffect (list "NoSchedule" "NoExecute")) -}}
 {{- fail (printf "kubeletPlugin.health.taintEffect must be NoSchedule or NoExecute, not %q" .Values.kubeletPlugin.health.taintEffect) -}}
+{{- end -}}
+{{- if not (has .Values.resources.computeDomains.imex.mode (list "driverManaged" "hostManaged")) -}}
+{{- fail (printf "resources.computeDomains.imex.mode must be driverManaged or hostManaged, not %q" .Values.resources.computeDomains.imex.mode) -}}
 {{- end -}}
 {{- if and (eq .Values.backend "simulated") (not .Values.simulated.profiles) -}}
 {{- fail "backend simulated needs at least one profile in simulated.profiles" -}}
