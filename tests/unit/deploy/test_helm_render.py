@@ -29,6 +29,7 @@ import yaml
 from dra_node_agent import cli as agent_cli
 from dra_node_agent import settings as agent_settings
 from dra_operator.base import settings as operator_settings
+from dra_operator.computedomains import desired
 from tests.unit.deploy.helm_render import CHART_DIR, helm_template, overlay_values
 from tests.unit.deploy.render import CRDS_DIR, MANIFESTS_DIR, NAMESPACE, OVERLAYS, Obj, of_kind, one, render
 
@@ -270,6 +271,38 @@ def test_compute_domain_values_reach_both_programs(helm: Path) -> None:
     for workload in of_kind(off, "Deployment") + of_kind(off, "DaemonSet"):
         assert _settings(workload["spec"]["template"]["spec"]["containers"][0])["compute_domains"] == "False"
     assert not [o for o in off if "compute-domain" in o["metadata"]["name"]]
+
+
+def test_compute_domain_daemons_get_the_charts_pull_secrets_and_overrides(helm: Path) -> None:
+    """Daemons pull the release's image as its pods do: the chart's imagePullSecrets reach them
+    through the operator's overrides file, beside what daemonOverrides adds."""
+    secrets = [{"name": "registry-login"}]
+    overrides = {"priorityClassName": "imex-critical", "env": [{"name": "HTTPS_PROXY", "value": "p:3128"}]}
+    values: dict[str, Any] = {
+        **overlay_values("gpu"),
+        "imagePullSecrets": secrets,
+        "resources": {"computeDomains": {"enabled": True, "daemonOverrides": overrides}},
+    }
+    objs = helm_template(helm, values=values)
+    configmap = one(objs, "ConfigMap", "accel-dra-operator-compute-domain-daemons")
+    text = configmap["data"]["overrides.yaml"]
+    parsed = desired.check_overrides(yaml.safe_load(text), where="chart")
+    assert parsed == {**overrides, "imagePullSecrets": secrets}
+    (deployment,) = of_kind(objs, "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    path = _settings(pod["containers"][0])["compute_domain_daemon_overrides"].strip("'")
+    (mount,) = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "compute-domain-daemons"]
+    assert path == f"{mount['mountPath']}/overrides.yaml"
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "compute-domain-daemons"]
+    assert volume["configMap"]["name"] == configmap["metadata"]["name"]
+    # Nothing to add (no secrets, no overrides): no file, no flag.
+    bare = helm_template(helm, values={**overlay_values("gpu"), **COMPUTE_DOMAINS})
+    assert not [o for o in bare if o["kind"] == "ConfigMap" and "compute-domain" in o["metadata"]["name"]]
+    (deployment,) = of_kind(bare, "Deployment")
+    assert (
+        _settings(deployment["spec"]["template"]["spec"]["containers"][0])["compute_domain_daemon_overrides"]
+        == "''"
+    )
 
 
 def test_chart_follows_the_release_namespace(helm: Path) -> None:

@@ -93,3 +93,15 @@ helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded
 {{- fail "backend simulated needs at least one profile in simulated.profiles" -}}
 {{- end -}}
 {{- end -}}
+
+{{- /* The IMEX daemon pods' additions (--compute-domain-daemon-overrides): the chart's
+     imagePullSecrets, so that daemons pull the release's image as its pods do, unless
+     resources.computeDomains.daemonOverrides names its own; empty when there is nothing to add. */}}
+{{- define "accel-dra.daemonOverrides" -}}
+{{- $overrides := deepCopy (.Values.resources.computeDomains.daemonOverrides | default dict) -}}
+{{- if and .Values.imagePullSecrets (not (hasKey $overrides "imagePullSecrets")) -}}
+{{- $_ := set $overrides "imagePullSecrets" .Values.imagePullSecrets -}}
+{{- end -}}
+{{- if $overrides }}{{ toYaml $overrides }}{{ end -}}
+{{- end -}}
+{{- define "accel-dra.daemonOverridesName" -}}{{ include "accel-dra.operatorName" . }}-compute-domain-daemons{{- end -}}
