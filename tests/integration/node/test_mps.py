@@ -2,7 +2,9 @@
 control daemon (started by the agent before the prepare returned) through its pipe folder
 (read-only) and shm tmpfs, and the limits in its environment; the daemon stops when the kubelet
 unprepares the claim. Two containers of different users share one claim's daemon with
-``multiUser``, and without it the second user is turned away (the simulated daemon models that)."""
+``multiUser``, and without it the second user is turned away (the simulated daemon models that).
+NVIDIA's quickstart examples gpu-test-mps and gpu-test5 run here as written (but for the image and
+the nbody sample, see ``nvidia_examples``)."""
 
 from __future__ import annotations
 
@@ -13,9 +15,11 @@ from typing import Any
 from dra_devcluster.images import WORKLOAD_IMAGE
 from dra_node_agent.prepare import PAUSE_ENV
 from tests.integration.agent.agentproc import GPU
+from tests.integration.node import nvidia_examples as examples
 from tests.integration.node.conftest import CLASS, NAMESPACE, NODE, NodeWithAgent, gpu_pod, wait_gone
 from tests.integration.node.test_real_node import _registrations, _wait_registered
 from tests.integration.node.test_real_node_configs import with_config
+from tests.integration.node.test_time_slicing import gpu_state
 
 NVIDIA = "resource.nvidia.com/v1beta1"
 SHOW = (
@@ -218,3 +222,89 @@ def test_two_containers_of_different_users_share_one_claims_daemon_only_with_mul
         cluster.kubectl("delete", "pod", name, "-n", NAMESPACE, "--wait=true", "--timeout=60s")
         wait_gone(cluster, root / claims[name])
         cluster.kubectl("delete", "resourceclaim", name, "-n", NAMESPACE, "--wait=true", "--timeout=60s")
+
+
+MPS_SHOW = "env | grep ^CUDA_MPS_ | sort; mps-client; nvidia-smi -L"
+NVIDIA_MPS_ENV = [
+    "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50",
+    "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M",
+    "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps",
+]
+
+
+def mps_daemon_uuids(setup: NodeWithAgent, claim: dict[str, Any]) -> list[str]:
+    folder = setup.agent.dirs.checkpoint().parent / "mps" / claim["metadata"]["uid"]
+    record = json.loads((folder / "daemon.json").read_text())
+    assert alive(int(record["pid"]))
+    return list(record["uuids"])
+
+
+def test_nvidias_gpu_test_mps_two_containers_share_one_gpus_daemon_with_its_limits(
+    node_with_agent: NodeWithAgent,
+) -> None:
+    """NVIDIA's quickstart gpu-test-mps: one GPU with MPS (50 % of the threads, 10Gi pinned) for
+    both containers of one pod."""
+    setup = node_with_agent
+    cluster = setup.cluster
+    docs = examples.example_docs("gpu-test-mps")
+    (template,) = [d for d in docs if d["kind"] == "ResourceClaimTemplate"]
+    asked = template["spec"]["spec"]["devices"]["config"][0]["opaque"]["parameters"]
+    with examples.gpu_class(cluster), examples.applied(setup, docs):
+        (pod,) = examples.running_pods(cluster, "gpu-test-mps", count=1)
+        claim = examples.claim_of(cluster, pod)
+        (device,) = examples.results(claim)["mps-gpu"]
+        assert examples.allocated_configs(claim) == {"mps-gpu": asked}
+        uuid = examples.published(setup, GPU)[device["device"]]["uuid"]
+        assert mps_daemon_uuids(setup, claim) == [uuid]
+        for container in ("mps-ctr0", "mps-ctr1"):
+            shown = examples.in_container(cluster, pod, container, MPS_SHOW).splitlines()
+            assert [line for line in shown if line.startswith("CUDA_MPS_")] == NVIDIA_MPS_ENV, shown
+            assert f"mps-client: /dev/shm is the server's: {uuid}" in shown, shown
+            assert (
+                [line for line in shown if line.startswith("GPU ")]
+                == [line for line in shown if uuid in line and line.startswith("GPU ")]
+                != []
+            ), shown
+        entry = setup.agent.dirs.checkpoint_claims()[claim["metadata"]["uid"]]
+        assert [d.get("mps") for d in entry["devices"]] == [True]
+    # Unprepared with the example's namespace: the claim's daemon and its folder are gone.
+    assert not (setup.agent.dirs.checkpoint().parent / "mps" / claim["metadata"]["uid"]).exists()
+
+
+def test_nvidias_gpu_test5_one_claim_time_slices_one_gpu_and_runs_mps_on_another(
+    node_with_agent: NodeWithAgent,
+) -> None:
+    """NVIDIA's quickstart gpu-test5: one claim, two GPUs, one time-sliced (Long) for two
+    containers and one with MPS for the other two."""
+    setup = node_with_agent
+    cluster = setup.cluster
+    docs = examples.example_docs("gpu-test5")
+    (template,) = [d for d in docs if d["kind"] == "ResourceClaimTemplate"]
+    asked = {
+        c["requests"][0]: c["opaque"]["parameters"] for c in template["spec"]["spec"]["devices"]["config"]
+    }
+    with examples.gpu_class(cluster), examples.applied(setup, docs):
+        (pod,) = examples.running_pods(cluster, "gpu-test5", count=1)
+        claim = examples.claim_of(cluster, pod)
+        by_request = examples.results(claim)
+        assert examples.allocated_configs(claim) == asked
+        devices = examples.published(setup, GPU)
+        (ts,) = [devices[r["device"]]["uuid"] for r in by_request["ts-gpu"]]
+        (mps,) = [devices[r["device"]]["uuid"] for r in by_request["mps-gpu"]]
+        assert ts != mps
+        assert gpu_state(setup, ts) == (0, 3), "compute mode DEFAULT and time slice Long (3)"
+        assert mps_daemon_uuids(setup, claim) == [mps]
+        for container, uuid in (("ts-ctr0", ts), ("ts-ctr1", ts), ("mps-ctr0", mps), ("mps-ctr1", mps)):
+            shown = examples.in_container(cluster, pod, container, MPS_SHOW).splitlines()
+            listed = [line for line in shown if line.startswith("GPU ")]
+            assert len(listed) == 1, (container, shown)
+            assert uuid in listed[0], (container, shown)
+            env = [line for line in shown if line.startswith("CUDA_MPS_")]
+            assert env == (NVIDIA_MPS_ENV if uuid == mps else []), (container, shown)
+        recorded = {
+            d["request"]: (d.get("timeSlice"), d.get("mps"))
+            for d in setup.agent.dirs.checkpoint_claims()[claim["metadata"]["uid"]]["devices"]
+        }
+        assert recorded == {"ts-gpu": ("Long", None), "mps-gpu": (None, True)}
+    # Unprepared with the namespace: the time-sliced GPU is back to the default slice.
+    assert gpu_state(setup, ts) == (0, 0)

@@ -8,6 +8,9 @@ agent killed between the two binding steps gives the GPU back at start-up, and t
 takes it again. While a claim holds a GPU's CUDA device (allocated, not yet prepared), kube-scheduler
 does not give the same GPU to a VM: the two devices consume one counter.
 
+NVIDIA's quickstart passthrough examples (gpu-test-vfiopci, gpu-test-vfio-config) are applied as
+written but for their image (see ``nvidia_examples``).
+
 One node for the module; its agent starts paused at the first binding's middle step (the crash
 test runs first), and runs on unpaused after its restart.
 """
@@ -15,6 +18,7 @@ test runs first), and runs on unpaused after its restart.
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +30,7 @@ from dra_node_agent.pci import bound_driver, iommu_group
 from dra_node_agent.pci_binding import PciDriverBinding
 from dra_node_agent.prepare import PAUSE_ENV
 from tests.integration.agent.agentproc import GPU
+from tests.integration.node import nvidia_examples as examples
 from tests.integration.node.conftest import CLASS as CUDA_CLASS
 from tests.integration.node.conftest import NAMESPACE, NODE, NodeWithAgent
 from tests.integration.node.test_real_node import _registrations, _wait_registered
@@ -249,3 +254,62 @@ def test_kube_scheduler_does_not_give_a_gpu_for_passthrough_while_a_claim_holds_
     device, _ = assert_gets_the_group(setup, "vm-late")
     assert device == "gpu-vfio-7"
     delete_and_see_it_back(setup, "vm-late", address, gpu)
+
+
+VFIO_SHOW = (
+    "for f in /dev/vfio/*; do [ -c $f ] && echo char $f; done; "
+    "echo nvidia-nodes=$(ls /dev | grep -c '^nvidia')"
+)
+
+
+def example_gets_the_group(setup: NodeWithAgent, namespace: str) -> tuple[str, list[str]]:
+    """The PCI address of the GPU the namespace's one pod runs with, and the character devices
+    under its /dev/vfio; the GPU is vfio-pci's and the pod has no NVIDIA device node."""
+    (pod,) = examples.running_pods(setup.cluster, namespace, count=1)
+    claim = examples.claim_of(setup.cluster, pod)
+    ((result,),) = examples.results(claim).values()
+    address = str(published(setup)[result["device"]]["attributes"][PCI_BUS_ID]["string"])
+    assert bound_driver(sysfs(setup), address) == "vfio-pci"
+    shown = examples.in_container(setup.cluster, pod, "ctr", VFIO_SHOW).splitlines()
+    assert "nvidia-nodes=0" in shown, shown
+    return address, sorted(line.split()[1] for line in shown if line.startswith("char "))
+
+
+def test_nvidias_passthrough_examples_vfiopci_runs_and_vfio_config_puts_its_pod_in_no_namespace(
+    node_with_agent: NodeWithAgent,
+) -> None:
+    """NVIDIA's quickstart gpu-test-vfiopci (one GPU of class vfio.gpu.nvidia.com) and
+    gpu-test-vfio-config (the same with VfioDeviceConfig, legacy backend and vfio's API device).
+    The second creates namespace gpu-test-vfio but puts its Pod in gpu-test-vfiopci, which nothing
+    creates: as written the Pod is refused; moved to gpu-test-vfio it runs."""
+    setup = node_with_agent
+    cluster = setup.cluster
+    if setup.agent.starts == 1:  # run alone: the first test restarts the agent without the pause
+        before = _registrations(setup)
+        setup.agent.stop()
+        setup.agent.start(env={PAUSE_ENV: ""})
+        _wait_registered(setup, more_than=before)
+    plain = examples.example_docs("gpu-test-vfiopci")
+    with examples.applied(setup, plain):
+        address, chars = example_gets_the_group(setup, "gpu-test-vfio")
+        # No config: the default, which leaves vfio's API device out.
+        assert chars == [f"/dev/vfio/{iommu_group(sysfs(setup), address)}"]
+    assert bound_driver(sysfs(setup), address) == "nvidia"
+
+    configured = examples.example_docs("gpu-test-vfio-config")
+    (pod,) = [d for d in configured if d["kind"] == "Pod"]
+    assert pod["metadata"]["namespace"] == "gpu-test-vfiopci"
+    try:
+        with pytest.raises(subprocess.CalledProcessError) as refused:
+            cluster.apply(configured)
+        assert 'namespaces "gpu-test-vfiopci" not found' in refused.value.stderr
+        assert cluster.get_json("resourceclaimtemplates", "-n", "gpu-test-vfio")["items"]
+        assert not cluster.get_json("pods", "-n", "gpu-test-vfio")["items"]
+        # The Pod in the namespace the file creates: the config's legacy backend and API device.
+        pod["metadata"]["namespace"] = "gpu-test-vfio"
+        cluster.apply([pod])
+        address, chars = example_gets_the_group(setup, "gpu-test-vfio")
+        assert chars == [f"/dev/vfio/{iommu_group(sysfs(setup), address)}", "/dev/vfio/vfio"]
+    finally:
+        examples.remove_example(setup, configured)
+    assert bound_driver(sysfs(setup), address) == "nvidia"

@@ -6,6 +6,9 @@ Events; without one it runs beside the workload, and its unprepare leaves the GP
 
 The GPU's state is read where the simulated hardware keeps it (the fake NVML's compute mode, the
 time slice the host's nvidia-smi stand-in set), as a test on hardware would ask nvidia-smi.
+
+The node has eight A100s with MIG mode off (a test profile): NVIDIA's quickstart gpu-test6, applied
+as written but for its image, picks A100s by productName and an ``index`` attribute (0, 2, 4, 6).
 """
 
 from __future__ import annotations
@@ -19,10 +22,13 @@ from dra_node_agent.prepare import PAUSE_ENV
 from dra_node_agent.simulated.discovery import GPU_STATE_DIR
 from dra_node_agent.simulated.fakehw import COMPUTE_MODE_FILE, TIME_SLICE_FILE
 from tests.integration.agent.agentproc import GPU
+from tests.integration.node import nvidia_examples as examples
 from tests.integration.node.conftest import CLASS, NAMESPACE, NODE, NodeWithAgent
 from tests.integration.node.test_real_node import _registrations, _wait_registered
 from tests.integration.node.test_real_node_configs import warning_with
 
+# Read by the node_with_agent fixture.
+AGENT_PROFILES = (str(Path(__file__).parents[2] / "fixtures" / "profiles" / "a100-40gb-x8.yaml"),)
 NVIDIA = "resource.nvidia.com/v1beta1"
 _UUID = re.compile(r"\(UUID: (GPU-[0-9a-f-]+)\)")
 
@@ -226,3 +232,36 @@ def test_the_agent_killed_after_setting_the_slice_the_kubelets_retry_sets_it_aga
     )
     assert gpu_state(setup, uuid) == (0, 0)
     cluster.kubectl("delete", "resourceclaim", "ts-crash", "-n", NAMESPACE, "--wait=true", "--timeout=60s")
+
+
+def test_nvidias_gpu_test6_selects_a100s_by_an_index_attribute_no_gpu_has(
+    node_with_agent: NodeWithAgent,
+) -> None:
+    """NVIDIA's quickstart gpu-test6 (four replicas, each time-slicing one A100 its CEL selector
+    picks by ``productName`` and ``index``) as written: no GPU of driver gpu.nvidia.com has an
+    ``index`` attribute (NVIDIA's driver no longer publishes one either), so on an A100, whose
+    product name matches, the selector fails and kube-scheduler leaves every replica pending."""
+    setup = node_with_agent
+    cluster = setup.cluster
+    devices = examples.published(setup, GPU)
+    assert {d["productName"] for d in devices.values()} == {"NVIDIA A100-SXM4-40GB"}
+    assert not any("index" in d for d in devices.values())
+    docs = examples.example_docs("gpu-test6")
+    no_index = "CEL runtime error: no such key: index"
+    with examples.gpu_class(cluster), examples.applied(setup, docs):
+
+        def refused() -> list[str] | None:
+            events = cluster.get_json("events", "-n", "gpu-test6")["items"]
+            pods = {
+                e["involvedObject"]["name"]
+                for e in events
+                if e["reason"] == "FailedScheduling" and no_index in e["message"]
+            }
+            return sorted(pods) if len(pods) == 4 else None
+
+        cluster.wait_for(refused, timeout=90, what="all four replicas refused for the missing index")
+        pods = cluster.get_json("pods", "-n", "gpu-test6")["items"]
+        assert [p["status"]["phase"] for p in pods] == ["Pending"] * 4
+        claims = cluster.get_json("resourceclaims", "-n", "gpu-test6")["items"]
+        assert len(claims) == 4
+        assert not any(c.get("status", {}).get("allocation") for c in claims)
