@@ -122,7 +122,9 @@ def domain_nodes(local_cluster: LocalCluster, tmp_path_factory: pytest.TempPathF
                 wait_kubelet=True,
             )
             agents.append(agent)
-            agent.start()
+            agent.start(wait=False)  # it starts while the next node does
+        for agent in agents:
+            agent.wait_serving()
         # The daemon pods reach the API server through the first node's relay (no kube-proxy here).
         overrides = workdir / "daemon-overrides.yaml"
         port = cluster.server.rsplit(":", 1)[1]
