@@ -313,7 +313,10 @@ class RealNode:
 
     def cni_config(self) -> dict[str, object]:
         # A bridge of the node's own: a loopback-only network makes every sandbox fail with
-        # "failed to find network info for sandbox". No masquerading: pods reach nothing outside.
+        # "failed to find network info for sandbox". The default route through the host lets a
+        # pod reach the host's addresses, other nodes' API relays and pods among them, as pods of
+        # a cluster reach each other's nodes (a ComputeDomain's IMEX daemons, one per node, talk
+        # to the API server by one name). No masquerading: pods reach nothing outside the host.
         return {
             "cniVersion": "1.0.0",
             "name": f"accel-dra-{self.name}",
@@ -322,6 +325,7 @@ class RealNode:
                     "type": "bridge",
                     "bridge": f"dra-br{self.index}",
                     "isGateway": True,
+                    "isDefaultGateway": True,
                     "ipMasq": False,
                     "ipam": {
                         "type": "host-local",

@@ -120,7 +120,9 @@ class ComputeDomainMembership:
             if fabric.clique_id:
                 await self._host_ready()
             return self._channel_edits(fabric, count=1)
-        held = sorted({d for _, d in others if d != domain.uid})
+        # Only channels hold a node: a daemon claim (of this domain, or of one the node is leaving)
+        # follows the label, it does not keep it.
+        held = sorted({d for name, d in others if name != cd.DAEMON_DEVICE and d != domain.uid})
         # Channel 0 is one claim's at a time, so another domain held here means a stale record.
         if held:
             raise DeviceSetupError(
@@ -203,7 +205,9 @@ class ComputeDomainMembership:
             if not any(d == domain and name == cd.DAEMON_DEVICE for name, d in others):
                 await asyncio.to_thread(shutil.rmtree, self.folder / domain, True)
             return
-        if self.host_imex is not None or any(d == domain for _, d in others):
+        # Another channel of the domain keeps the label; the domain's daemon claim does not: it is
+        # there because of the label, and goes (its DaemonSet pod leaves) once the label does.
+        if self.host_imex is not None or any(d == domain and name != cd.DAEMON_DEVICE for name, d in others):
             return
         try:
             await self.api.set_node_label(

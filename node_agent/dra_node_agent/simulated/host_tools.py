@@ -139,6 +139,9 @@ IMEX_FAULTS: Final = "imex"
 IMEX_FAULTS_MOUNT: Final = "/run/accel-dra-simulated-imex"
 SIMULATED_IMEX: Final = f"""#!/bin/sh
 # nvidia-imex on a simulated node (accel-dra).
+# SIGUSR1 is ignored until its handler is in place (a shell dies of it by default): the first
+# resolve, after the handler, reads the hosts file as it is by then.
+trap '' USR1
 set -f
 cfg=""
 while [ $# -gt 0 ]; do

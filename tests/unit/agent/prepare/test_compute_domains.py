@@ -352,6 +352,31 @@ async def test_a_node_serves_one_domain_at_a_time(tmp_path: Path) -> None:
     assert node.api.labels[cd.DOMAIN_LABEL] == DOMAIN_UID
 
 
+async def test_the_domains_own_daemon_claim_neither_keeps_the_label_nor_holds_the_node(
+    tmp_path: Path,
+) -> None:
+    """The domain's daemon claim is prepared on the node as long as its pod runs there, which is as
+    long as the label stays: the last channel's unprepare must remove the label all the same, or the
+    daemon, its DaemonSet and the domain would never go. A daemon claim of a domain the node is
+    leaving does not keep another domain's channel out either."""
+    node = DomainNode(tmp_path)
+    node.api.add_domain(DOMAIN_UID)
+    node.api.add_domain(OTHER_UID)
+    node.api.daemon_ready(DOMAIN_UID, GB200_CLIQUE)
+    node.api.daemon_ready(OTHER_UID, GB200_CLIQUE)
+    handler = await node.handler()
+    channel = node.add_claim("channel", config=channel_config())
+    assert (await handler.prepare([channel]))[channel.uid].error == ""
+    daemon = node.add_claim("daemon", device=cd.DAEMON_DEVICE, namespace=DRIVER_NS, config=daemon_config())
+    assert (await handler.prepare([daemon]))[daemon.uid].error == ""
+    assert (await handler.unprepare([channel]))[channel.uid] == ""
+    assert cd.DOMAIN_LABEL not in node.api.labels
+
+    other = node.add_claim("other", config=channel_config(OTHER_UID))
+    assert (await handler.prepare([other]))[other.uid].error == ""  # the old daemon still prepared
+    assert node.api.labels[cd.DOMAIN_LABEL] == OTHER_UID
+
+
 async def test_unprepare_leaves_a_label_of_another_domain_alone(tmp_path: Path) -> None:
     node = DomainNode(tmp_path)
     node.api.add_domain(DOMAIN_UID)
