@@ -478,10 +478,7 @@ def report_running(
     for pod in pods:
         out.append(f"pod {pod.namespace}/{pod.name} on {pod.node} ({pod.phase}):")
         for claim in pod.claims:
-            results = ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get(
-                "results"
-            ) or []
-            devices = ", ".join(_result_text(r) for r in results) or "(not allocated)"
+            devices = ", ".join(_result_text(r) for r in _results(claim)) or "(not allocated)"
             out.append(f"  claim {claim['metadata']['name']}: {devices}")
         out.append(f"  $ kubectl logs -n {pod.namespace} {pod.name}")
         out.extend(f"  | {line}" for line in pod.log or ["(nothing yet)"])
@@ -523,9 +520,7 @@ def shares_section(cluster: LocalCluster, pods: Sequence[RunningPod]) -> list[st
     holders: dict[tuple[str, str, str], list[str]] = {}
     for pod in pods:
         for claim in pod.claims:
-            for r in ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get(
-                "results"
-            ) or []:
+            for r in _results(claim):
                 if r.get("shareID"):
                     memory = (r.get("consumedCapacity") or {}).get("memory", "?")
                     holders.setdefault((r["driver"], r["pool"], r["device"]), []).append(
@@ -546,12 +541,16 @@ def shares_section(cluster: LocalCluster, pods: Sequence[RunningPod]) -> list[st
     return out
 
 
+def _results(claim: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The claim's allocated devices; none while it is not allocated."""
+    results: list[dict[str, Any]] = ((claim.get("status") or {}).get("allocation") or {}).get(
+        "devices", {}
+    ).get("results") or []
+    return results
+
+
 def _drivers(pod: RunningPod) -> set[str]:
-    return {
-        r["driver"]
-        for claim in pod.claims
-        for r in ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results") or []
-    }
+    return {r["driver"] for claim in pod.claims for r in _results(claim)}
 
 
 def _metrics_sections(runtimes: Sequence[NodeRuntime], operator_port: int) -> list[str]:

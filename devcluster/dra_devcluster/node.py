@@ -158,6 +158,16 @@ class RealNode:
     def pod_logs_dir(self) -> Path:
         return self.root / "pod-logs"
 
+    def container_log(self, namespace: str, pod: str, container: str) -> str:
+        """What a container of a pod on this node printed so far, from the kubelet's CRI log files
+        (each line ``<time> <stream> <P|F> <text>``)."""
+        lines = []
+        for path in sorted(self.pod_logs_dir.glob(f"{namespace}_{pod}_*/{container}/*.log")):
+            for line in path.read_text(errors="replace").splitlines():
+                parts = line.split(" ", 3)
+                lines.append(parts[3] if len(parts) == 4 else line)
+        return "\n".join(lines)
+
     @property
     def cdi_dir(self) -> Path:
         """The CDI spec directory containerd reads for this node."""

@@ -39,13 +39,7 @@ class NodeWithAgent:
 
     def pod_log(self, pod: str, container: str = "main", *, namespace: str = NAMESPACE) -> str:
         """What the container printed so far (the kubelet's CRI log, one line per write)."""
-        lines = []
-        for path in sorted(self.node.pod_logs_dir.glob(f"{namespace}_{pod}_*/{container}/*.log")):
-            for line in path.read_text(errors="replace").splitlines():
-                # <time> <stream> <P|F> <text>
-                parts = line.split(" ", 3)
-                lines.append(parts[3] if len(parts) == 4 else line)
-        return "\n".join(lines)
+        return self.node.container_log(namespace, pod, container)
 
     def wait_log(self, pod: str, text: str, *, timeout: float = 90) -> str:
         def seen() -> str | None:

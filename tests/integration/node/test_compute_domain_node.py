@@ -59,14 +59,8 @@ class Domain:
     image: str
 
     def pod_log(self, pod: dict[str, Any], container: str) -> str:
-        namespace, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
         node = next(n for n in self.nodes if n.name == pod["spec"]["nodeName"])
-        lines = []
-        for path in sorted(node.pod_logs_dir.glob(f"{namespace}_{name}_*/{container}/*.log")):
-            for line in path.read_text(errors="replace").splitlines():
-                parts = line.split(" ", 3)  # <time> <stream> <P|F> <text>
-                lines.append(parts[3] if len(parts) == 4 else line)
-        return "\n".join(lines)
+        return node.container_log(pod["metadata"]["namespace"], pod["metadata"]["name"], container)
 
     def pod_hosts(self, pod: dict[str, Any]) -> str:
         """The pod's /etc/hosts, which the kubelet keeps in the pod's folder and bind-mounts."""
