@@ -286,3 +286,44 @@ def test_install_upgrade_uninstall(local_cluster: LocalCluster, helm: Helm) -> N
                      what="the release's pods to be gone")  # fmt: skip
     for crd in CRDS:
         assert cluster.kubectl("get", "crd", crd, check=False).returncode == 0, f"Helm deleted CRD {crd}"
+
+
+def _daemon_claim(namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "imex-daemon", "namespace": namespace},
+        "spec": {"devices": {"requests": [{"name": "d", "exactly": {
+            "deviceClassName": "compute-domain-daemon.nvidia.com"}}]}},
+    }  # fmt: skip
+
+
+def test_compute_domains_keep_tenants_off_the_daemon_class(local_cluster: LocalCluster, helm: Helm) -> None:
+    """With resources.computeDomains.enabled the chart's daemon claim policy, which selects the
+    release namespace by name, denies a tenant's claim for the daemons' class and admits the
+    release namespace's own."""
+    cluster = local_cluster
+    helm("install", RELEASE, str(CHART_DIR), "-n", NAMESPACE, "--set", "backend=simulated",
+         "--set", "uninstall.hook.enabled=false",
+         "--set", "resources.computeDomains.enabled=true")  # fmt: skip
+    try:
+        denied: list[str] = []
+
+        def refused() -> bool:
+            # The API server applies a new policy once its informer has it: retry until then.
+            result = cluster.kubectl(
+                "create", "-f", "-", input=json.dumps(_daemon_claim(TENANT)), check=False
+            )
+            if result.returncode == 0:
+                cluster.kubectl("delete", "resourceclaim", "imex-daemon", "-n", TENANT, "--wait=false")
+                return False
+            denied.append(result.stderr)
+            return True
+
+        cluster.wait_for(refused, timeout=60, interval=1, what="the daemon claim policy to deny a tenant")
+        assert "the class compute-domain-daemon.nvidia.com is for the IMEX daemons" in denied[-1], denied[-1]
+        cluster.kubectl("create", "-f", "-", input=json.dumps(_daemon_claim(NAMESPACE)))
+        cluster.kubectl("delete", "resourceclaim", "imex-daemon", "-n", NAMESPACE)
+    finally:
+        helm("uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout=120s", check=False)
+        _force_delete_pods(cluster)
