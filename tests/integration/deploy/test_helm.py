@@ -105,7 +105,12 @@ _SERVER_FIELDS = ("uid", "resourceVersion", "creationTimestamp", "generation", "
 
 def _set_aside(cluster: LocalCluster, helm_binary: Path) -> list[dict[str, Any]]:
     """Delete and return the cluster-wide objects of other tests that the chart would create."""
-    values = {"backend": "simulated", "simulated": {"profiles": ["h100-80gb-x8"]}}
+    # Every cluster-wide object any install of this module renders, ComputeDomains' roles included.
+    values = {
+        "backend": "simulated",
+        "simulated": {"profiles": ["h100-80gb-x8"]},
+        "resources": {"computeDomains": {"enabled": True}},
+    }
     saved = []
     for obj in helm_template(helm_binary, values=values, namespace=NAMESPACE, release=RELEASE):
         if obj["kind"] == "CustomResourceDefinition" or obj["metadata"].get("namespace"):
