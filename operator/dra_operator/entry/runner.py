@@ -49,6 +49,7 @@ from dra_operator.allocator import FeatureGates
 from dra_operator.allocator.gates import RELEASE_DEFAULTS
 from dra_operator.base.settings import Settings
 from dra_operator.claims.coordinator import ClaimReconciler
+from dra_operator.client.connection import write_pool
 from dra_operator.client.errors import error_text, transient
 from dra_operator.client.events import EventSink
 from dra_operator.client.kubeapi import KubeApi, server_version
@@ -148,7 +149,8 @@ async def run(
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     async with contextlib.AsyncExitStack() as stack:
         api_client, version = await stack.enter_async_context(_connected(settings))
-        api = KubeApi(api_client, resource_version=version, instance=identity)
+        api = KubeApi(api_client, resource_version=version, instance=identity, writes=write_pool(api_client))
+        stack.push_async_callback(api.close_writes)
         gates = await _allocation_gates(api_client, settings)
         await _discover_taint_rules(api, settings)
         parts = _build(
