@@ -17,6 +17,7 @@ caller keeps using aiohttp.
 from __future__ import annotations
 
 import asyncio
+import re
 import ssl
 import time
 from collections import deque
@@ -31,6 +32,10 @@ _IDLE_S = 30.0
 _MAX_IDLE = 16
 # Reply heads are small; a larger one is a broken peer, not an API server.
 _HEAD_LIMIT = 64 * 1024
+# What may not appear in a header's name or value (a control character: CR and LF among them), and
+# in the request line's method and path (a space as well; a header value may hold one).
+_UNSAFE_IN_FIELD = re.compile(r"[\x00-\x1f\x7f]")
+_UNSAFE_IN_LINE = re.compile(r"[\x00-\x20\x7f]")
 
 
 class Dropped(ConnectionError):
@@ -111,6 +116,13 @@ class ConnectionPool:
             self._idle.popleft().close()
 
     def _head(self, method: str, path: str, headers: dict[str, str], length: int) -> bytes:
+        # Nothing here may end a line or a field early: a name a tenant chose reaches the path
+        # (quoted by the callers, and validated by the API server before that), so this is the
+        # last guard against a second request smuggled into the first.
+        unsafe = [t for t in (method, path) if _UNSAFE_IN_LINE.search(t)]
+        unsafe += [t for t in (*headers, *headers.values()) if _UNSAFE_IN_FIELD.search(t)]
+        if unsafe:
+            raise ValueError(f"refusing to send {unsafe[0][:80]!r}: a space or a control character")
         lines = [f"{method} {path} HTTP/1.1", f"Host: {self._authority}"]
         lines += [f"{name}: {value}" for name, value in headers.items()]
         lines.append(f"Content-Length: {length}")

@@ -256,3 +256,22 @@ def test_only_what_the_pool_speaks_gets_a_pool() -> None:
     v6 = pool("https://[fd00::1]:6443")
     assert v6 is not None
     assert v6._head("GET", "/x", {}, 0).split(b"\r\n")[1] == b"Host: [fd00::1]:6443"
+
+
+@pytest.mark.parametrize(
+    ("path", "headers"),
+    [
+        ("/x HTTP/1.1\r\nHost: evil\r\n\r\nDELETE /y", {}),
+        ("/api/v1/namespaces/a b/events", {}),
+        ("/x", {"X-Note": "ok\r\nAuthorization: Bearer stolen"}),
+        ("/x", {"X-Bad\nName": "v"}),
+    ],
+    ids=["crlf-in-path", "space-in-path", "crlf-in-value", "lf-in-name"],
+)
+async def test_nothing_is_sent_that_could_end_a_line_early(path: str, headers: dict[str, str]) -> None:
+    async with serving(echo) as (server, pool):
+        with pytest.raises(ValueError, match="a space or a control character"):
+            await pool.request("PATCH", path, headers=headers, body=b"{}")
+        # a header value may hold a space
+        await pool.request("PATCH", "/x", headers={"Authorization": "Bearer t"}, body=b"{}")
+    assert len(server.requests) == 1
