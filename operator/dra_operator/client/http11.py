@@ -81,10 +81,12 @@ class ConnectionPool:
         self._closed = False
 
     async def request(self, method: str, path: str, *, headers: dict[str, str], body: bytes) -> Reply:
-        """Send one request and read its whole reply. A reused connection that the server closed
-        before replying is replaced once (the request never reached a handler); any other failure
-        is raised: :class:`Dropped` (a ``ConnectionError``, transient as aiohttp's connection
-        errors are) or ``TimeoutError`` after ``timeout_s``."""
+        """Send one request and read its whole reply. On a kept-alive connection that the server
+        closed without a reply (its idle timeout racing the request) the request goes out once
+        more on a fresh connection: the operator's writes carry a resourceVersion precondition, so
+        a replay of one the server did take can only conflict. Any other failure is raised:
+        :class:`Dropped` (a ``ConnectionError``, transient as aiohttp's connection errors are) or
+        ``TimeoutError`` after ``timeout_s``."""
         head = self._head(method, path, headers, len(body))
         async with asyncio.timeout(self._timeout_s):
             conn, reused = await self._take()
