@@ -90,22 +90,19 @@ class ConnectionPool:
         head = self._head(method, path, headers, len(body))
         async with asyncio.timeout(self._timeout_s):
             conn, reused = await self._take()
-            try:
-                reply = await self._exchange(conn, head, body)
-            except Dropped:
-                conn.close()
-                if not reused:
-                    raise
-                conn, _ = await self._open(), False
+            while True:
                 try:
                     reply = await self._exchange(conn, head, body)
+                    break
+                except Dropped:
+                    conn.close()
+                    if not reused:
+                        raise
+                    conn, reused = await self._open(), False
                 except BaseException:
+                    # Cancelled or timed out mid-exchange: the connection's state is unknown.
                     conn.close()
                     raise
-            except BaseException:
-                # Cancelled or timed out mid-exchange: the connection's state is unknown.
-                conn.close()
-                raise
         if reply.headers.get("Connection", "").lower() == "close":
             conn.close()
         else:
