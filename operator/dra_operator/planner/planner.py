@@ -18,7 +18,7 @@ out returns :class:`OutOfBudget` with what it learnt so far rather than searchin
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from dra_api.model import AllocationResult, DeviceClass, Node, ResourceClaim, ResourceSlice
@@ -33,7 +33,13 @@ from dra_operator.allocator import (
 )
 from dra_operator.cel import BudgetExhausted, CelCompileError, WorkBudget, charged_to, compile_selector
 from dra_operator.planner.demand import Demand, DemandKey, demand_of, request_specs
-from dra_operator.planner.explain import Explanation, NodeAttempt, explain, explain_unfinished
+from dra_operator.planner.explain import (
+    Explanation,
+    ExplanationBody,
+    NodeAttempt,
+    explain,
+    explain_unfinished,
+)
 from dra_operator.planner.index import FreeDeviceIndex, exclusive_devices
 from dra_operator.planner.placement import ClassSelectorFault
 
@@ -142,6 +148,8 @@ class Planner:
         self.index = _index_for(
             slices=self.slices, nodes=nodes, classes=self.classes, gates=self.gates, allocations=allocations
         )
+        # Explanations of this state of the cluster (see explain's memo); emptied on every change.
+        self._explained: dict[Hashable, ExplanationBody] = {}
 
     @property
     def nodes(self) -> list[Node]:
@@ -153,11 +161,13 @@ class Planner:
         """Record a committed allocation (its devices are no longer free)."""
         self.allocator.note_allocated(allocation)
         self.index.note_allocated(allocation)
+        self._explained.clear()
 
     def note_released(self, allocation: AllocationResult) -> None:
         """Forget an allocation (the claim was deallocated or deleted)."""
         self.allocator.note_released(allocation)
         self.index.note_released(allocation)
+        self._explained.clear()
 
     # ---- placement -----------------------------------------------------------------------------
 
@@ -362,7 +372,9 @@ class Planner:
 
     def _not_placed(self, claims: list[ResourceClaim], search: _Search, *, fixed: Node | None) -> PlanOutcome:
         try:
-            explanation = explain(planner=self, claims=claims, attempts=search.attempts, fixed=fixed)
+            explanation = explain(
+                planner=self, claims=claims, attempts=search.attempts, fixed=fixed, memo=self._explained
+            )
         except AllocationError as exc:  # the funnel evaluates selectors too: errors stay errors
             return PlanError.of(exc)
         invalid = tuple((a.node, pool) for a in search.attempts for pool in a.invalid_pools)

@@ -5,6 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from dra_api.model import AllocationResult
 from dra_node_agent.publisher import chunk_pool
 from dra_node_agent.simulated.discovery import SimulatedBackend
 from dra_operator.allocator import FeatureGates
@@ -261,3 +264,80 @@ def test_the_agents_dynamic_mig_pool_holds_two_3g_placements_and_refuses_a_third
     # Those of the other GPUs are not.
     one_g_80 = f'device.attributes["{DRIVER}"].profile == "1g.10gb"'
     assert placed(planner.plan([rc("elsewhere", request(selectors=(one_g_80,)))]))
+
+
+def _parsed(obj: dict[str, Any]) -> AllocationResult:
+    found = rc("holder", allocation=obj).status.allocation
+    assert found is not None
+    return found
+
+
+def _full_cluster(planner_nodes: int = 3) -> list[dict[str, Any]]:
+    return [node_slice(f"n{i}", gpus(f"n{i}", 2)) for i in range(planner_nodes)]
+
+
+def test_alike_claims_that_cannot_fit_get_the_same_words_as_a_fresh_planner_gives() -> None:
+    """The memo: the second claim's explanation is the first's body under its own name, and equals
+    what a planner that explained nothing before says about it."""
+    slices = _full_cluster()
+    held = [allocation(f"n{i}", "gpu-0", "gpu-1") for i in range(3)]
+    planner = make_planner(slices, allocated=held)
+    first = not_placed(planner.plan([rc("first", request(count=2))])).explanation
+    second = not_placed(planner.plan([rc("second", request(count=2))])).explanation
+    fresh = not_placed(
+        make_planner(slices, allocated=held).plan([rc("second", request(count=2))])
+    ).explanation
+    assert second == fresh
+    assert first.full.startswith("claim default/first cannot be allocated")
+    assert second.full.startswith("claim default/second cannot be allocated")
+    assert first.full.split("\n")[1:] == second.full.split("\n")[1:]
+    # A claim of another spec is explained on its own.
+    other = not_placed(planner.plan([rc("third", request(count=3))])).explanation
+    assert "needs 3" in other.full
+
+
+def test_an_explanation_is_not_reused_once_the_cluster_changed() -> None:
+    slices = _full_cluster()
+    planner = make_planner(slices, allocated=[allocation(f"n{i}", "gpu-0", "gpu-1") for i in range(3)])
+    before = not_placed(planner.plan([rc("a", request(count=2))])).explanation
+    assert "0 free" in before.full
+    # n0's devices are released, then one is taken again: the counts the text gives move each time.
+    planner.note_released(_parsed(allocation("n0", "gpu-0", "gpu-1")))
+    planner.note_allocated(_parsed(allocation("n0", "gpu-0")))
+    after = not_placed(planner.plan([rc("b", request(count=2))])).explanation
+    assert "1 free" in after.full, after.full
+    fresh = not_placed(
+        make_planner(
+            slices,
+            allocated=[allocation("n0", "gpu-0"), *(allocation(f"n{i}", "gpu-0", "gpu-1") for i in (1, 2))],
+        ).plan([rc("b", request(count=2))])
+    ).explanation
+    assert after == fresh
+
+
+def test_several_claims_together_are_explained_afresh_each_time() -> None:
+    planner = make_planner(
+        _full_cluster(), allocated=[allocation(f"n{i}", "gpu-0", "gpu-1") for i in range(3)]
+    )
+    one = not_placed(planner.plan([rc("x", request()), rc("y", request())])).explanation
+    two = not_placed(planner.plan([rc("u", request()), rc("v", request())])).explanation
+    assert "claim default/x request gpu" in one.full
+    assert "claim default/u request gpu" in two.full
+    assert "default/x" not in two.full
+
+
+def test_a_queue_of_alike_claims_reads_the_funnels_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    planner = make_planner(
+        _full_cluster(), allocated=[allocation(f"n{i}", "gpu-0", "gpu-1") for i in range(3)]
+    )
+    calls = []
+    funnel = planner.allocator.funnel
+
+    def counted(**kwargs: Any) -> Any:
+        calls.append(kwargs["node"].name)
+        return funnel(**kwargs)
+
+    monkeypatch.setattr(planner.allocator, "funnel", counted)
+    for i in range(20):
+        not_placed(planner.plan([rc(f"c{i}", request(count=2))]))
+    assert len(calls) == 3  # the three closest nodes, once
