@@ -8,8 +8,15 @@ product image (imported into each node's containerd) with ``compute-domain-daemo
 (the simulated driver root's stand-ins). Checked: the workload's pods land one per node (channel 0
 is one claim's per node) and list their channel; the daemon pods run on both nodes, the wrapper in
 each joined the clique (indexes 0 and 1, both Ready) and mapped its peer's DNS name in the pod's
-own /etc/hosts; the domain is Ready with both nodes. Deleting the domain and its workload leaves no
-DaemonSet, claim templates, cliques or node labels.
+own /etc/hosts; the domain is Ready with both nodes. Deleting the domain while its workload runs
+keeps the daemons (an Event says why) and the workload running; once the workload's pods are gone,
+no DaemonSet, claim templates, cliques or node labels are left.
+
+Beside them: a third node, an H100 host whose NVSwitches join its own GPUs only (no multi-node
+clique), runs NVIDIA's example for one node as it is written: the daemon runs idle, the domain turns
+Ready with that node, and the container gets no channel device. And a pod of another namespace whose
+claim names a domain's UID (UIDs are no secret: they label the nodes) is refused by the node agent,
+with the reason in the pod's Events, nothing prepared and no node labelled.
 
 The local cluster has no kube-proxy: the daemon pods reach the API server through a node's relay,
 by a name the server's certificate carries (``hostAliases`` and the two variables, given through
@@ -18,9 +25,10 @@ the operator's ``--compute-domain-daemon-overrides``, as a cluster would add wha
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,7 +50,10 @@ REPO = Path(__file__).resolve().parents[3]
 EXAMPLE = REPO / "manifests" / "examples" / "compute-domains" / "nvidia-imex-channel-injection.yaml"
 COMPONENT = REPO / "manifests" / "optional" / "compute-domains"
 NODES = ("cd-node-1", "cd-node-2")
+NO_FABRIC_NODE = "cd-node-3"  # an H100 host: NVLink within the node only, no clique
 TENANT = "cd-node-tenant"
+NO_FABRIC_TENANT = "cd-node-no-fabric"
+INTRUDER = "cd-node-intruder"
 DAEMONS = "cd-node-daemons"
 DOMAIN = "imex-channel-injection"
 # The gb200-nvl-x4 profile's cluster UUID and clique: both trays are in it.
@@ -89,7 +100,7 @@ def domain_nodes(local_cluster: LocalCluster, tmp_path_factory: pytest.TempPathF
     cluster.kubectl(
         "wait", "--for=condition=Established", "crd/computedomaincliques.resource.nvidia.com", "--timeout=60s"
     )
-    for namespace in (TENANT, DAEMONS):
+    for namespace in (TENANT, NO_FABRIC_TENANT, DAEMONS, INTRUDER):
         cluster.create_namespace(namespace)
     kubeconfig = agent_kubeconfig(cluster)
     cluster.apply(_rbac_in(COMPONENT / "node-agent-rbac.yaml", DAEMONS))
@@ -100,15 +111,18 @@ def domain_nodes(local_cluster: LocalCluster, tmp_path_factory: pytest.TempPathF
     install_peering(cluster)
     operators = Operators(cluster=cluster, workdir=workdir, gpu_class="cd-node-gpu", tpu_class="cd-node-tpu")
     try:
-        for name in NODES:
+        for name in (*NODES, NO_FABRIC_NODE):
             node = cluster.add_real_node(name)
             nodes.append(node)
+            # Each workload test decides where its pods may go (a cordon leaves the daemons alone:
+            # a DaemonSet's pods tolerate it).
+            cluster.kubectl("cordon", name)
             node.import_images([ImageArchive(name=image.reference, path=image.path)])
             agent = AgentProcess(
                 node=name,
                 dirs=AgentDirs.for_node(node),
                 kubeconfig=kubeconfig,
-                profiles=("gb200-nvl-x4",),
+                profiles=("h100-80gb-x8",) if name == NO_FABRIC_NODE else ("gb200-nvl-x4",),
                 extra_env={
                     "DRA_AGENT_COMPUTE_DOMAINS": "true",
                     "DRA_AGENT_COMPUTE_DOMAIN_NAMESPACE": DAEMONS,
@@ -144,7 +158,16 @@ def domain_nodes(local_cluster: LocalCluster, tmp_path_factory: pytest.TempPathF
         )
         yield Domain(cluster=cluster, nodes=nodes, agents=agents, operators=operators, image=image.name)
     finally:
-        cluster.kubectl("delete", "namespace", TENANT, "--wait=true", "--timeout=90s", check=False)
+        cluster.kubectl(
+            "delete",
+            "namespace",
+            TENANT,
+            NO_FABRIC_TENANT,
+            INTRUDER,
+            "--wait=true",
+            "--timeout=90s",
+            check=False,
+        )
         operators.stop_all()
         for agent in agents:
             if agent.process is not None:
@@ -156,9 +179,9 @@ def domain_nodes(local_cluster: LocalCluster, tmp_path_factory: pytest.TempPathF
             cluster.kubectl("delete", "deviceclass", cls, "--ignore-not-found", "--wait=false", check=False)
 
 
-def _example(workloads: int) -> list[dict[str, Any]]:
+def _example(workloads: int, *, namespace: str = TENANT) -> list[dict[str, Any]]:
     """NVIDIA's example for ``workloads`` nodes: its domain, and its pod once per node (only the
-    image is this cluster's: busybox, whose sh runs the example's ``bash -c``)."""
+    image is this cluster's: busybox, whose sh runs the example's ``bash -c``), in ``namespace``."""
     docs = [d for d in yaml.safe_load_all(EXAMPLE.read_text()) if d]
     domain = next(d for d in docs if d["kind"] == cd.DOMAIN_KIND)
     domain["spec"]["numNodes"] = workloads
@@ -170,8 +193,61 @@ def _example(workloads: int) -> list[dict[str, Any]]:
         copy_["spec"]["containers"][0]["image"] = WORKLOAD_IMAGE
         pods.append(copy_)
     for doc in (domain, *pods):
-        doc["metadata"]["namespace"] = TENANT
+        doc["metadata"]["namespace"] = namespace
     return [domain, *pods]
+
+
+@contextlib.contextmanager
+def _schedulable(cluster: LocalCluster, *nodes: str) -> Iterator[None]:
+    """Workload pods may go to ``nodes`` (and to no other node of the module) for the block."""
+    cluster.kubectl("uncordon", *nodes)
+    try:
+        yield
+    finally:
+        cluster.kubectl("cordon", *nodes, check=False)
+
+
+def _warning(cluster: LocalCluster, namespace: str, name: str, text: str) -> str | None:
+    """The message of a Warning Event about ``name`` that contains ``text``, if any."""
+    events = _items(cluster, "events", "-n", namespace, f"--field-selector=involvedObject.name={name}")
+    return next(
+        (m for e in events if e.get("type") == "Warning" and text in (m := str(e.get("message") or ""))),
+        None,
+    )
+
+
+def _event(cluster: LocalCluster, namespace: str, name: str, reason: str) -> str | None:
+    """The message of the Event about ``name`` with ``reason``, if any."""
+    events = _items(cluster, "events", "-n", namespace, f"--field-selector=involvedObject.name={name}")
+    return next((str(e.get("message") or "") for e in events if e.get("reason") == reason), None)
+
+
+def _leftovers(
+    cluster: LocalCluster, *, uid: str, namespace: str, template: str, nodes: Sequence[str]
+) -> list[str]:
+    """What is left of the domain ``uid``: its DaemonSet, claim templates, cliques, node labels and
+    daemon pods."""
+    daemon_name = cd.daemon_name(uid)
+    found = []
+    if _get(cluster, "daemonset", daemon_name, "-n", DAEMONS) is not None:
+        found.append("DaemonSet")
+    for ns, name in ((namespace, template), (DAEMONS, daemon_name)):
+        if _get(cluster, "resourceclaimtemplate", name, "-n", ns) is not None:
+            found.append(f"template {ns}/{name}")
+    found += [
+        f"clique {c['metadata']['name']}"
+        for c in _items(cluster, "computedomaincliques", "-n", DAEMONS)
+        if c["metadata"]["name"].startswith(uid)
+    ]
+    for node in nodes:
+        labels = ((_get(cluster, "node", node) or {}).get("metadata") or {}).get("labels") or {}
+        if labels.get(cd.DOMAIN_LABEL) == uid:
+            found.append(f"label on {node}")
+    found += [
+        f"pod {p['metadata']['name']}"
+        for p in _items(cluster, "pods", "-n", DAEMONS, "-l", f"{cd.DOMAIN_LABEL}={uid}")
+    ]
+    return found
 
 
 def _get(cluster: LocalCluster, *args: str) -> dict[str, Any] | None:
@@ -195,7 +271,11 @@ def _describe(cluster: LocalCluster, namespace: str) -> str:
 
 
 def test_channel_injection_on_two_nodes_and_nothing_left_after(domain_nodes: Domain) -> None:
-    setup = domain_nodes
+    with _schedulable(domain_nodes.cluster, *NODES):
+        _channel_injection_on_two_nodes(domain_nodes)
+
+
+def _channel_injection_on_two_nodes(setup: Domain) -> None:
     cluster = setup.cluster
     domain_doc, *pods = _example(len(NODES))
     cluster.apply([domain_doc])
@@ -275,29 +355,196 @@ def test_channel_injection_on_two_nodes_and_nothing_left_after(domain_nodes: Dom
     assert sorted(n["name"] for n in status["nodes"]) == sorted(NODES)
     assert all(n["status"] == cd.READY for n in status["nodes"]), status
 
-    # Deleting the domain and its workload leaves nothing behind.
+    # Deleting the domain while its workload runs: the workload's template goes at once (no new pod
+    # joins), the daemons stay while the pods hold channels, and an Event on the domain says why.
     daemon_name = cd.daemon_name(uid)
     cluster.kubectl("delete", "computedomain", DOMAIN, "-n", TENANT, "--wait=false")
+    waiting = cluster.wait_for(
+        lambda: _event(cluster, TENANT, DOMAIN, "WaitingForWorkload"),
+        timeout=60,
+        what="the domain's WaitingForWorkload Event",
+    )
+    assert "until the workload's pods end" in waiting, waiting
+    cluster.wait_for(
+        lambda: _get(cluster, "resourceclaimtemplate", template, "-n", TENANT) is None,
+        timeout=30,
+        what="the workload's claim template removed",
+    )
+    assert domain().get("metadata", {}).get("deletionTimestamp"), domain()
+    assert _get(cluster, "daemonset", daemon_name, "-n", DAEMONS) is not None
+    assert daemons_ready() is not None, _describe(cluster, DAEMONS)
+    for name in names:
+        pod = _get(cluster, "pod", name, "-n", TENANT) or {}
+        assert _ready(pod), pod.get("status")
+        assert [c["restartCount"] for c in pod["status"]["containerStatuses"]] == [0]
+
+    # Once the workload's pods are gone, so is everything of the domain.
     cluster.kubectl("delete", "pods", *names, "-n", TENANT, "--wait=false")
     cluster.wait_for(lambda: not domain(), timeout=120, what="the domain gone")
+    cluster.wait_for(
+        lambda: not _leftovers(cluster, uid=uid, namespace=TENANT, template=template, nodes=NODES),
+        timeout=90,
+        what="nothing of the domain left",
+    )
+    for node in NODES:
+        labels = ((_get(cluster, "node", node) or {}).get("metadata") or {}).get("labels") or {}
+        assert cd.DOMAIN_LABEL not in labels, (node, labels)
 
-    def leftovers() -> list[str]:
-        found = []
-        if _get(cluster, "daemonset", daemon_name, "-n", DAEMONS) is not None:
-            found.append("DaemonSet")
-        for namespace, name in ((TENANT, template), (DAEMONS, daemon_name)):
-            if _get(cluster, "resourceclaimtemplate", name, "-n", namespace) is not None:
-                found.append(f"template {namespace}/{name}")
-        found += [
-            f"clique {c['metadata']['name']}"
+
+def test_without_nvlink_fabric_the_example_runs_with_no_channel_device(domain_nodes: Domain) -> None:
+    """NVIDIA's example as written (one node) on the H100 host: prepared with no device."""
+    setup = domain_nodes
+    cluster = setup.cluster
+    domain_doc, pod_doc = _example(1, namespace=NO_FABRIC_TENANT)
+    name = pod_doc["metadata"]["name"]
+    template = domain_doc["spec"]["channel"]["resourceClaimTemplate"]["name"]
+    with _schedulable(cluster, NO_FABRIC_NODE):
+        cluster.apply([domain_doc])
+
+        def domain() -> dict[str, Any]:
+            return _get(cluster, "computedomain", DOMAIN, "-n", NO_FABRIC_TENANT) or {}
+
+        uid = cluster.wait_for(lambda: domain().get("metadata", {}).get("uid"), what="the domain's UID")
+        cluster.wait_for(
+            lambda: _get(cluster, "resourceclaimtemplate", template, "-n", NO_FABRIC_TENANT) is not None,
+            timeout=60,
+            what="the workload's claim template",
+        )
+        cluster.apply([pod_doc])
+        try:
+            pod = cluster.wait_for(
+                lambda: (
+                    (found := _get(cluster, "pod", name, "-n", NO_FABRIC_TENANT) or {})
+                    and _ready(found)
+                    and found
+                ),
+                timeout=150,
+                interval=1,
+                what="the workload pod Running",
+            )
+        except TimeoutError:
+            raise AssertionError(
+                f"workload:\n{_describe(cluster, NO_FABRIC_TENANT)}\ndaemons:\n{_describe(cluster, DAEMONS)}"
+            ) from None
+        assert pod["spec"]["nodeName"] == NO_FABRIC_NODE
+        log = cluster.wait_for(
+            lambda: setup.pod_log(pod, "ctr"), timeout=30, what="the workload's listing of its channels"
+        )
+        # The claim was prepared with no device: the folder is not there at all.
+        assert "No such file or directory" in log, log
+        assert "channel0" not in log, log
+
+        # The daemon runs idle on the node (Ready: nothing to wait for), no clique is made, and
+        # the domain is Ready with the node.
+        def daemon_ready() -> list[dict[str, Any]] | None:
+            found = _items(cluster, "pods", "-n", DAEMONS, "-l", f"{cd.DOMAIN_LABEL}={uid}")
+            return found if len(found) == 1 and _ready(found[0]) else None
+
+        (daemon,) = cluster.wait_for(daemon_ready, timeout=60, interval=1, what="the daemon pod Ready")
+        assert daemon["spec"]["nodeName"] == NO_FABRIC_NODE
+        assert "no NVLink clique here" in setup.pod_log(daemon, "compute-domain-daemon")
+
+        def domain_ready() -> dict[str, Any] | None:
+            status = domain().get("status") or {}
+            return status if status.get("status") == cd.READY else None
+
+        status = cluster.wait_for(domain_ready, timeout=60, what="the domain Ready")
+        assert [n["name"] for n in status["nodes"]] == [NO_FABRIC_NODE], status
+        assert not [
+            c
             for c in _items(cluster, "computedomaincliques", "-n", DAEMONS)
             if c["metadata"]["name"].startswith(uid)
         ]
-        for node in NODES:
-            labels = ((_get(cluster, "node", node) or {}).get("metadata") or {}).get("labels") or {}
-            if cd.DOMAIN_LABEL in labels:
-                found.append(f"label on {node}")
-        found += [f"pod {p['metadata']['name']}" for p in _items(cluster, "pods", "-n", DAEMONS)]
-        return found
 
-    cluster.wait_for(lambda: not leftovers(), timeout=90, what="nothing of the domain left")
+        cluster.kubectl("delete", "computedomain", DOMAIN, "-n", NO_FABRIC_TENANT, "--wait=false")
+        cluster.kubectl("delete", "pod", name, "-n", NO_FABRIC_TENANT, "--wait=false")
+        cluster.wait_for(lambda: not domain(), timeout=120, what="the domain gone")
+        cluster.wait_for(
+            lambda: (
+                not _leftovers(
+                    cluster, uid=uid, namespace=NO_FABRIC_TENANT, template=template, nodes=[NO_FABRIC_NODE]
+                )
+            ),
+            timeout=90,
+            what="nothing of the domain left",
+        )
+
+
+def test_a_claim_of_another_namespace_naming_a_domain_is_refused_on_the_node(domain_nodes: Domain) -> None:
+    """An intruder copies the domain's channel claim into its own namespace (the domain's UID is on
+    every node it holds): the node agent refuses to prepare it, says why, and labels no node."""
+    setup = domain_nodes
+    cluster = setup.cluster
+    domain_doc, *_ = _example(len(NODES))
+    domain_doc["metadata"]["name"] = "intruded"
+    domain_doc["spec"]["channel"]["resourceClaimTemplate"]["name"] = "intruded-channel"
+    cluster.apply([domain_doc])
+    uid = cluster.wait_for(
+        lambda: ((_get(cluster, "computedomain", "intruded", "-n", TENANT) or {}).get("metadata") or {}).get(
+            "uid"
+        ),
+        what="the domain's UID",
+    )
+    template = cluster.wait_for(
+        lambda: _get(cluster, "resourceclaimtemplate", "intruded-channel", "-n", TENANT),
+        timeout=60,
+        what="the workload's claim template",
+    )
+    claim = {
+        "apiVersion": template["apiVersion"],
+        "kind": "ResourceClaim",
+        "metadata": {"name": "borrowed-channel", "namespace": INTRUDER},
+        "spec": template["spec"]["spec"],
+    }
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "intruder", "namespace": INTRUDER},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {
+                    "name": "ctr",
+                    "image": WORKLOAD_IMAGE,
+                    "command": ["sh", "-c", "ls -la /dev/nvidia-caps-imex-channels; sleep 3600"],
+                    "resources": {"claims": [{"name": "channel"}]},
+                }
+            ],
+            "resourceClaims": [{"name": "channel", "resourceClaimName": "borrowed-channel"}],
+        },
+    }
+    try:
+        with _schedulable(cluster, *NODES):
+            cluster.apply([claim, pod])
+            refusal = cluster.wait_for(
+                lambda: _warning(cluster, INTRUDER, "intruder", "must be in its domain's namespace"),
+                timeout=120,
+                what="the node agent's refusal in the intruder pod's Events",
+            )
+        assert f"namespace {INTRUDER}" in refusal, refusal
+        assert f"namespace {TENANT}" in refusal, refusal
+        found = _get(cluster, "pod", "intruder", "-n", INTRUDER) or {}
+        assert found["status"]["phase"] == "Pending", found["status"]
+        node = found["spec"]["nodeName"]
+        assert node in NODES
+        claim_uid = (_get(cluster, "resourceclaim", "borrowed-channel", "-n", INTRUDER) or {})["metadata"][
+            "uid"
+        ]
+        agent = setup.agents[NODES.index(node)]
+        assert not agent.dirs.cdi_spec(claim_uid, cd.DRIVER).exists()
+        checkpoint = agent.dirs.checkpoint(cd.DRIVER)
+        assert not checkpoint.exists() or claim_uid not in agent.dirs.checkpoint_claims(cd.DRIVER)
+        for name in NODES:
+            labels = ((_get(cluster, "node", name) or {}).get("metadata") or {}).get("labels") or {}
+            assert labels.get(cd.DOMAIN_LABEL) != uid, (name, labels)
+        assert not _items(cluster, "pods", "-n", DAEMONS, "-l", f"{cd.DOMAIN_LABEL}={uid}")
+    finally:
+        cluster.kubectl(
+            "delete", "pod", "intruder", "-n", INTRUDER, "--wait=true", "--timeout=60s", check=False
+        )
+        cluster.kubectl(
+            "delete", "resourceclaim", "borrowed-channel", "-n", INTRUDER, "--wait=true", check=False
+        )
+        cluster.kubectl(
+            "delete", "computedomain", "intruded", "-n", TENANT, "--wait=true", "--timeout=90s", check=False
+        )
