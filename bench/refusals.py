@@ -12,7 +12,8 @@ Two queues, each on the same full cluster:
 - ``distinct``: each asks for a different product name (a selector no device matches), so no two
   explanations are alike.
 
-Printed per N and mix: refusals, CPU per refusal (p50, p99, mean) and the first refusal's CPU.
+Printed per N and mix: refusals, CPU per refusal (p50, p99, mean), the first refusal's CPU, and
+how much the process's resident memory grew over the queue (what the cluster's caches keep of it).
 
     .venv/bin/python -m bench.refusals [--nodes 100,1000] [--claims 200] [--mixes 1gpu-product,...]
 """
@@ -26,7 +27,16 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from bench.allocator_bench import DRIVER, GPUS_PER_NODE, MIXES, capacity, claim, device_class, node_slice
+from bench.allocator_bench import (
+    DRIVER,
+    GPUS_PER_NODE,
+    MIXES,
+    _rss_bytes,
+    capacity,
+    claim,
+    device_class,
+    node_slice,
+)
 
 
 def _distinct(mix: str, i: int) -> dict[str, Any]:
@@ -67,6 +77,7 @@ def run(nodes: int, mix: str, refusals: int) -> dict[str, Any]:
     }
     for queue, objs in queues.items():
         claims = [ResourceClaim.from_json(o) for o in objs]
+        rss = _rss_bytes()
         cpu: list[float] = []
         for c in claims:
             started = time.process_time()
@@ -79,6 +90,7 @@ def run(nodes: int, mix: str, refusals: int) -> dict[str, Any]:
             "mean_ms": 1000 * statistics.fmean(cpu),
             "p50_ms": 1000 * statistics.median(cpu),
             "p99_ms": 1000 * sorted(cpu)[min(len(cpu) - 1, int(0.99 * len(cpu)))],
+            "rss_mib": (_rss_bytes() - rss) / 2**20,
         }
     return out
 
@@ -96,7 +108,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     python = sys.version.split()[0]
     print(f"{GPUS_PER_NODE} GPUs per node, the cluster full; CPU ms per refused claim; python {python}")
     print(
-        f"{'nodes':>6} {'mix':<14} {'queue':<8} {'claims':>6} {'first':>7} {'p50':>7} {'p99':>7} {'mean':>7}"
+        f"{'nodes':>6} {'mix':<14} {'queue':<8} {'claims':>6} {'first':>7} {'p50':>7} {'p99':>7} {'mean':>7} "
+        f"{'RSS+ MiB':>8}"
     )
     for nodes in (int(n) for n in args.nodes.split(",") if n):
         for mix in mixes:
@@ -105,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 q = found[queue]
                 print(
                     f"{nodes:>6} {mix:<14} {queue:<8} {args.claims:>6} {q['first_ms']:>7.3f} "
-                    f"{q['p50_ms']:>7.3f} {q['p99_ms']:>7.3f} {q['mean_ms']:>7.3f}"
+                    f"{q['p50_ms']:>7.3f} {q['p99_ms']:>7.3f} {q['mean_ms']:>7.3f} {q['rss_mib']:>8.1f}"
                 )
     return 0
 

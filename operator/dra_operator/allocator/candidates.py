@@ -52,9 +52,7 @@ def class_matches(device_class: DeviceClass, entry: DeviceEntry) -> bool:
     """Whether the device satisfies all of the class's selectors; cached on the entry (a hook for
     placement: count matching devices per node without running the allocator everywhere)."""
     cache = entry.class_matches
-    if cache is None:
-        cache = entry.class_matches = {}
-    found = cache.get(device_class.selectors)
+    found = cache.get(device_class.selectors) if cache is not None else None
     if found is None:
         found = True
         for i, selector in enumerate(device_class.selectors):
@@ -67,7 +65,7 @@ def class_matches(device_class: DeviceClass, entry: DeviceEntry) -> bool:
             ):
                 found = False
                 break
-        cache[device_class.selectors] = found
+        entry.remember(device_class.selectors, found)
     return found
 
 
@@ -117,8 +115,7 @@ class Candidates:
                     evaluate_selector(prefix=prefix, index=i, expression=selector.cel, entry=entry)
                     for i, selector in enumerate(selectors)
                 )
-                if cache is not None:
-                    cache[selectors] = cached
+                entry.remember(selectors, cached)
             found = cached
         if found and se.node_ok is not None:
             found = se.node_ok[index]

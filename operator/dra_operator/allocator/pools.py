@@ -8,6 +8,7 @@ caches the gathered pools per node.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -22,6 +23,10 @@ PoolID = tuple[str, str]  # (driver, pool name)
 _POOL_CACHE_LIMIT = 50_000
 
 
+SELECTOR_RESULTS_PER_DEVICE = 16
+"""Selector sets whose result a device keeps (its classes' and the requests' seen most lately)."""
+
+
 class DeviceEntry:
     """One device of one slice, with what the allocator derives from it once."""
 
@@ -33,13 +38,28 @@ class DeviceEntry:
         self.id: DeviceID = (slice_.driver, slice_.pool.name, device.name)
         self._input: DeviceInput | None = None
         # Class selectors (by value) -> whether this device matches them all; a pure function of the
-        # device and the selectors, so it stays valid for as long as this entry exists.
+        # device and the selectors, so it stays valid for as long as this entry exists. Written
+        # through :meth:`remember`, which bounds it.
         self.class_matches: dict[tuple[DeviceSelector, ...], bool] | None = None
         # Upstream fails every CEL evaluation on a device with an unusable attribute value.
         self.unsupported_attribute: str | None = next(
             (name for name, value in device.attributes.items() if isinstance(value, UnsupportedAttribute)),
             None,
         )
+
+    def remember(self, selectors: tuple[DeviceSelector, ...], found: bool) -> None:
+        """Cache whether the device matches ``selectors``, keeping at most
+        :data:`SELECTOR_RESULTS_PER_DEVICE` results: the selectors come from claims, and every
+        distinct set a tenant sends would otherwise stay on every device it was evaluated on."""
+        cache = self.class_matches
+        if cache is None:
+            cache = self.class_matches = {}
+        elif len(cache) >= SELECTOR_RESULTS_PER_DEVICE and selectors not in cache:
+            # The oldest goes (evaluating it again is memoized per projection). Worker threads share
+            # the entry: one of them may have changed the dict meanwhile, and then this one skips.
+            with contextlib.suppress(KeyError, RuntimeError, StopIteration):
+                del cache[next(iter(cache))]
+        cache[selectors] = found
 
     @property
     def cel_input(self) -> DeviceInput:

@@ -10,7 +10,7 @@ import sys
 from bench.allocator_bench import MIXES
 from tests.benchrun import REPO, run_bench
 
-_ROW = re.compile(r"^\s*(\d+) (\S+)\s+(alike|distinct)\s+(\d+)((?:\s+\d+\.\d+){4})$")
+_ROW = re.compile(r"^\s*(\d+) (\S+)\s+(alike|distinct)\s+(\d+)((?:\s+\d+\.\d+){4})\s+(-?\d+\.\d)$")
 
 
 def test_each_mix_and_queue_is_refused_and_measured() -> None:

@@ -17,6 +17,7 @@ from dra_operator.allocator import (
     SliceIndex,
     parse_device_id,
 )
+from dra_operator.allocator.pools import SELECTOR_RESULTS_PER_DEVICE
 
 V1 = "resource.k8s.io/v1"
 GPU_CLASS = DeviceClass.from_json(
@@ -239,6 +240,31 @@ def test_rebuilt_index_keeps_cel_results_of_unchanged_devices() -> None:
     }
     for name in ("node-1", "node-2"):
         assert Allocator(classes=[GPU_CLASS], slices=second).allocate(node=Node.make(name), claims=[claim])
+
+
+def test_a_device_keeps_a_bounded_number_of_selector_results_and_answers_right_after() -> None:
+    """Selectors come from claims: a tenant sending a new one with every claim must not grow every
+    device's cache without end. The oldest results go, and asking again gives the same answers."""
+    slices = SliceIndex([_slice("node-1", devices=2, nodeName="node-1")])
+    allocator = Allocator(classes=[GPU_CLASS], slices=slices)
+    node = Node.make("node-1")
+    for i in range(3 * SELECTOR_RESULTS_PER_DEVICE):
+        # index 1 matches the even selectors, index 0 none of them
+        claim = _claim(
+            f"c{i}", selector=f"device.attributes['gpu.example.com'].index == {1 if i % 2 else 7} || {i} < 0"
+        )
+        results = allocator.allocate(node=node, claims=[claim])
+        assert (results is not None) == bool(i % 2), i
+    for entry in slices.all_entries():
+        assert entry.class_matches is not None
+        assert len(entry.class_matches) <= SELECTOR_RESULTS_PER_DEVICE
+    # An evicted selector set is evaluated again, with the same answer.
+    again = allocator.allocate(
+        node=node,
+        claims=[_claim("again", selector="device.attributes['gpu.example.com'].index == 1 || 1 < 0")],
+    )
+    assert again is not None
+    assert [r.device for r in again[0].devices] == ["gpu-1"]
 
 
 def test_hopeless_search_times_out() -> None:
