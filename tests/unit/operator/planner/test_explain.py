@@ -341,3 +341,58 @@ def test_a_queue_of_alike_claims_reads_the_funnels_once(monkeypatch: pytest.Monk
     for i in range(20):
         not_placed(planner.plan([rc(f"c{i}", request(count=2))]))
     assert len(calls) == 3  # the three closest nodes, once
+
+
+def _scenarios() -> list[tuple[str, Any, Any]]:
+    """(name, planner builder, claim builder by name): refusals of several kinds."""
+    pcie = [{"requests": ["gpu"], "matchAttribute": "resource.kubernetes.io/pcieRoot"}]
+    tainted = gpu("gpu-0")
+    tainted["taints"] = [{"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule"}]
+    half = node_slice("n1", gpus("n1", 2))
+    half["spec"]["pool"]["resourceSliceCount"] = 2
+    roots = [node_slice("n1", [gpu(f"gpu-{i}", root=f"r{i}") for i in range(3)])]
+    return [
+        (
+            "count",
+            lambda: make_planner(
+                [node_slice("n1", gpus("n1", 8)), node_slice("n2", gpus("n2", 8))],
+                allocated=[
+                    allocation("n1", *(f"gpu-{i}" for i in range(6))),
+                    allocation("n2", *(f"gpu-{i}" for i in range(7))),
+                ],
+            ),
+            lambda name: rc(name, request(count=4)),
+        ),
+        (
+            "selectors",
+            lambda: make_planner([node_slice("n1", gpus("n1", 4, product="A100"))]),
+            lambda name: rc(
+                name, request(selectors=('device.attributes["gpu.nvidia.com"].productName == "H"',))
+            ),
+        ),
+        (
+            "feasibility",
+            lambda: make_planner(roots),
+            lambda name: rc(name, request(count=2), constraints=pcie),
+        ),
+        (
+            "search",
+            lambda: make_planner(roots, feasibility=False),
+            lambda name: rc(name, request(count=2), constraints=pcie),
+        ),
+        ("taints", lambda: make_planner([node_slice("n1", [tainted])]), lambda name: rc(name)),
+        ("incomplete", lambda: make_planner([half]), lambda name: rc(name)),
+        ("fixed node", lambda: make_planner(roots), lambda name: rc(name, request(count=5))),
+    ]
+
+
+@pytest.mark.parametrize(("name", "build", "make"), _scenarios(), ids=[s[0] for s in _scenarios()])
+def test_a_remembered_explanation_reads_as_a_fresh_one(name: str, build: Any, make: Any) -> None:
+    node = "n1" if name == "fixed node" else None
+    planner = build()
+    first = not_placed(planner.plan([make("first")], node=node)).explanation
+    second = not_placed(planner.plan([make("second")], node=node)).explanation
+    fresh = not_placed(build().plan([make("second")], node=node)).explanation
+    assert second == fresh
+    assert "first" not in second.full
+    assert first.full.split("\n", 1)[1] == second.full.split("\n", 1)[1]
