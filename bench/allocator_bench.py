@@ -46,7 +46,7 @@ MODELS = (
 MIXES = ("1gpu-product", "2gpu-pcieroot", "4gpu-mem40", "all-node")
 
 
-def _rss_bytes() -> int:
+def rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * resource.getpagesize()
 
@@ -198,7 +198,7 @@ def run_one(nodes: int, claims_per_mix: int, policy: str) -> dict[str, Any]:
 
     compile_selector("true")  # load the CEL grammar once, outside every figure
     gc.collect()
-    base = _rss_bytes()
+    base = rss_bytes()
     started = time.perf_counter()
     slices = [ResourceSlice.from_json(node_slice(n)) for n in range(nodes)]
     classes = [DeviceClass.from_json(device_class())]
@@ -207,7 +207,7 @@ def run_one(nodes: int, claims_per_mix: int, policy: str) -> dict[str, Any]:
     planner = Planner(classes=classes, slices=index, nodes=node_objs, policy=policy)
     build_s = time.perf_counter() - started
     gc.collect()
-    model_bytes = _rss_bytes() - base
+    model_bytes = rss_bytes() - base
     gc.freeze()  # the cluster model is long-lived: keep the collector off it
     out: dict[str, Any] = {"nodes": nodes, "model_mib": model_bytes / 2**20, "build_s": build_s, "mixes": []}
     for mix in MIXES:

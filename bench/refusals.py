@@ -31,11 +31,11 @@ from bench.allocator_bench import (
     DRIVER,
     GPUS_PER_NODE,
     MIXES,
-    _rss_bytes,
     capacity,
     claim,
     device_class,
     node_slice,
+    rss_bytes,
 )
 
 
@@ -77,7 +77,7 @@ def run(nodes: int, mix: str, refusals: int) -> dict[str, Any]:
     }
     for queue, objs in queues.items():
         claims = [ResourceClaim.from_json(o) for o in objs]
-        rss = _rss_bytes()
+        rss = rss_bytes()
         cpu: list[float] = []
         for c in claims:
             started = time.process_time()
@@ -90,7 +90,7 @@ def run(nodes: int, mix: str, refusals: int) -> dict[str, Any]:
             "mean_ms": 1000 * statistics.fmean(cpu),
             "p50_ms": 1000 * statistics.median(cpu),
             "p99_ms": 1000 * sorted(cpu)[min(len(cpu) - 1, int(0.99 * len(cpu)))],
-            "rss_mib": (_rss_bytes() - rss) / 2**20,
+            "rss_mib": (rss_bytes() - rss) / 2**20,
         }
     return out
 

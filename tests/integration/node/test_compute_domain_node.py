@@ -240,7 +240,7 @@ def _leftovers(
         if c["metadata"]["name"].startswith(uid)
     ]
     for node in nodes:
-        labels = ((_get(cluster, "node", node) or {}).get("metadata") or {}).get("labels") or {}
+        labels = _node_labels(cluster, node)
         if labels.get(cd.DOMAIN_LABEL) == uid:
             found.append(f"label on {node}")
     found += [
@@ -258,6 +258,10 @@ def _get(cluster: LocalCluster, *args: str) -> dict[str, Any] | None:
 def _items(cluster: LocalCluster, *args: str) -> list[dict[str, Any]]:
     found = _get(cluster, *args)
     return list((found or {}).get("items") or [])
+
+
+def _node_labels(cluster: LocalCluster, node: str) -> dict[str, str]:
+    return dict(((_get(cluster, "node", node) or {}).get("metadata") or {}).get("labels") or {})
 
 
 def _ready(pod: dict[str, Any]) -> bool:
@@ -387,7 +391,7 @@ def _channel_injection_on_two_nodes(setup: Domain) -> None:
         what="nothing of the domain left",
     )
     for node in NODES:
-        labels = ((_get(cluster, "node", node) or {}).get("metadata") or {}).get("labels") or {}
+        labels = _node_labels(cluster, node)
         assert cd.DOMAIN_LABEL not in labels, (node, labels)
 
 
@@ -535,7 +539,7 @@ def test_a_claim_of_another_namespace_naming_a_domain_is_refused_on_the_node(dom
         checkpoint = agent.dirs.checkpoint(cd.DRIVER)
         assert not checkpoint.exists() or claim_uid not in agent.dirs.checkpoint_claims(cd.DRIVER)
         for name in NODES:
-            labels = ((_get(cluster, "node", name) or {}).get("metadata") or {}).get("labels") or {}
+            labels = _node_labels(cluster, name)
             assert labels.get(cd.DOMAIN_LABEL) != uid, (name, labels)
         assert not _items(cluster, "pods", "-n", DAEMONS, "-l", f"{cd.DOMAIN_LABEL}={uid}")
     finally:
